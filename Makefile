@@ -1,0 +1,38 @@
+# graphtrim — set-up, demo, tests and benchmark.
+# `make demo` and `make test` each build the virtual environment on first use.
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.graphtrim-installed
+TORCH_PIN := torch==2.13.0
+
+.PHONY: install demo test lint typecheck bench clean
+
+$(STAMP): pyproject.toml constraints.txt
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	# torch first: the CPU wheel is pinned so that later ranges resolve to it
+	$(PY) -m pip install --quiet $(TORCH_PIN)
+	$(PY) -m pip install --quiet -c constraints.txt -e '.[dev,bench]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(PY) -m optimizer_core.examples.demo
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check optimizer_core operators dags tests bench
+	$(VENV)/bin/ruff format --check optimizer_core operators dags tests bench
+
+typecheck: $(STAMP)
+	$(VENV)/bin/mypy
+
+test: $(STAMP) lint typecheck
+	$(PY) -m pytest -q -n 2 --dist loadgroup
+
+bench: $(STAMP)
+	$(PY) -m bench $(BENCH_ARGS)
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

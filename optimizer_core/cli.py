@@ -1,0 +1,243 @@
+"""The ``graphtrim`` command line.
+
+Exit codes: 0 success, 1 the optimized model changed results, 2 bad input or arguments,
+3 a pass failed (a bug: the message names the pass).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+from collections.abc import Sequence
+
+from optimizer_core import __version__
+from optimizer_core.errors import GraphtrimError, InvalidModelError, PassFailure, VerificationError
+
+EXIT_OK, EXIT_MISMATCH, EXIT_BAD_INPUT, EXIT_PASS_FAILURE = 0, 1, 2, 3
+
+
+def _csv(text: str) -> list[str]:
+    return [t.strip() for t in text.split(",") if t.strip()]
+
+
+def _dims(items: Sequence[str]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or not value.isdigit():
+            raise GraphtrimError(f"--dim expects NAME=SIZE, got '{item}'")
+        out[name] = int(value)
+    return out
+
+
+def _bytes(text: str) -> int:
+    units = {"k": 1024, "m": 1024**2, "g": 1024**3}
+    t = text.strip().lower().removesuffix("b").removesuffix("i")
+    mult = units.get(t[-1:], 1)
+    number = t[:-1] if t[-1:] in units else t
+    try:
+        return int(float(number) * mult)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(
+            f"not a byte size: {text!r} (e.g. 4096, 64KiB, 1MiB)"
+        ) from exc
+
+
+def _add_verify_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--rtol", type=float, default=1e-4, help="relative tolerance per element (default 1e-4)"
+    )
+    p.add_argument(
+        "--atol", type=float, default=1e-5, help="absolute tolerance per element (default 1e-5)"
+    )
+    p.add_argument("--trials", type=int, default=3, help="random input sets to compare (default 3)")
+    p.add_argument(
+        "--dim",
+        action="append",
+        default=[],
+        metavar="NAME=SIZE",
+        help="size for a symbolic input dim when making random inputs (repeatable; default 2)",
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from optimizer_core.graph.presets import PRESETS
+
+    parser = argparse.ArgumentParser(
+        prog="graphtrim",
+        description="Remove redundant nodes from ONNX models without changing their results.",
+    )
+    parser.add_argument("--version", action="version", version=f"graphtrim {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    opt = sub.add_parser(
+        "optimize",
+        help="optimize an ONNX model",
+        description=(
+            "Optimize IN.onnx into OUT.onnx. The input is never modified. Passes run to a fixed "
+            "point; --verify compares the result with the input in onnxruntime and fails (exit 1, "
+            "no output written) on any difference beyond the tolerances."
+        ),
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    opt.add_argument("input", help="model to optimize (.onnx; external data beside it is followed)")
+    opt.add_argument("-o", "--output", required=True, help="where to write the optimized model")
+    opt.add_argument(
+        "--preset",
+        default="default",
+        choices=sorted(PRESETS),
+        help="pass preset; 'safe' = exact rewrites only",
+    )
+    opt.add_argument(
+        "--passes",
+        type=_csv,
+        default=None,
+        help="comma-separated passes to run instead of the preset",
+    )
+    opt.add_argument("--skip", type=_csv, default=[], help="comma-separated passes to leave out")
+    opt.add_argument(
+        "--verify",
+        action="store_true",
+        help="compare outputs with the input model after optimizing",
+    )
+    opt.add_argument(
+        "--verify-each-pass",
+        action="store_true",
+        help="check equivalence after every pass and name the first pass that changed results (slow)",
+    )
+    opt.add_argument(
+        "--report", metavar="R.json", help="write the JSON change log and statistics here"
+    )
+    opt.add_argument("--max-iterations", type=int, default=10, help="cap of the fixed-point loop")
+    opt.add_argument(
+        "--fold-max-growth",
+        type=_bytes,
+        default="4KiB",
+        help="bytes constant folding may add per folded value beyond the constants it frees",
+    )
+    opt.add_argument(
+        "--fold-max-tensor", type=_bytes, default="256MiB", help="largest tensor folding may create"
+    )
+    opt.add_argument("-q", "--quiet", action="store_true", help="print nothing but errors")
+    opt.add_argument(
+        "--progress",
+        action="store_true",
+        help="print a line per pass (default when stderr is a terminal)",
+    )
+    _add_verify_args(opt)
+
+    ver = sub.add_parser(
+        "verify",
+        help="compare two models' outputs in onnxruntime",
+        description="Run both models on the same seeded random inputs and compare every output.",
+    )
+    ver.add_argument("reference")
+    ver.add_argument("candidate")
+    ver.add_argument("--json", action="store_true", help="print the record as JSON")
+    _add_verify_args(ver)
+
+    sub.add_parser("passes", help="list passes and presets")
+    return parser
+
+
+def _cmd_optimize(args: argparse.Namespace) -> int:
+    from optimizer_core.graph.framework import OptimizeOptions
+    from optimizer_core.optimize import optimize_file
+    from optimizer_core.verify import Tolerance
+
+    show_progress = args.progress or (sys.stderr.isatty() and not args.quiet)
+    started = time.perf_counter()
+
+    def progress(line: str) -> None:
+        print(
+            f"[graphtrim {time.perf_counter() - started:6.1f}s] {line}", file=sys.stderr, flush=True
+        )
+
+    options = OptimizeOptions(
+        max_iterations=args.max_iterations,
+        fold_max_growth_bytes=args.fold_max_growth,
+        fold_max_tensor_bytes=args.fold_max_tensor,
+    )
+    report = optimize_file(
+        args.input,
+        args.output,
+        preset=args.preset,
+        passes=args.passes,
+        skip=args.skip,
+        options=options,
+        check=args.verify,
+        check_each_pass=args.verify_each_pass,
+        tolerance=Tolerance(rtol=args.rtol, atol=args.atol),
+        trials=args.trials,
+        dim_values=_dims(args.dim),
+        progress=progress if show_progress else None,
+    )
+    if args.report:
+        report.write_json(args.report)
+    if not args.quiet:
+        print(report.table())
+        print()
+        print(report.log.summary())
+        if report.verification is not None:
+            print(f"verification: {report.verification.summary()}")
+        print(f"wrote {args.output}")
+    return EXIT_OK
+
+
+def _cmd_verify(args: argparse.Namespace) -> int:
+    from optimizer_core.modelio import read_proto
+    from optimizer_core.verify import Tolerance, verify
+
+    read_proto(args.reference)
+    read_proto(args.candidate)
+    record = verify(
+        args.reference,
+        args.candidate,
+        trials=args.trials,
+        dim_values=_dims(args.dim),
+        tolerance=Tolerance(rtol=args.rtol, atol=args.atol),
+    )
+    print(json.dumps(record.to_json(), indent=2) if args.json else record.summary())
+    return EXIT_OK if record.ok else EXIT_MISMATCH
+
+
+def _cmd_passes(args: argparse.Namespace) -> int:
+    from optimizer_core.graph.presets import PASSES, PRESETS
+
+    print("passes:")
+    for name, cls in PASSES.items():
+        print(f"  {name:<18} {'exact ' if cls.exact else 'rounds'}  {cls.summary}")
+    print("presets:")
+    for name, names in PRESETS.items():
+        print(f"  {name:<10} {', '.join(names)}")
+    return EXIT_OK
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="graphtrim: %(levelname)s: %(message)s")
+    handler = {"optimize": _cmd_optimize, "verify": _cmd_verify, "passes": _cmd_passes}[
+        args.command
+    ]
+    try:
+        return handler(args)
+    except VerificationError as exc:
+        print(f"graphtrim: verification failed: {exc}", file=sys.stderr)
+        return EXIT_MISMATCH
+    except InvalidModelError as exc:
+        print(f"graphtrim: error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except PassFailure as exc:
+        print(f"graphtrim: internal error: {exc}", file=sys.stderr)
+        return EXIT_PASS_FAILURE
+    except GraphtrimError as exc:
+        print(f"graphtrim: error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,60 @@
+"""The error hierarchy of graphtrim: one root, a few named kinds.
+
+Orchestrator adapters let these propagate; the CLI maps them to exit codes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+
+class GraphtrimError(Exception):
+    """Root of every error graphtrim raises on purpose."""
+
+
+class InvalidModelError(GraphtrimError):
+    """The input is not a usable ONNX model (corrupt, truncated, unsafe external data, ...)."""
+
+    @classmethod
+    def at(cls, path: object, reason: str) -> InvalidModelError:
+        return cls(f"{path}: {reason}")
+
+
+class PassFailure(GraphtrimError):
+    """A pass raised while rewriting the graph."""
+
+    def __init__(self, pass_name: str, passes_before: Sequence[str], cause: BaseException):
+        self.pass_name = pass_name
+        self.passes_before = list(passes_before)
+        before = ", ".join(self.passes_before[-8:]) or "none"
+        super().__init__(
+            f"pass '{pass_name}' failed: {type(cause).__name__}: {cause} (passes run before it: {before})"
+        )
+
+
+class VerificationError(GraphtrimError):
+    """The optimized model does not compute what the original computes."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        pass_name: str | None = None,
+        rules: Mapping[str, int] | None = None,
+        passes_before: Sequence[str] = (),
+        record: Any = None,
+    ):
+        self.pass_name = pass_name
+        self.rules = dict(rules or {})
+        self.passes_before = list(passes_before)
+        self.record = record
+        super().__init__(message)
+
+
+class GateFailure(GraphtrimError):
+    """A variant did not pass a gate; ``measured`` holds the numbers."""
+
+    def __init__(self, message: str, measured: Mapping[str, Any] | None = None):
+        self.measured = dict(measured or {})
+        super().__init__(message)

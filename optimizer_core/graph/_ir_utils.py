@@ -1,0 +1,359 @@
+"""Small helpers over ``onnx_ir`` shared by the passes.
+
+Everything here reads the graph or performs one well-defined edit; no pass logic lives here.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterable, Iterator, Sequence
+
+import numpy as np
+import onnx_ir as ir
+
+STANDARD_DOMAINS = frozenset({"", "ai.onnx"})
+
+# Ops whose result is not a function of their inputs: never folded, merged or deduplicated.
+NONDETERMINISTIC_OPS = frozenset(
+    {
+        "RandomNormal",
+        "RandomNormalLike",
+        "RandomUniform",
+        "RandomUniformLike",
+        "Multinomial",
+        "Bernoulli",
+    }
+)
+
+
+def is_standard(node: ir.Node) -> bool:
+    return node.domain in STANDARD_DOMAINS
+
+
+def is_op(node: ir.Node | None, *op_types: str) -> bool:
+    return node is not None and node.domain in STANDARD_DOMAINS and node.op_type in op_types
+
+
+def has_subgraph(node: ir.Node) -> bool:
+    return any(
+        attr.type in (ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS)
+        for attr in node.attributes.values()
+    )
+
+
+def opset_version(model: ir.Model, domain: str = "") -> int:
+    version = model.opset_imports.get(domain)
+    if version is None and domain == "":
+        version = model.opset_imports.get("ai.onnx")
+    return int(version) if version is not None else 0
+
+
+def node_opset(node: ir.Node, model: ir.Model) -> int:
+    if node.version is not None:
+        return int(node.version)
+    return opset_version(model, "" if node.domain in STANDARD_DOMAINS else node.domain)
+
+
+# ---------------------------------------------------------------- constants
+
+
+def _constant_node_array(node: ir.Node) -> np.ndarray | None:
+    attrs = node.attributes
+    if "value" in attrs:
+        tensor = attrs["value"].as_tensor()
+        return tensor.numpy()
+    for key, dtype in (("value_float", np.float32), ("value_int", np.int64)):
+        if key in attrs:
+            return np.array(attrs[key].value, dtype=dtype)
+    for key, dtype in (("value_floats", np.float32), ("value_ints", np.int64)):
+        if key in attrs:
+            return np.array(list(attrs[key].value), dtype=dtype)
+    return None  # sparse_value and strings: not treated as constants
+
+
+def is_overridable_input(value: ir.Value) -> bool:
+    """An initializer also listed as a graph input can be fed at run time: not a constant."""
+    return value.is_graph_input()
+
+
+def const_array(value: ir.Value | None) -> np.ndarray | None:
+    """The value as a numpy array when it is a compile-time constant, else ``None``."""
+    if value is None:
+        return None
+    if value.const_value is not None:
+        if value.is_initializer() and is_overridable_input(value):
+            return None
+        try:
+            return value.const_value.numpy()
+        except Exception:  # unreadable or string tensors are not usable constants
+            return None
+    producer = value.producer()
+    if producer is not None and is_op(producer, "Constant"):
+        try:
+            return _constant_node_array(producer)
+        except Exception:
+            return None
+    return None
+
+
+def is_constant(value: ir.Value | None) -> bool:
+    if value is None:
+        return False
+    if value.const_value is not None:
+        return not (value.is_initializer() and is_overridable_input(value))
+    producer = value.producer()
+    return (
+        producer is not None
+        and is_op(producer, "Constant")
+        and (
+            "value" in producer.attributes
+            or any(
+                k in producer.attributes
+                for k in ("value_float", "value_int", "value_floats", "value_ints")
+            )
+        )
+    )
+
+
+def const_nbytes(value: ir.Value) -> int:
+    if value.const_value is not None:
+        return int(value.const_value.nbytes)
+    arr = const_array(value)
+    return 0 if arr is None else int(arr.nbytes)
+
+
+def is_all(value: ir.Value | None, scalar: float) -> bool:
+    """True when ``value`` is a constant whose every element equals ``scalar``."""
+    arr = const_array(value)
+    if arr is None or arr.size == 0 or arr.dtype == object:
+        return False
+    if arr.size > 65536:
+        return False
+    return bool(np.all(arr == scalar))
+
+
+def const_ints(value: ir.Value | None) -> list[int] | None:
+    arr = const_array(value)
+    if arr is None or arr.dtype.kind not in "iu":
+        return None
+    return [int(x) for x in arr.reshape(-1)]
+
+
+# ---------------------------------------------------------------- shapes and types
+
+
+def dims(value: ir.Value | None) -> list[int | None] | None:
+    """The shape with symbolic or unknown dims as ``None``; ``None`` when the rank is unknown."""
+    if value is None or value.shape is None:
+        return None
+    return [d if isinstance(d, int) else None for d in value.shape.dims]
+
+
+def symbolic_dims(value: ir.Value | None) -> list[int | str | None] | None:
+    """Like :func:`dims` but named symbolic dims are kept as their names."""
+    if value is None or value.shape is None:
+        return None
+    out: list[int | str | None] = []
+    for d in value.shape.dims:
+        if isinstance(d, int):
+            out.append(d)
+        else:
+            out.append(d.value if isinstance(d.value, str) else None)
+    return out
+
+
+def static_shape(value: ir.Value | None) -> tuple[int, ...] | None:
+    d = dims(value)
+    if d is None or any(x is None for x in d):
+        return None
+    return tuple(int(x) for x in d)  # type: ignore[arg-type]
+
+
+def rank(value: ir.Value | None) -> int | None:
+    if value is None:
+        return None
+    if value.shape is not None:
+        return len(value.shape)
+    arr = const_array(value)
+    return None if arr is None else arr.ndim
+
+
+def same_dims(a: Sequence[int | str | None], b: Sequence[int | str | None]) -> bool:
+    """Dims provably equal: equal ints, or the same named symbol."""
+    return len(a) == len(b) and all(x is not None and x == y for x, y in zip(a, b, strict=True))
+
+
+def is_tensor_value(value: ir.Value) -> bool:
+    return value.type is None or isinstance(value.type, ir.TensorType)
+
+
+# ---------------------------------------------------------------- editing
+
+
+def replace_value(old: ir.Value, new: ir.Value) -> bool:
+    """Make every user of ``old`` read ``new`` instead.
+
+    When ``old`` is an output of its graph, ``new`` takes over its name so the model's
+    interface is unchanged; if ``new`` cannot be renamed (it is a graph input, an
+    initializer, another output, or lives in an outer scope) nothing is changed and
+    ``False`` is returned.
+    """
+    if old is new:
+        return False
+    graph = old.graph
+    if graph is not None and old.is_graph_output():
+        if (
+            new.is_graph_input()
+            or new.is_graph_output()
+            or new.is_initializer()
+            or new.graph is not graph
+            or new.producer() is None
+        ):
+            return False
+        name = old.name
+        # the old value keeps a (unique) name: its producer stays valid until dead code goes
+        old.name = f"{name}__replaced_{id(old):x}"
+        new.name = name
+        if new.shape is None and old.shape is not None:
+            new.shape = old.shape
+        if new.type is None and old.type is not None:
+            new.type = old.type
+        old.replace_all_uses_with(new, replace_graph_outputs=True)
+        return True
+    old.replace_all_uses_with(new)
+    return True
+
+
+def bypass(node: ir.Node, input_index: int = 0, output_index: int = 0) -> bool:
+    """Replace a node's output by one of its inputs; the node becomes dead if unused."""
+    src = node.inputs[input_index]
+    if src is None:
+        return False
+    return replace_value(node.outputs[output_index], src)
+
+
+def single_consumer(value: ir.Value) -> bool:
+    """Used by exactly one node input and not a graph output."""
+    return len(value.uses()) == 1 and not value.is_graph_output()
+
+
+class NameGenerator:
+    """Unique value names across every graph of a model."""
+
+    def __init__(self, model: ir.Model):
+        self._used: set[str] = set()
+        for graph in model.graphs():
+            for v in graph.inputs:
+                if v.name:
+                    self._used.add(v.name)
+            self._used.update(n for n in graph.initializers if n)
+            for node in graph:
+                for out in node.outputs:
+                    if out.name:
+                        self._used.add(out.name)
+        self._counter = itertools.count()
+
+    def __call__(self, hint: str) -> str:
+        hint = hint or "gt"
+        name = hint
+        while name in self._used:
+            name = f"{hint}__gt{next(self._counter)}"
+        self._used.add(name)
+        return name
+
+
+def add_initializer(
+    graph: ir.Graph, array: np.ndarray, name: str, like: ir.Value | None = None
+) -> ir.Value:
+    tensor = ir.tensor(np.ascontiguousarray(array), name=name)
+    value = ir.Value(
+        name=name, const_value=tensor, shape=ir.Shape(array.shape), type=ir.TensorType(tensor.dtype)
+    )
+    if like is not None and like.metadata_props:
+        value.metadata_props.update(like.metadata_props)
+    graph.register_initializer(value)
+    return value
+
+
+def all_graphs(model: ir.Model) -> list[ir.Graph]:
+    """The main graph and every subgraph, outer graphs first (a snapshot, safe to edit)."""
+    return list(model.graphs())
+
+
+def nodes_in_order(graph: ir.Graph) -> Iterator[ir.Node]:
+    # a snapshot, so a pass may remove or insert nodes while it walks
+    yield from list(graph)
+
+
+def count_nodes(model: ir.Model) -> int:
+    return sum(len(g) for g in model.graphs())
+
+
+def op_counts(model: ir.Model) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for graph in model.graphs():
+        for node in graph:
+            key = (
+                node.op_type
+                if node.domain in STANDARD_DOMAINS
+                else f"{node.domain}::{node.op_type}"
+            )
+            counts[key] = counts.get(key, 0) + 1
+    return dict(sorted(counts.items()))
+
+
+def _detach(node: ir.Node) -> None:
+    """Stop ``node`` (and every node of its subgraphs) from counting as a user of its inputs."""
+    for i in range(len(node.inputs)):
+        if node.inputs[i] is not None:
+            node.replace_input_with(i, None)
+    for attr in node.attributes.values():
+        if attr.type == ir.AttributeType.GRAPH:
+            for inner in attr.as_graph():
+                _detach(inner)
+        elif attr.type == ir.AttributeType.GRAPHS:
+            for g in attr.as_graphs():
+                for inner in g:
+                    _detach(inner)
+
+
+def remove_nodes(graph: ir.Graph, nodes: Iterable[ir.Node]) -> int:
+    """Remove nodes whose outputs are no longer used, releasing their inputs."""
+    nodes = list(nodes)
+    for node in nodes:
+        _detach(node)
+    if nodes:
+        graph.remove(nodes, safe=False)
+    return len(nodes)
+
+
+def normalize_axes(axes: Sequence[int], r: int) -> list[int] | None:
+    out = []
+    for a in axes:
+        a = a + r if a < 0 else a
+        if not 0 <= a < r:
+            return None
+        out.append(a)
+    return out
+
+
+def is_dead(node: ir.Node) -> bool:
+    """No output is read or is a graph output (nodes without outputs are never dead)."""
+    if not node.outputs:
+        return False
+    return all(not out.uses() and not out.is_graph_output() for out in node.outputs)
+
+
+def dead_node_ids(model: ir.Model) -> set[int]:
+    return {id(n) for g in model.graphs() for n in g if is_dead(n)}
+
+
+def sweep_dead(model: ir.Model, keep: set[int] | None = None) -> int:
+    """Remove dead nodes (and what only they read), except those whose id is in ``keep``."""
+    removed = 0
+    for graph in all_graphs(model):
+        for node in reversed(list(graph)):
+            if node.graph is graph and is_dead(node) and (keep is None or id(node) not in keep):
+                remove_nodes(graph, [node])
+                removed += 1
+    return removed

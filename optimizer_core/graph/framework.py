@@ -1,0 +1,269 @@
+"""The pass framework: a pass base on onnx_ir's infrastructure, instruments and the fixed-point driver.
+
+A pass is an ``onnx_ir`` in-place pass that also counts the rules it fired. The driver runs a
+list of passes repeatedly until none changes the graph (capped), records per pass what changed
+and how long it took, and calls instruments after each pass. Verification of each pass is such an
+instrument (see ``optimizer_core.verify.instrument``), so no pass carries checking code.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from typing import Any, ClassVar, Protocol
+
+import onnx_ir as ir
+
+from optimizer_core.errors import GraphtrimError, PassFailure
+from optimizer_core.graph import _ir_utils as u
+
+logger = logging.getLogger("graphtrim.optimizer")
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimizeOptions:
+    """Knobs shared by the passes.
+
+    Attributes:
+        max_iterations: cap of the fixed-point loop; a warning is logged when it is reached.
+        fold_max_growth_bytes: constant folding may add at most this many bytes per folded value
+            beyond the bytes of the constants it makes dead (shape tensors, small tables).
+        fold_max_tensor_bytes: never materialize a folded tensor larger than this.
+        fold_max_input_bytes: skip folding subgraphs that read more constant bytes than this.
+        dedup_max_bytes: initializers larger than this are not compared for deduplication.
+    """
+
+    max_iterations: int = 10
+    fold_max_growth_bytes: int = 4096
+    fold_max_tensor_bytes: int = 256 * 1024 * 1024
+    fold_max_input_bytes: int = 1024 * 1024 * 1024
+    dedup_max_bytes: int = 4 * 1024 * 1024 * 1024
+
+
+class GraphtrimPass(ir.passes.InPlacePass):
+    """Base of every graphtrim pass.
+
+    Subclasses set ``name`` (the CLI's name for it), ``exact`` (results are bit-identical for
+    finite inputs) and ``summary``, and implement :meth:`apply`, which returns whether it changed
+    the model and calls :meth:`hit` once per rewrite with the rule's name.
+    """
+
+    name: ClassVar[str] = ""
+    exact: ClassVar[bool] = True
+    summary: ClassVar[str] = ""
+    # remove the nodes a rewrite made dead, so the change log credits the pass that did it
+    sweeps_dead: ClassVar[bool] = True
+
+    def __init__(self, options: OptimizeOptions | None = None):
+        super().__init__()
+        self.options = options or OptimizeOptions()
+        self.rule_counts: Counter[str] = Counter()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.name!r})"
+
+    def hit(self, rule: str, n: int = 1) -> None:
+        self.rule_counts[rule] += n
+
+    def call(self, model: ir.Model) -> ir.passes.PassResult:
+        self.rule_counts = Counter()
+        already_dead = u.dead_node_ids(model) if self.sweeps_dead else set()
+        modified = bool(self.apply(model))
+        if modified and self.sweeps_dead:
+            u.sweep_dead(model, keep=already_dead)
+        return ir.passes.PassResult(model, modified)
+
+    def apply(self, model: ir.Model) -> bool:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+
+@dataclasses.dataclass
+class PassRecord:
+    """What one pass invocation did."""
+
+    iteration: int
+    pass_name: str
+    modified: bool
+    nodes_before: int
+    nodes_after: int
+    nodes_removed: int
+    nodes_added: int
+    rules: dict[str, int]
+    seconds: float
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass
+class ChangeLog:
+    """The record of a whole optimization run."""
+
+    preset: str
+    passes: list[str]
+    records: list[PassRecord] = dataclasses.field(default_factory=list)
+    iterations: int = 0
+    converged: bool = True
+    seconds: float = 0.0
+    notes: list[str] = dataclasses.field(default_factory=list)
+
+    def per_pass(self) -> dict[str, dict[str, Any]]:
+        """Totals per pass across iterations."""
+        out: dict[str, dict[str, Any]] = {}
+        for r in self.records:
+            agg = out.setdefault(
+                r.pass_name,
+                {"nodes_removed": 0, "nodes_added": 0, "seconds": 0.0, "rules": Counter()},
+            )
+            agg["nodes_removed"] += r.nodes_removed
+            agg["nodes_added"] += r.nodes_added
+            agg["seconds"] += r.seconds
+            agg["rules"].update(r.rules)
+        for agg in out.values():
+            agg["rules"] = dict(sorted(agg["rules"].items()))
+            agg["seconds"] = round(agg["seconds"], 6)
+        return out
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "preset": self.preset,
+            "passes": self.passes,
+            "iterations": self.iterations,
+            "converged": self.converged,
+            "seconds": round(self.seconds, 6),
+            "notes": self.notes,
+            "per_pass": self.per_pass(),
+            "records": [r.to_json() for r in self.records if r.modified],
+        }
+
+    def summary(self) -> str:
+        lines = [
+            f"preset {self.preset}: {self.iterations} iteration(s), "
+            f"{'converged' if self.converged else 'NOT converged'}, {self.seconds:.3f} s"
+        ]
+        for name, agg in self.per_pass().items():
+            if not agg["rules"] and not agg["nodes_removed"] and not agg["nodes_added"]:
+                continue
+            rules = ", ".join(f"{k} x{v}" for k, v in agg["rules"].items())
+            lines.append(
+                f"  {name:<22} -{agg['nodes_removed']:<5} +{agg['nodes_added']:<4} "
+                f"{agg['seconds'] * 1000:8.1f} ms  {rules}"
+            )
+        return "\n".join(lines)
+
+
+class Instrument(Protocol):
+    """Hooks around the passes (timing, dumping, verifying)."""
+
+    def before_run(self, model: ir.Model) -> None: ...
+
+    def after_pass(
+        self, model: ir.Model, record: PassRecord, history: Sequence[PassRecord]
+    ) -> None: ...
+
+
+ProgressFn = Callable[[str], None]
+
+
+def _node_ids(model: ir.Model) -> set[int]:
+    return {id(n) for g in model.graphs() for n in g}
+
+
+class FixedPointDriver(GraphtrimPass):
+    """Runs ``passes`` in order until none modifies the model, at most ``max_iterations`` times.
+
+    ``per_iteration`` passes (shape inference) run at the start of each iteration and do not
+    count as a change.
+    """
+
+    name = "fixed-point"
+    sweeps_dead = False
+
+    def __init__(
+        self,
+        passes: Sequence[GraphtrimPass],
+        *,
+        preset: str = "custom",
+        options: OptimizeOptions | None = None,
+        per_iteration: Sequence[ir.passes.PassBase] = (),
+        instruments: Sequence[Instrument] = (),
+        progress: ProgressFn | None = None,
+    ):
+        super().__init__(options)
+        self.passes = list(passes)
+        self.preset = preset
+        self.per_iteration = list(per_iteration)
+        self.instruments = list(instruments)
+        self.progress = progress
+        self.log = ChangeLog(preset=preset, passes=[p.name for p in self.passes])
+
+    def apply(self, model: ir.Model) -> bool:
+        start = time.perf_counter()
+        self.log = ChangeLog(preset=self.preset, passes=[p.name for p in self.passes])
+        for inst in self.instruments:
+            inst.before_run(model)
+        any_change = False
+        history: list[str] = []
+        converged = False
+        for iteration in range(1, self.options.max_iterations + 1):
+            self.log.iterations = iteration
+            for helper in self.per_iteration:
+                helper(model)
+            changed = False
+            for index, pass_ in enumerate(self.passes, start=1):
+                if self.progress is not None:
+                    self.progress(
+                        f"iteration {iteration} pass {index}/{len(self.passes)} {pass_.name} "
+                        f"({u.count_nodes(model)} nodes)"
+                    )
+                before_ids = _node_ids(model)
+                t0 = time.perf_counter()
+                try:
+                    result = pass_(model)
+                except GraphtrimError:
+                    raise
+                except Exception as exc:
+                    raise PassFailure(pass_.name, history, exc) from exc
+                seconds = time.perf_counter() - t0
+                after_ids = _node_ids(model)
+                record = PassRecord(
+                    iteration=iteration,
+                    pass_name=pass_.name,
+                    modified=result.modified,
+                    nodes_before=len(before_ids),
+                    nodes_after=len(after_ids),
+                    nodes_removed=len(before_ids - after_ids),
+                    nodes_added=len(after_ids - before_ids),
+                    rules=dict(pass_.rule_counts),
+                    seconds=seconds,
+                )
+                self.log.records.append(record)
+                history.append(pass_.name)
+                if result.modified:
+                    changed = True
+                    logger.debug(
+                        "%s: -%d +%d nodes %s",
+                        pass_.name,
+                        record.nodes_removed,
+                        record.nodes_added,
+                        record.rules,
+                    )
+                for inst in self.instruments:
+                    inst.after_pass(model, record, self.log.records)
+            any_change = any_change or changed
+            if not changed:
+                converged = True
+                break
+        self.log.converged = converged
+        if not converged:
+            msg = (
+                f"optimization did not converge within {self.options.max_iterations} iterations; "
+                "the result is valid but may not be minimal"
+            )
+            self.log.notes.append(msg)
+            logger.warning(msg)
+        self.log.seconds = time.perf_counter() - start
+        return any_change

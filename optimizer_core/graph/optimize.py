@@ -1,0 +1,92 @@
+"""Entry point of the graph optimizer: run a preset to a fixed point on an ``onnx_ir`` model."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Sequence
+
+import onnx_ir as ir
+from onnx_ir.passes.common import ShapeInferencePass
+
+from optimizer_core.graph.framework import (
+    ChangeLog,
+    FixedPointDriver,
+    Instrument,
+    OptimizeOptions,
+    ProgressFn,
+)
+from optimizer_core.graph.presets import build, resolve
+
+logger = logging.getLogger("graphtrim.optimizer")
+
+
+@dataclasses.dataclass
+class OptimizeResult:
+    model: ir.Model
+    log: ChangeLog
+    modified: bool
+
+
+class _ShapeInference(ShapeInferencePass):
+    """onnx shape inference; failures (custom ops, unusual models) leave the model unchanged."""
+
+    def __init__(self) -> None:
+        super().__init__(check_type=False, strict_mode=False, data_prop=True)
+
+
+def _normalize(model: ir.Model, log: ChangeLog) -> None:
+    # Before IR version 4 every initializer had to be a graph input too, and runtimes treat
+    # those as constants. Make that explicit so folding may add initializers.
+    if model.ir_version is not None and model.ir_version < 4:
+        graph = model.graph
+        kept = [v for v in graph.inputs if not v.is_initializer()]
+        if len(kept) != len(graph.inputs):
+            graph.inputs.clear()
+            graph.inputs.extend(kept)
+        log.notes.append(
+            f"IR version {model.ir_version} raised to 4; initializers are no longer listed as inputs"
+        )
+        model.ir_version = 4
+
+
+def optimize_model(
+    model: ir.Model,
+    *,
+    preset: str = "default",
+    passes: Sequence[str] | None = None,
+    skip: Sequence[str] = (),
+    options: OptimizeOptions | None = None,
+    instruments: Sequence[Instrument] = (),
+    progress: ProgressFn | None = None,
+) -> OptimizeResult:
+    """Optimize ``model`` in place and return it with the change log.
+
+    Args:
+        model: the model; it is modified in place.
+        preset: name of a preset in ``optimizer_core.graph.presets.PRESETS``.
+        passes: explicit pass names (overrides the preset).
+        skip: pass names to leave out.
+        options: folding budgets, iteration cap and the like.
+        instruments: hooks called after every pass (e.g. per-pass verification).
+        progress: called with a short line before each pass.
+    """
+    options = options or OptimizeOptions()
+    names = resolve(preset, passes, skip)
+    driver = FixedPointDriver(
+        build(names, options),
+        preset=preset if not passes else "custom",
+        options=options,
+        per_iteration=[_ShapeInference()],
+        instruments=instruments,
+        progress=progress,
+    )
+    notes: list[str] = []
+    probe = ChangeLog(preset=driver.preset, passes=names)
+    _normalize(model, probe)
+    notes.extend(probe.notes)
+    result = driver(model)
+    driver.log.notes[:0] = notes
+    return OptimizeResult(
+        model=result.model, log=driver.log, modified=result.modified or bool(notes)
+    )

@@ -1,0 +1,118 @@
+"""Common-subexpression elimination.
+
+Two nodes with the same op, domain, attributes and the very same input values compute the same
+outputs; the later one is replaced by the earlier. Identical initializers (same dtype, shape and
+bytes) are merged first, so that nodes reading copies of a weight become identical too.
+Non-deterministic ops, ops with subgraphs and ops of custom domains are never merged.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import defaultdict
+from typing import Any
+
+import onnx_ir as ir
+
+from optimizer_core.graph import _ir_utils as u
+from optimizer_core.graph.framework import GraphtrimPass
+
+
+def _attr_key(attr: ir.Attr) -> Any:
+    if attr.type in (ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS):
+        return None  # never reached: nodes with subgraphs are skipped
+    if attr.type == ir.AttributeType.TENSOR:
+        t = attr.as_tensor()
+        return ("T", int(t.dtype), tuple(t.shape.numpy()), t.tobytes())
+    if attr.type == ir.AttributeType.TENSORS:
+        return tuple(
+            ("T", int(t.dtype), tuple(t.shape.numpy()), t.tobytes()) for t in attr.as_tensors()
+        )
+    value = attr.value
+    if isinstance(value, list | tuple):
+        return tuple(value)
+    return value
+
+
+def _node_key(node: ir.Node) -> Any:
+    attrs = tuple(sorted((name, int(a.type), _attr_key(a)) for name, a in node.attributes.items()))
+    inputs = tuple(id(v) if v is not None else None for v in node.inputs)
+    return (
+        node.domain,
+        node.op_type,
+        node.overload,
+        node.version,
+        len(node.outputs),
+        inputs,
+        attrs,
+    )
+
+
+class CommonSubexpressionElimination(GraphtrimPass):
+    name = "cse"
+    summary = "merge identical initializers and nodes computing the same thing"
+
+    def apply(self, model: ir.Model) -> bool:
+        changed = False
+        for graph in u.all_graphs(model):
+            changed |= self._dedup_initializers(graph)
+            changed |= self._dedup_nodes(graph)
+        return changed
+
+    def _dedup_initializers(self, graph: ir.Graph) -> bool:
+        groups: dict[tuple[Any, ...], list[ir.Value]] = defaultdict(list)
+        for value in graph.initializers.values():
+            tensor = value.const_value
+            if tensor is None or value.is_graph_input() or value.is_graph_output():
+                continue
+            if tensor.nbytes > self.options.dedup_max_bytes:
+                continue
+            groups[(int(tensor.dtype), tuple(tensor.shape.numpy()))].append(value)
+        changed = False
+        for members in groups.values():
+            if len(members) < 2:
+                continue
+            seen: dict[bytes, ir.Value] = {}
+            for value in members:
+                assert value.const_value is not None
+                data = value.const_value.tobytes()
+                digest = hashlib.blake2b(data, digest_size=20).digest()
+                first = seen.get(digest)
+                if first is None:
+                    seen[digest] = value
+                    continue
+                assert first.const_value is not None
+                if first.const_value.tobytes() != data:  # hash collision: keep both
+                    continue
+                value.replace_all_uses_with(first)
+                self.hit("duplicate-initializer")
+                changed = True
+        return changed
+
+    def _dedup_nodes(self, graph: ir.Graph) -> bool:
+        seen: dict[Any, ir.Node] = {}
+        changed = False
+        for node in u.nodes_in_order(graph):
+            if (
+                not u.is_standard(node)
+                or node.op_type in u.NONDETERMINISTIC_OPS
+                or u.has_subgraph(node)
+                or not node.outputs
+            ):
+                continue
+            try:
+                key = _node_key(node)
+            except Exception:
+                continue
+            first = seen.get(key)
+            if first is None:
+                seen[key] = node
+                continue
+            replaced = all(
+                u.replace_value(dup, orig)
+                for dup, orig in zip(node.outputs, first.outputs, strict=True)
+            )
+            if replaced:
+                self.hit("duplicate-node" if node.op_type != "Constant" else "duplicate-constant")
+                changed = True
+        return changed

@@ -1,0 +1,78 @@
+"""The pass registry and the named presets.
+
+A preset is an ordered list of pass names. Order follows onnxruntime's experience: cheap local
+rewrites first, then CSE and folding, dead code last so each iteration ends clean.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from optimizer_core.errors import GraphtrimError
+from optimizer_core.graph.framework import GraphtrimPass, OptimizeOptions
+from optimizer_core.graph.passes.activations import RedundantActivations
+from optimizer_core.graph.passes.algebraic import AlgebraicSimplification, ReassociateConstants
+from optimizer_core.graph.passes.casts import CastChainElimination
+from optimizer_core.graph.passes.constant_folding import ConstantFolding
+from optimizer_core.graph.passes.constants import LiftConstants
+from optimizer_core.graph.passes.control_flow import ConstantIfInlining
+from optimizer_core.graph.passes.cse import CommonSubexpressionElimination
+from optimizer_core.graph.passes.dead_code import DeadCodeElimination
+from optimizer_core.graph.passes.identity import IdentityElimination
+
+PASSES: dict[str, type[GraphtrimPass]] = {
+    cls.name: cls
+    for cls in (
+        LiftConstants,
+        ConstantIfInlining,
+        IdentityElimination,
+        CastChainElimination,
+        RedundantActivations,
+        AlgebraicSimplification,
+        ReassociateConstants,
+        CommonSubexpressionElimination,
+        ConstantFolding,
+        DeadCodeElimination,
+    )
+}
+
+_ORDER = [
+    "lift-constants",
+    "if-inline",
+    "identity",
+    "casts",
+    "activations",
+    "algebraic",
+    "reassociate",
+    "cse",
+    "constant-folding",
+    "dead-code",
+]
+
+PRESETS: dict[str, list[str]] = {
+    "default": list(_ORDER),
+    "safe": [name for name in _ORDER if PASSES[name].exact],
+    "minimal": ["lift-constants", "identity", "dead-code"],
+}
+
+
+def resolve(
+    preset: str = "default",
+    passes: Sequence[str] | None = None,
+    skip: Sequence[str] = (),
+) -> list[str]:
+    """Pass names to run: ``passes`` if given, else the preset's, minus ``skip``."""
+    if passes:
+        names = list(passes)
+    else:
+        if preset not in PRESETS:
+            raise GraphtrimError(f"unknown preset '{preset}'; choose one of {', '.join(PRESETS)}")
+        names = list(PRESETS[preset])
+    unknown = [n for n in [*names, *skip] if n not in PASSES]
+    if unknown:
+        raise GraphtrimError(f"unknown pass(es) {', '.join(unknown)}; known: {', '.join(PASSES)}")
+    return [n for n in names if n not in set(skip)]
+
+
+def build(names: Sequence[str], options: OptimizeOptions | None = None) -> list[GraphtrimPass]:
+    return [PASSES[name](options) for name in names]

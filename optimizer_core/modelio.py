@@ -1,0 +1,180 @@
+"""Loading and saving ONNX models safely.
+
+``load_model`` rejects what cannot be optimized with a one-line ``InvalidModelError``: a missing
+or empty file, bytes that are not an ONNX protobuf, a truncated file, external data that is
+missing, too short or outside the model's folder, and opsets outside the supported range.
+External weights stay memory-mapped (``onnx_ir`` maps them lazily), so a model with several GB
+of weights is never read into memory whole.
+
+``save_model`` writes to a temporary folder beside the target and moves the files into place only
+when everything was written, so a failure never leaves a half-written model behind.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import onnx
+import onnx_ir as ir
+from google.protobuf.message import DecodeError
+
+from optimizer_core.errors import InvalidModelError
+
+MIN_OPSET = 7
+# protobuf refuses messages over 2 GiB; keep a margin for the graph itself
+PROTO_LIMIT_BYTES = 1_800_000_000
+
+
+def max_opset() -> int:
+    return int(onnx.defs.onnx_opset_version())
+
+
+def _external_tensors(proto: onnx.ModelProto):
+    def graphs(g: onnx.GraphProto):
+        yield g
+        for node in g.node:
+            for attr in node.attribute:
+                if attr.type == onnx.AttributeProto.GRAPH:
+                    yield from graphs(attr.g)
+                elif attr.type == onnx.AttributeProto.GRAPHS:
+                    for sub in attr.graphs:
+                        yield from graphs(sub)
+
+    for g in graphs(proto.graph):
+        for t in g.initializer:
+            if t.data_location == onnx.TensorProto.EXTERNAL:
+                yield t
+        for node in g.node:
+            for attr in node.attribute:
+                if (
+                    attr.type == onnx.AttributeProto.TENSOR
+                    and attr.t.data_location == onnx.TensorProto.EXTERNAL
+                ):
+                    yield attr.t
+
+
+def _check_external_data(proto: onnx.ModelProto, path: Path) -> None:
+    base = path.parent.resolve()
+    for tensor in _external_tensors(proto):
+        info = {e.key: e.value for e in tensor.external_data}
+        location = info.get("location", "")
+        if not location:
+            raise InvalidModelError.at(
+                path, f"tensor '{tensor.name}' has external data without a location"
+            )
+        loc = Path(location)
+        if loc.is_absolute() or ".." in loc.parts:
+            raise InvalidModelError.at(
+                path, f"tensor '{tensor.name}' points outside the model folder: '{location}'"
+            )
+        target = (base / loc).resolve()
+        if os.path.commonpath([base, target]) != str(base):
+            raise InvalidModelError.at(
+                path,
+                f"tensor '{tensor.name}' external data resolves outside the model folder: '{location}'",
+            )
+        if not target.is_file():
+            raise InvalidModelError.at(
+                path, f"external data file '{location}' of tensor '{tensor.name}' is missing"
+            )
+        offset = int(info.get("offset", 0) or 0)
+        length = info.get("length")
+        size = target.stat().st_size
+        if length is not None and offset + int(length) > size:
+            raise InvalidModelError.at(
+                path,
+                f"external data file '{location}' is too short for tensor '{tensor.name}' "
+                f"(needs {offset + int(length)} bytes, has {size})",
+            )
+
+
+def read_proto(path: str | os.PathLike[str]) -> onnx.ModelProto:
+    """Parse and validate the model's protobuf without loading external data."""
+    p = Path(path)
+    if not p.exists():
+        raise InvalidModelError.at(p, "no such file")
+    if not p.is_file():
+        raise InvalidModelError.at(p, "not a regular file")
+    if p.stat().st_size == 0:
+        raise InvalidModelError.at(p, "empty file")
+    try:
+        proto = onnx.load(str(p), load_external_data=False)
+    except (DecodeError, RuntimeError, ValueError, UnicodeDecodeError) as exc:
+        raise InvalidModelError.at(p, f"not an ONNX model (protobuf parse failed: {exc})") from exc
+    if proto.ir_version <= 0 or (not proto.graph.node and not proto.graph.output):
+        raise InvalidModelError.at(p, "not an ONNX model (no IR version or empty graph)")
+    opsets = {o.domain or "": o.version for o in proto.opset_import}
+    default = opsets.get("", opsets.get("ai.onnx"))
+    if default is None:
+        raise InvalidModelError.at(p, "the model imports no default-domain opset")
+    if not MIN_OPSET <= default <= max_opset():
+        raise InvalidModelError.at(
+            p,
+            f"unsupported opset {default}: graphtrim supports opsets {MIN_OPSET} to {max_opset()}",
+        )
+    _check_external_data(proto, p)
+    try:
+        onnx.checker.check_model(proto)
+    except onnx.checker.ValidationError as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise InvalidModelError.at(p, f"invalid model (possibly truncated): {first}") from exc
+    return proto
+
+
+def load_model(path: str | os.PathLike[str]) -> ir.Model:
+    """Load a validated model into ``onnx_ir``; external data stays memory-mapped."""
+    proto = read_proto(path)
+    model = ir.serde.deserialize_model(proto)
+    ir.external_data.set_base_dir(model.graph, os.path.dirname(os.path.abspath(path)))
+    return model
+
+
+def has_external_data(model: ir.Model) -> bool:
+    return any(
+        isinstance(v.const_value, ir.ExternalTensor)
+        for g in model.graphs()
+        for v in g.initializers.values()
+    )
+
+
+def initializer_bytes(model: ir.Model) -> int:
+    return sum(
+        int(v.const_value.nbytes)
+        for g in model.graphs()
+        for v in g.initializers.values()
+        if v.const_value is not None
+    )
+
+
+def save_model(
+    model: ir.Model, path: str | os.PathLike[str], *, external_data: bool | None = None
+) -> list[Path]:
+    """Write ``model`` atomically; returns the files written.
+
+    With ``external_data=None`` weights go to ``<name>.data`` beside the model when the model
+    had external data or would not fit into one protobuf.
+    """
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    if external_data is None:
+        external_data = has_external_data(model) or initializer_bytes(model) > PROTO_LIMIT_BYTES
+    data_name = f"{target.name}.data"
+    tmpdir = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    try:
+        tmp_model = tmpdir / target.name
+        if external_data:
+            ir.save(model, tmp_model, external_data=data_name, size_threshold_bytes=1024)
+        else:
+            ir.save(model, tmp_model)
+        written = [target]
+        tmp_data = tmpdir / data_name
+        if tmp_data.exists():
+            os.replace(tmp_data, target.parent / data_name)
+            written.append(target.parent / data_name)
+        os.replace(tmp_model, target)
+        return written
+    finally:
+        shutil.rmtree(tmpdir, ignore_errors=True)

@@ -1,0 +1,158 @@
+"""Optimize a model file: load safely, run the passes, verify, save atomically, report."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import onnx
+
+from optimizer_core import __version__
+from optimizer_core.errors import GraphtrimError, VerificationError
+from optimizer_core.graph.framework import ChangeLog, Instrument, OptimizeOptions, ProgressFn
+from optimizer_core.graph.optimize import optimize_model
+from optimizer_core.modelio import load_model, read_proto, save_model
+from optimizer_core.report import ModelStats, before_after_table
+from optimizer_core.verify import Tolerance, VerificationRecord, VerifyEachPass, verify
+
+
+@dataclasses.dataclass
+class OptimizeReport:
+    input: str
+    output: str
+    before: ModelStats
+    after: ModelStats
+    log: ChangeLog
+    seconds: float
+    verification: VerificationRecord | None = None
+
+    def table(self) -> str:
+        return before_after_table(self.before, self.after, self.seconds)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "graphtrim_version": __version__,
+            "input": self.input,
+            "output": self.output,
+            "seconds": round(self.seconds, 6),
+            "before": self.before.to_json(),
+            "after": self.after.to_json(),
+            "optimization": self.log.to_json(),
+            "verification": self.verification.to_json() if self.verification else None,
+        }
+
+    def write_json(self, path: str | os.PathLike[str]) -> None:
+        target = Path(path)
+        tmp = target.with_name(f".{target.name}.tmp")
+        tmp.write_text(json.dumps(self.to_json(), indent=2, sort_keys=False))
+        os.replace(tmp, target)
+
+
+def _model_files(path: Path, proto: onnx.ModelProto | None = None) -> list[Path]:
+    files = [path]
+    data = path.with_name(path.name + ".data")
+    if data.exists():
+        files.append(data)
+    if proto is not None:
+        for init in proto.graph.initializer:
+            for entry in init.external_data:
+                if entry.key == "location":
+                    p = path.parent / entry.value
+                    if p not in files:
+                        files.append(p)
+    return files
+
+
+def _check_paths(src: Path, dst: Path, proto: onnx.ModelProto) -> None:
+    inputs = {p.resolve() for p in _model_files(src, proto) if p.exists()}
+    outputs = {dst.resolve(), dst.with_name(dst.name + ".data").resolve()}
+    clash = inputs & outputs
+    if clash:
+        raise GraphtrimError(
+            f"output would overwrite the input ({', '.join(sorted(str(c) for c in clash))}); "
+            "choose another output path"
+        )
+
+
+def optimize_file(
+    src: str | os.PathLike[str],
+    dst: str | os.PathLike[str],
+    *,
+    preset: str = "default",
+    passes: Sequence[str] | None = None,
+    skip: Sequence[str] = (),
+    options: OptimizeOptions | None = None,
+    check: bool = False,
+    check_each_pass: bool = False,
+    tolerance: Tolerance | None = None,
+    trials: int = 3,
+    dim_values: Mapping[str, int] | None = None,
+    progress: ProgressFn | None = None,
+) -> OptimizeReport:
+    """Optimize the model at ``src`` into ``dst``.
+
+    The input is never written. With ``check`` the saved result is compared with the input in
+    onnxruntime; with ``check_each_pass`` every pass is checked and the first one to change
+    results is named. Either failure raises :class:`VerificationError` and leaves no output.
+
+    Raises:
+        InvalidModelError: the input cannot be optimized (corrupt, unsafe, unsupported).
+        VerificationError: results changed.
+        GraphtrimError: other refusals (bad arguments, output would overwrite the input).
+    """
+    src_p, dst_p = Path(src), Path(dst)
+    proto = read_proto(src_p)
+    _check_paths(src_p, dst_p, proto)
+    del proto
+    start = time.perf_counter()
+    model = load_model(src_p)
+    before = ModelStats.of(model, _model_files(src_p))
+    instruments: list[Instrument] = []
+    if check_each_pass:
+        instruments.append(
+            VerifyEachPass(
+                trials=max(1, min(trials, 2)), dim_values=dim_values, tolerance=tolerance
+            )
+        )
+    result = optimize_model(
+        model,
+        preset=preset,
+        passes=passes,
+        skip=skip,
+        options=options,
+        instruments=instruments,
+        progress=progress,
+    )
+    seconds = time.perf_counter() - start
+    dst_p.parent.mkdir(parents=True, exist_ok=True)
+    # stage beside the target: a model that fails verification never reaches ``dst``
+    staging = Path(tempfile.mkdtemp(prefix=f".{dst_p.name}.staging.", dir=dst_p.parent))
+    try:
+        staged = save_model(result.model, staging / dst_p.name)
+        after = ModelStats.of(result.model, staged)
+        report = OptimizeReport(str(src_p), str(dst_p), before, after, result.log, seconds)
+        if check:
+            if progress is not None:
+                progress("verifying the optimized model against the input")
+            record = verify(
+                src_p, staged[0], trials=trials, dim_values=dim_values, tolerance=tolerance
+            )
+            report.verification = record
+            if not record.ok:
+                raise VerificationError(
+                    f"the optimized model does not match the input: {record.summary()}; "
+                    "rerun with --verify-each-pass to find the pass responsible",
+                    record=record,
+                )
+        for path in reversed(staged):  # data file first, then the model that refers to it
+            os.replace(path, dst_p.parent / path.name)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return report

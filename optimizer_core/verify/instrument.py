@@ -1,0 +1,94 @@
+"""Per-pass verification: an instrument that checks equivalence after every pass that changed
+the model, and names the first pass (and its rules) that changed results."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import onnx_ir as ir
+
+from optimizer_core.errors import VerificationError
+from optimizer_core.graph.framework import PassRecord
+from optimizer_core.verify.compare import Session, Tolerance, compare_outputs, make_inputs
+
+
+class VerifyEachPass:
+    """Compares the model to the original after each modifying pass.
+
+    The reference outputs are computed once, before the first pass, on ``trials`` seeded random
+    feeds (or the given ``inputs``). Raises :class:`VerificationError` at the first mismatch.
+    """
+
+    def __init__(
+        self,
+        *,
+        inputs: Sequence[Mapping[str, np.ndarray]] | None = None,
+        trials: int = 2,
+        seed: int = 0,
+        dim_values: Mapping[str, int] | None = None,
+        tolerance: Tolerance | None = None,
+    ):
+        self.inputs = list(inputs) if inputs is not None else None
+        self.trials = trials
+        self.seed = seed
+        self.dim_values = dim_values
+        self.tolerance = tolerance or Tolerance()
+        self.feeds: list[dict[str, np.ndarray]] = []
+        self.expected: list[dict[str, np.ndarray]] = []
+        self.checked = 0
+
+    def before_run(self, model: ir.Model) -> None:
+        ref = Session(model)
+        try:
+            if self.inputs is not None:
+                self.feeds = [dict(f) for f in self.inputs]
+            else:
+                self.feeds = [
+                    make_inputs(ref.input_specs(), seed=self.seed + i, dim_values=self.dim_values)
+                    for i in range(self.trials)
+                ]
+            self.expected = [ref.run(f) for f in self.feeds]
+        finally:
+            ref.close()
+
+    def after_pass(
+        self, model: ir.Model, record: PassRecord, history: Sequence[PassRecord]
+    ) -> None:
+        if not record.modified:
+            return
+        self.checked += 1
+        before = [r.pass_name for r in history[:-1] if r.modified]
+        try:
+            session = Session(model)
+        except Exception as exc:
+            raise VerificationError(
+                f"pass '{record.pass_name}' (rules {record.rules}) produced a model onnxruntime cannot load: {exc}",
+                pass_name=record.pass_name,
+                rules=record.rules,
+                passes_before=before,
+            ) from exc
+        try:
+            for feeds, expected in zip(self.feeds, self.expected, strict=True):
+                try:
+                    got = session.run(feeds)
+                except Exception as exc:
+                    raise VerificationError(
+                        f"pass '{record.pass_name}' (rules {record.rules}) produced a model that fails to run: {exc}",
+                        pass_name=record.pass_name,
+                        rules=record.rules,
+                        passes_before=before,
+                    ) from exc
+                for name, ref in expected.items():
+                    cmp = compare_outputs(name, ref, got[name], self.tolerance)
+                    if not cmp.ok:
+                        raise VerificationError(
+                            f"pass '{record.pass_name}' (iteration {record.iteration}, rules {record.rules}) "
+                            f"changed output '{name}': {cmp.reason}",
+                            pass_name=record.pass_name,
+                            rules=record.rules,
+                            passes_before=before,
+                            record=cmp,
+                        )
+        finally:
+            session.close()
