@@ -117,7 +117,9 @@ def read_proto(path: str | os.PathLike[str]) -> onnx.ModelProto:
         )
     _check_external_data(proto, p)
     try:
-        onnx.checker.check_model(proto)
+        # check the file, not the proto: the checker resolves external data locations against
+        # the model's folder only when it knows the path (against the cwd otherwise)
+        onnx.checker.check_model(str(p))
     except onnx.checker.ValidationError as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise InvalidModelError.at(p, f"invalid model (possibly truncated): {first}") from exc

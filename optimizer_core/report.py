@@ -22,7 +22,7 @@ class ModelStats:
 
     @classmethod
     def of(cls, model: ir.Model, files: Sequence[Path] = ()) -> ModelStats:
-        inits = [v for g in model.graphs() for v in g.initializers.values()]
+        inits = [v for g in u.all_graphs(model) for v in g.initializers.values()]
         size = sum(int(v.const_value.nbytes) for v in inits if v.const_value is not None)
         file_bytes = sum(p.stat().st_size for p in files if p.exists()) if files else None
         return cls(u.count_nodes(model), u.op_counts(model), len(inits), size, file_bytes)

@@ -33,6 +33,7 @@ def simple_cnn() -> Any:
     model = SimpleModel().eval()
     with torch.no_grad():  # non-trivial BatchNorm statistics
         for bn in (model.bn1, model.bn2):
+            assert bn.running_mean is not None and bn.running_var is not None
             bn.running_mean.uniform_(-0.5, 0.5)
             bn.running_var.uniform_(0.5, 2.0)
     return model

@@ -60,7 +60,7 @@ def node_opset(node: ir.Node, model: ir.Model) -> int:
 def _constant_node_array(node: ir.Node) -> np.ndarray | None:
     attrs = node.attributes
     if "value" in attrs:
-        tensor = attrs["value"].as_tensor()
+        tensor = attrs["value"].value
         return tensor.numpy()
     for key, dtype in (("value_float", np.float32), ("value_int", np.int64)):
         if key in attrs:
@@ -242,7 +242,7 @@ class NameGenerator:
 
     def __init__(self, model: ir.Model):
         self._used: set[str] = set()
-        for graph in model.graphs():
+        for graph in all_graphs(model):
             for v in graph.inputs:
                 if v.name:
                     self._used.add(v.name)
@@ -265,7 +265,8 @@ class NameGenerator:
 def add_initializer(
     graph: ir.Graph, array: np.ndarray, name: str, like: ir.Value | None = None
 ) -> ir.Value:
-    tensor = ir.tensor(np.ascontiguousarray(array), name=name)
+    # np.ascontiguousarray would turn a 0-d array into 1-d
+    tensor = ir.Tensor(np.require(array, requirements="C"), name=name)
     value = ir.Value(
         name=name, const_value=tensor, shape=ir.Shape(array.shape), type=ir.TensorType(tensor.dtype)
     )
@@ -275,9 +276,34 @@ def add_initializer(
     return value
 
 
+_SUBGRAPH_OPS = frozenset({"If", "Loop", "Scan", "SequenceMap"})
+
+
+def subgraphs_of(node: ir.Node) -> list[ir.Graph]:
+    out: list[ir.Graph] = []
+    for attr in node.attributes.values():
+        if attr.type == ir.AttributeType.GRAPH:
+            out.append(attr.as_graph())
+        elif attr.type == ir.AttributeType.GRAPHS:
+            out.extend(attr.as_graphs())
+    return out
+
+
 def all_graphs(model: ir.Model) -> list[ir.Graph]:
-    """The main graph and every subgraph, outer graphs first (a snapshot, safe to edit)."""
-    return list(model.graphs())
+    """The main graph and every subgraph, outer graphs first (a snapshot, safe to edit).
+
+    A plain walk: much cheaper than ``model.graphs()`` on large graphs, and passes call it often.
+    """
+    out: list[ir.Graph] = []
+    pending = [model.graph]
+    while pending:
+        graph = pending.pop(0)
+        out.append(graph)
+        for node in graph:
+            # standard ops carry subgraphs only in control flow; other domains may carry any
+            if node.op_type in _SUBGRAPH_OPS or node.domain not in STANDARD_DOMAINS:
+                pending.extend(subgraphs_of(node))
+    return out
 
 
 def nodes_in_order(graph: ir.Graph) -> Iterator[ir.Node]:
@@ -286,7 +312,7 @@ def nodes_in_order(graph: ir.Graph) -> Iterator[ir.Node]:
 
 
 def count_nodes(model: ir.Model) -> int:
-    return sum(len(g) for g in model.graphs())
+    return sum(len(g) for g in all_graphs(model))
 
 
 def op_counts(model: ir.Model) -> dict[str, int]:
@@ -307,14 +333,20 @@ def _detach(node: ir.Node) -> None:
     for i in range(len(node.inputs)):
         if node.inputs[i] is not None:
             node.replace_input_with(i, None)
-    for attr in node.attributes.values():
-        if attr.type == ir.AttributeType.GRAPH:
-            for inner in attr.as_graph():
-                _detach(inner)
-        elif attr.type == ir.AttributeType.GRAPHS:
-            for g in attr.as_graphs():
-                for inner in g:
-                    _detach(inner)
+    for graph in subgraphs_of(node):
+        for inner in graph:
+            _detach(inner)
+
+
+class _RemovalCounter:
+    """Counts nodes removed through :func:`remove_nodes`, so the driver can report removed and
+    added nodes per pass without walking the graph."""
+
+    total = 0
+
+
+def removed_so_far() -> int:
+    return _RemovalCounter.total
 
 
 def remove_nodes(graph: ir.Graph, nodes: Iterable[ir.Node]) -> int:
@@ -324,7 +356,13 @@ def remove_nodes(graph: ir.Graph, nodes: Iterable[ir.Node]) -> int:
         _detach(node)
     if nodes:
         graph.remove(nodes, safe=False)
+        _RemovalCounter.total += sum(_nested_count(n) for n in nodes)
     return len(nodes)
+
+
+def _nested_count(node: ir.Node) -> int:
+    """The node itself plus every node of its subgraphs."""
+    return 1 + sum(_nested_count(inner) for g in subgraphs_of(node) for inner in g)
 
 
 def normalize_axes(axes: Sequence[int], r: int) -> list[int] | None:
@@ -344,16 +382,15 @@ def is_dead(node: ir.Node) -> bool:
     return all(not out.uses() and not out.is_graph_output() for out in node.outputs)
 
 
-def dead_node_ids(model: ir.Model) -> set[int]:
-    return {id(n) for g in model.graphs() for n in g if is_dead(n)}
-
-
-def sweep_dead(model: ir.Model, keep: set[int] | None = None) -> int:
-    """Remove dead nodes (and what only they read), except those whose id is in ``keep``."""
+def sweep_dead(model: ir.Model) -> int:
+    """Remove dead nodes, what only they read, and initializers nothing reads any more."""
     removed = 0
     for graph in all_graphs(model):
         for node in reversed(list(graph)):
-            if node.graph is graph and is_dead(node) and (keep is None or id(node) not in keep):
+            if node.graph is graph and is_dead(node):
                 remove_nodes(graph, [node])
                 removed += 1
+        for name, init in list(graph.initializers.items()):
+            if not init.uses() and not init.is_graph_output() and not init.is_graph_input():
+                graph.initializers.pop(name)
     return removed

@@ -70,10 +70,9 @@ class GraphtrimPass(ir.passes.InPlacePass):
 
     def call(self, model: ir.Model) -> ir.passes.PassResult:
         self.rule_counts = Counter()
-        already_dead = u.dead_node_ids(model) if self.sweeps_dead else set()
         modified = bool(self.apply(model))
         if modified and self.sweeps_dead:
-            u.sweep_dead(model, keep=already_dead)
+            u.sweep_dead(model)
         return ir.passes.PassResult(model, modified)
 
     def apply(self, model: ir.Model) -> bool:  # pragma: no cover - abstract
@@ -168,8 +167,8 @@ class Instrument(Protocol):
 ProgressFn = Callable[[str], None]
 
 
-def _node_ids(model: ir.Model) -> set[int]:
-    return {id(n) for g in model.graphs() for n in g}
+def _node_count(model: ir.Model) -> int:
+    return sum(len(g) for g in u.all_graphs(model))
 
 
 class FixedPointDriver(GraphtrimPass):
@@ -208,18 +207,28 @@ class FixedPointDriver(GraphtrimPass):
         any_change = False
         history: list[str] = []
         converged = False
+        modifications = 0  # modifying pass runs so far
+        inferred_at = -1  # value of ``modifications`` when shape inference last ran
+        clean_at: dict[int, int] = {}  # pass index -> ``modifications`` when it last found nothing
         for iteration in range(1, self.options.max_iterations + 1):
             self.log.iterations = iteration
-            for helper in self.per_iteration:
-                helper(model)
+            if inferred_at != modifications:
+                for helper in self.per_iteration:
+                    helper(model)
+                inferred_at = modifications
             changed = False
             for index, pass_ in enumerate(self.passes, start=1):
+                # passes are deterministic: one that found nothing on this very model would
+                # find nothing again, so it is skipped until another pass changes something
+                if clean_at.get(index) == modifications:
+                    continue
                 if self.progress is not None:
                     self.progress(
                         f"iteration {iteration} pass {index}/{len(self.passes)} {pass_.name} "
-                        f"({u.count_nodes(model)} nodes)"
+                        f"({_node_count(model)} nodes)"
                     )
-                before_ids = _node_ids(model)
+                before = _node_count(model)
+                removed_before = u.removed_so_far()
                 t0 = time.perf_counter()
                 try:
                     result = pass_(model)
@@ -228,15 +237,16 @@ class FixedPointDriver(GraphtrimPass):
                 except Exception as exc:
                     raise PassFailure(pass_.name, history, exc) from exc
                 seconds = time.perf_counter() - t0
-                after_ids = _node_ids(model)
+                after = _node_count(model)
+                removed = u.removed_so_far() - removed_before
                 record = PassRecord(
                     iteration=iteration,
                     pass_name=pass_.name,
                     modified=result.modified,
-                    nodes_before=len(before_ids),
-                    nodes_after=len(after_ids),
-                    nodes_removed=len(before_ids - after_ids),
-                    nodes_added=len(after_ids - before_ids),
+                    nodes_before=before,
+                    nodes_after=after,
+                    nodes_removed=removed,
+                    nodes_added=after - before + removed,
                     rules=dict(pass_.rule_counts),
                     seconds=seconds,
                 )
@@ -244,6 +254,11 @@ class FixedPointDriver(GraphtrimPass):
                 history.append(pass_.name)
                 if result.modified:
                     changed = True
+                    modifications += 1
+                    clean_at.pop(index, None)
+                else:
+                    clean_at[index] = modifications
+                if result.modified:
                     logger.debug(
                         "%s: -%d +%d nodes %s",
                         pass_.name,

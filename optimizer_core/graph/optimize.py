@@ -7,7 +7,6 @@ import logging
 from collections.abc import Sequence
 
 import onnx_ir as ir
-from onnx_ir.passes.common import ShapeInferencePass
 
 from optimizer_core.graph.framework import (
     ChangeLog,
@@ -17,6 +16,7 @@ from optimizer_core.graph.framework import (
     ProgressFn,
 )
 from optimizer_core.graph.presets import build, resolve
+from optimizer_core.graph.shape_inference import ShapeInference
 
 logger = logging.getLogger("graphtrim.optimizer")
 
@@ -26,13 +26,6 @@ class OptimizeResult:
     model: ir.Model
     log: ChangeLog
     modified: bool
-
-
-class _ShapeInference(ShapeInferencePass):
-    """onnx shape inference; failures (custom ops, unusual models) leave the model unchanged."""
-
-    def __init__(self) -> None:
-        super().__init__(check_type=False, strict_mode=False, data_prop=True)
 
 
 def _normalize(model: ir.Model, log: ChangeLog) -> None:
@@ -77,7 +70,7 @@ def optimize_model(
         build(names, options),
         preset=preset if not passes else "custom",
         options=options,
-        per_iteration=[_ShapeInference()],
+        per_iteration=[ShapeInference(only_if_unknown=True)],
         instruments=instruments,
         progress=progress,
     )

@@ -18,6 +18,7 @@ from optimizer_core.graph.passes.constants import LiftConstants
 from optimizer_core.graph.passes.control_flow import ConstantIfInlining
 from optimizer_core.graph.passes.cse import CommonSubexpressionElimination
 from optimizer_core.graph.passes.dead_code import DeadCodeElimination
+from optimizer_core.graph.passes.fusion import AffineFusion
 from optimizer_core.graph.passes.identity import IdentityElimination
 
 PASSES: dict[str, type[GraphtrimPass]] = {
@@ -32,11 +33,15 @@ PASSES: dict[str, type[GraphtrimPass]] = {
         ReassociateConstants,
         CommonSubexpressionElimination,
         ConstantFolding,
+        AffineFusion,
         DeadCodeElimination,
     )
 }
 
 _ORDER = [
+    # dead code first, so nodes dead on arrival are credited to it; every other pass then
+    # removes the nodes its own rewrites made dead
+    "dead-code",
     "lift-constants",
     "if-inline",
     "identity",
@@ -46,13 +51,13 @@ _ORDER = [
     "reassociate",
     "cse",
     "constant-folding",
-    "dead-code",
+    "fuse-affine",
 ]
 
 PRESETS: dict[str, list[str]] = {
     "default": list(_ORDER),
     "safe": [name for name in _ORDER if PASSES[name].exact],
-    "minimal": ["lift-constants", "identity", "dead-code"],
+    "minimal": ["dead-code", "lift-constants", "identity"],
 }
 
 

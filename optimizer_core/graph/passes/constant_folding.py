@@ -176,7 +176,8 @@ class ConstantFolding(GraphtrimPass):
                     frontier.append(out)
         if not frontier:
             return False
-        plans = [p for p in (self._plan(v, in_set) for v in frontier) if p is not None]
+        order = {id(n): i for i, n in enumerate(graph)}
+        plans = [p for p in (self._plan(v, in_set, order) for v in frontier) if p is not None]
         if not plans:
             return False
         results = self._evaluate(model, plans)
@@ -188,9 +189,10 @@ class ConstantFolding(GraphtrimPass):
                 self.hit("skipped-over-budget")
                 continue
             name = value.name or "folded"
+            assert value.dtype is not None  # checked by _foldable
             const = u.add_initializer(
                 graph, array.astype(value.dtype.numpy(), copy=False), namer(f"{name}_folded")
-            )  # type: ignore[union-attr]
+            )
             if u.replace_value(value, const):
                 self.hit("fold")
                 changed = True
@@ -199,7 +201,7 @@ class ConstantFolding(GraphtrimPass):
         return changed
 
     def _plan(
-        self, value: ir.Value, in_set: set[int]
+        self, value: ir.Value, in_set: set[int], order: dict[int, int]
     ) -> tuple[ir.Value, list[ir.Node], list[ir.Value]] | None:
         """The nodes computing ``value`` (in graph order) and the constants they read."""
         closure: dict[int, ir.Node] = {}
@@ -224,8 +226,11 @@ class ConstantFolding(GraphtrimPass):
         estimate = _static_nbytes(value)
         if estimate is not None and estimate > self.options.fold_max_tensor_bytes:
             return None
-        graph = value.graph
-        order = {id(n): i for i, n in enumerate(graph)} if graph is not None else {}
+        # at most the constants read can become dead: a larger result would grow the model,
+        # so it is not even computed
+        if estimate is not None and estimate > const_bytes + self.options.fold_max_growth_bytes:
+            self.hit("skipped-over-budget")
+            return None
         nodes = sorted(closure.values(), key=lambda n: order.get(id(n), 0))
         return value, nodes, list(consts.values())
 
@@ -282,7 +287,7 @@ class ConstantFolding(GraphtrimPass):
                 consts[id(c)] = c
         graph = plans[0][0].graph
         order = {id(n): i for i, n in enumerate(graph)} if graph is not None else {}
-        node_protos = []
+        node_protos: list[onnx.NodeProto] = []
         for n in sorted(nodes.values(), key=lambda n: order.get(id(n), 0)):
             proto = ir.serde.serialize_node(n)
             proto.ClearField("input")
@@ -297,7 +302,7 @@ class ConstantFolding(GraphtrimPass):
             arr = u.const_array(c)
             if arr is None:
                 raise ValueError(f"constant {c.name} is not readable")
-            feeds[name_of(c)] = np.ascontiguousarray(arr)
+            feeds[name_of(c)] = np.require(arr, requirements="C")
             inputs.append(
                 onnx.helper.make_tensor_value_info(
                     name_of(c), onnx.helper.np_dtype_to_tensor_dtype(arr.dtype), list(arr.shape)

@@ -30,7 +30,7 @@ class LiftConstants(GraphtrimPass):
                 if array is None or array.dtype == object:
                     continue
                 if "value" in node.attributes:
-                    tensor = node.attributes["value"].as_tensor()
+                    tensor = node.attributes["value"].value
                     if tensor.dtype == ir.DataType.STRING:
                         continue
                 else:

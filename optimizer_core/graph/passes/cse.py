@@ -18,16 +18,18 @@ from optimizer_core.graph import _ir_utils as u
 from optimizer_core.graph.framework import GraphtrimPass
 
 
+def _tensor_key(t: Any) -> Any:
+    return ("T", int(t.dtype), tuple(t.shape.numpy()), t.tobytes())
+
+
 def _attr_key(attr: ir.Attr) -> Any:
     if attr.type in (ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS):
         return None  # never reached: nodes with subgraphs are skipped
     if attr.type == ir.AttributeType.TENSOR:
-        t = attr.as_tensor()
-        return ("T", int(t.dtype), tuple(t.shape.numpy()), t.tobytes())
+        # attr.value, not as_tensor(): its protocol isinstance check dominates on large graphs
+        return _tensor_key(attr.value)
     if attr.type == ir.AttributeType.TENSORS:
-        return tuple(
-            ("T", int(t.dtype), tuple(t.shape.numpy()), t.tobytes()) for t in attr.as_tensors()
-        )
+        return tuple(_tensor_key(t) for t in attr.value)
     value = attr.value
     if isinstance(value, list | tuple):
         return tuple(value)

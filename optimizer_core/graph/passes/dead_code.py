@@ -37,7 +37,7 @@ class DeadCodeElimination(GraphtrimPass):
         return changed
 
     def _remove_unused_opsets(self, model: ir.Model) -> bool:
-        used = {node.domain for graph in model.graphs() for node in graph}
+        used = {node.domain for graph in u.all_graphs(model) for node in graph}
         for function in model.functions.values():
             used.add(function.domain)
             used.update(node.domain for node in function)

@@ -1,0 +1,1 @@
+"""graphtrim's benchmark: graphtrim beside the other ONNX optimizers on a suite built offline."""

@@ -1,0 +1,279 @@
+"""``python -m bench`` (or ``make bench``): graphtrim beside onnxsim, onnxslim, onnxoptimizer,
+onnxruntime's offline optimizer (basic level) and onnxscript's optimizer.
+
+For every suite model and tool it reports: nodes after (subgraphs included), optimize wall time
+and peak RSS (each tool runs in a fresh process; imports are excluded from the time), parity with
+the original in onnxruntime (max relative difference over seeded random inputs), and the latency
+ratio to the original model (p50, one thread, runs of all variants interleaved in one process),
+with onnxruntime's graph optimizations disabled and enabled.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+
+from bench.suite import build_suite
+from bench.worker import TOOLS
+
+ROOT = Path(__file__).resolve().parent
+log = logging.getLogger("bench")
+
+
+def count_nodes(path: Path) -> int:
+    model = onnx.load(str(path), load_external_data=False)
+
+    def walk(g: onnx.GraphProto) -> int:
+        n = len(g.node)
+        for node in g.node:
+            for a in node.attribute:
+                if a.type == onnx.AttributeProto.GRAPH:
+                    n += walk(a.g)
+                elif a.type == onnx.AttributeProto.GRAPHS:
+                    n += sum(walk(s) for s in a.graphs)
+        return n
+
+    return walk(model.graph)
+
+
+def run_tool(tool: str, src: Path, dst: Path, timeout: int) -> dict[str, Any]:
+    dst.unlink(missing_ok=True)
+    env = dict(os.environ, PYTHONWARNINGS="ignore")
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "bench.worker", tool, str(src), str(dst)],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env=env,
+            cwd=ROOT.parent,
+        )
+    except subprocess.TimeoutExpired:
+        return {"ok": False, "error": f"timeout after {timeout}s"}
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        err = (proc.stderr.strip().splitlines() or ["failed"])[-1]
+        return {"ok": False, "error": err[:200]}
+    result = json.loads(lines[-1])
+    result["ok"] = bool(result.get("ok")) and dst.exists()
+    if result["ok"]:
+        result["nodes"] = count_nodes(dst)
+    return result
+
+
+def parity(src: Path, dst: Path) -> dict[str, Any]:
+    from optimizer_core.verify import Tolerance, verify
+
+    rec = verify(src, dst, trials=2, tolerance=Tolerance(rtol=1e-4, atol=1e-5, min_cosine=0.0))
+    if rec.error:
+        return {"parity_ok": False, "max_rel_diff": None, "parity_error": rec.error[:200]}
+    # exact rewrites leave at most rounding noise: relative diff <= 1e-5 of the output's scale
+    ok = rec.ok and (rec.max_rel_diff <= 1e-5 or rec.max_abs_diff <= 1e-6)
+    return {"parity_ok": ok, "max_rel_diff": rec.max_rel_diff, "max_abs_diff": rec.max_abs_diff}
+
+
+def latency(paths: dict[str, Path], runs: int, enable_ort_opt: bool) -> dict[str, float]:
+    """p50 latency (ms) per variant; variants run interleaved so drift hits all alike."""
+    import onnxruntime as ort
+
+    from optimizer_core.verify import make_inputs
+
+    sessions = {}
+    for key, path in paths.items():
+        so = ort.SessionOptions()
+        so.graph_optimization_level = (
+            ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+            if enable_ort_opt
+            else ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+        )
+        so.intra_op_num_threads = 1
+        so.inter_op_num_threads = 1
+        so.log_severity_level = 3
+        try:
+            sessions[key] = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+        except Exception:
+            continue
+    if "original" not in sessions:
+        return {}
+    specs = [(i.name, i.type, list(i.shape)) for i in sessions["original"].get_inputs()]
+    feeds = make_inputs(specs, seed=0)
+    times: dict[str, list[float]] = {k: [] for k in sessions}
+    for _ in range(3):  # warm-up
+        for s in sessions.values():
+            s.run(None, feeds)
+    for _ in range(runs):
+        for key, s in sessions.items():
+            t0 = time.perf_counter()
+            s.run(None, feeds)
+            times[key].append(time.perf_counter() - t0)
+    return {k: statistics.median(v) * 1000 for k, v in times.items()}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(
+        prog="python -m bench",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    ap.add_argument("--models", nargs="*", help="suite model names (default: all)")
+    ap.add_argument("--tools", nargs="*", default=list(TOOLS), choices=list(TOOLS))
+    ap.add_argument(
+        "--cache", type=Path, default=ROOT / "models", help="where suite models are built"
+    )
+    ap.add_argument(
+        "--out", type=Path, default=ROOT / "results", help="where outputs and results.json go"
+    )
+    ap.add_argument("--runs", type=int, default=30, help="interleaved latency runs per variant")
+    ap.add_argument("--no-latency", action="store_true")
+    ap.add_argument("--timeout", type=int, default=600, help="seconds per tool and model")
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="bench: %(message)s")
+    logging.getLogger("torch").setLevel(logging.ERROR)
+
+    suite = build_suite(args.cache, args.models)
+    args.out.mkdir(parents=True, exist_ok=True)
+    rows: list[dict[str, Any]] = []
+    for name, src in suite.items():
+        row: dict[str, Any] = {"model": name, "original_nodes": count_nodes(src), "tools": {}}
+        outputs = {"original": src}
+        for tool in args.tools:
+            dst = args.out / f"{name}.{tool}.onnx"
+            res = run_tool(tool, src, dst, args.timeout)
+            if res.get("ok"):
+                res.update(parity(src, dst))
+                outputs[tool] = dst
+            row["tools"][tool] = res
+            log.info(
+                "%-28s %-14s %s",
+                name,
+                tool,
+                {k: res.get(k) for k in ("nodes", "seconds", "parity_ok", "error") if k in res},
+            )
+        if not args.no_latency:
+            for enabled in (False, True):
+                p50 = latency(outputs, args.runs, enabled)
+                base = p50.get("original")
+                for tool in args.tools:
+                    if base and tool in p50:
+                        row["tools"][tool][
+                            f"latency_ratio_{'ort_on' if enabled else 'ort_off'}"
+                        ] = p50[tool] / base
+        rows.append(row)
+    (args.out / "results.json").write_text(json.dumps(rows, indent=2))
+    print(render(rows, args.tools))
+    return 0
+
+
+def _fmt(v: Any, spec: str) -> str:
+    return "-" if v is None else format(v, spec)
+
+
+def render(rows: list[dict[str, Any]], tools: list[str]) -> str:
+    out = ["## Nodes after (fewer is better; ✗ = failed or changed results)", ""]
+    out.append("| model | original | " + " | ".join(tools) + " |")
+    out.append("|---|---:|" + "---:|" * len(tools))
+    totals = dict.fromkeys(tools, 0)
+    complete = dict.fromkeys(tools, True)
+    for r in rows:
+        cells = []
+        for t in tools:
+            res = r["tools"].get(t, {})
+            if res.get("ok"):
+                totals[t] += res["nodes"]
+                mark = "" if res.get("parity_ok") else " ✗"
+                cells.append(f"{res['nodes']}{mark}")
+            else:
+                complete[t] = False
+                totals[t] += r["original_nodes"]
+                cells.append("✗")
+        out.append(f"| {r['model']} | {r['original_nodes']} | " + " | ".join(cells) + " |")
+    out.append(
+        f"| **total** | {sum(r['original_nodes'] for r in rows)} | "
+        + " | ".join(f"**{totals[t]}**" for t in tools)
+        + " |"
+    )
+    out += ["", "## Optimize time, s (peak RSS, MB)", ""]
+    out.append("| model | " + " | ".join(tools) + " |")
+    out.append("|---|" + "---:|" * len(tools))
+    for r in rows:
+        cells = []
+        for t in tools:
+            res = r["tools"].get(t, {})
+            cells.append(
+                f"{res['seconds']:.2f} ({res['peak_rss_mb']:.0f})" if res.get("ok") else "✗"
+            )
+        out.append(f"| {r['model']} | " + " | ".join(cells) + " |")
+    out += [
+        "",
+        "## Parity (max relative diff) and latency ratio to the original, p50 (ORT opt off / on)",
+        "",
+    ]
+    out.append("| model | " + " | ".join(tools) + " |")
+    out.append("|---|" + "---|" * len(tools))
+    for r in rows:
+        cells = []
+        for t in tools:
+            res = r["tools"].get(t, {})
+            if not res.get("ok"):
+                cells.append("✗")
+                continue
+            rel = res.get("max_rel_diff")
+            lat = f"{_fmt(res.get('latency_ratio_ort_off'), '.2f')}/{_fmt(res.get('latency_ratio_ort_on'), '.2f')}"
+            cells.append(f"{'ok' if res.get('parity_ok') else 'FAIL'} {_fmt(rel, '.0e')} {lat}")
+        out.append(f"| {r['model']} | " + " | ".join(cells) + " |")
+    fails = {
+        t: sum(
+            1
+            for r in rows
+            if r["tools"].get(t, {}).get("ok") and not r["tools"][t].get("parity_ok")
+        )
+        for t in tools
+    }
+    out += ["", "parity failures: " + ", ".join(f"{t} {n}" for t, n in fails.items())]
+    if "graphtrim" in tools and "onnxsim" in tools:
+        faster = sum(
+            1
+            for r in rows
+            if r["tools"].get("graphtrim", {}).get("ok")
+            and r["tools"].get("onnxsim", {}).get("ok")
+            and r["tools"]["graphtrim"]["seconds"] < r["tools"]["onnxsim"]["seconds"]
+        )
+        both = sum(
+            1
+            for r in rows
+            if r["tools"].get("graphtrim", {}).get("ok") and r["tools"].get("onnxsim", {}).get("ok")
+        )
+        out.append(
+            f"graphtrim faster than onnxsim on {faster}/{both} models; node totals: "
+            + ", ".join(f"{t} {totals[t]}" for t in tools)
+        )
+    geo = {}
+    for t in tools:
+        ratios = [
+            r["tools"][t].get("latency_ratio_ort_on")
+            for r in rows
+            if r["tools"].get(t, {}).get("latency_ratio_ort_on")
+        ]
+        if ratios:
+            geo[t] = float(np.exp(np.mean(np.log(ratios))))
+    if geo:
+        out.append(
+            "latency ratio geomean (ORT opt on): "
+            + ", ".join(f"{t} {v:.3f}" for t, v in geo.items())
+        )
+    return "\n".join(out)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

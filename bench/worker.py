@@ -1,0 +1,110 @@
+"""Runs one optimizer on one model in a fresh process: ``python -m bench.worker TOOL IN OUT``.
+
+Prints one JSON line: seconds (the optimize call and the save, imports excluded) and peak RSS.
+"""
+
+from __future__ import annotations
+
+import json
+import resource
+import sys
+import time
+from pathlib import Path
+
+
+def _graphtrim(src: str, dst: str) -> None:
+    from optimizer_core.graph.optimize import optimize_model
+    from optimizer_core.modelio import load_model, save_model
+
+    model = load_model(src)
+    optimize_model(model)
+    save_model(model, dst)
+
+
+def _onnxsim(src: str, dst: str) -> None:
+    import onnx
+    import onnxsim
+
+    model, _ = onnxsim.simplify(onnx.load(src))
+    onnx.save(model, dst)
+
+
+def _onnxslim(src: str, dst: str) -> None:
+    import onnx
+    import onnxslim
+
+    onnx.save(onnxslim.slim(onnx.load(src)), dst)
+
+
+def _onnxoptimizer(src: str, dst: str) -> None:
+    import onnx
+    import onnxoptimizer
+
+    onnx.save(onnxoptimizer.optimize(onnx.load(src)), dst)
+
+
+def _ort_basic(src: str, dst: str) -> None:
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    so.optimized_model_filepath = dst
+    ort.InferenceSession(src, so, providers=["CPUExecutionProvider"])
+
+
+def _onnxscript(src: str, dst: str) -> None:
+    import onnx
+    import onnxscript.optimizer
+
+    onnx.save(onnxscript.optimizer.optimize(onnx.load(src)), dst)
+
+
+TOOLS = {
+    "graphtrim": _graphtrim,
+    "onnxsim": _onnxsim,
+    "onnxslim": _onnxslim,
+    "onnxoptimizer": _onnxoptimizer,
+    "ort-basic": _ort_basic,
+    "onnxscript": _onnxscript,
+}
+
+# import each tool's modules before timing so the time is the optimization alone
+_IMPORTS = {
+    "graphtrim": ["optimizer_core.graph.optimize", "onnxruntime"],
+    "onnxsim": ["onnxsim"],
+    "onnxslim": ["onnxslim"],
+    "onnxoptimizer": ["onnxoptimizer"],
+    "ort-basic": ["onnxruntime"],
+    "onnxscript": ["onnxscript.optimizer"],
+}
+
+
+def main() -> int:
+    tool, src, dst = sys.argv[1:4]
+    import contextlib
+    import importlib
+    import io
+
+    for mod in _IMPORTS[tool]:
+        importlib.import_module(mod)
+    base_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    t0 = time.perf_counter()
+    with contextlib.redirect_stdout(io.StringIO()):
+        TOOLS[tool](src, dst)
+    seconds = time.perf_counter() - t0
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    print(
+        json.dumps(
+            {
+                "seconds": seconds,
+                "peak_rss_mb": peak / 1024,
+                "base_rss_mb": base_rss / 1024,
+                "ok": Path(dst).exists(),
+            }
+        )
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,134 @@
+"""Shape and type inference with onnx's inference, merged into the IR by value name.
+
+Large initializers are hidden from the serialized copy (declared as typed graph inputs instead),
+so inference never copies the weights; failures (custom ops, unusual models) leave the model as
+it was. Only values whose shape or type is unknown or less specific are updated, which keeps
+symbolic dims the exporter named.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import onnx
+import onnx_ir as ir
+
+from optimizer_core.graph import _ir_utils as u
+
+logger = logging.getLogger("graphtrim.optimizer")
+
+_INLINE_LIMIT = 1024  # initializers up to this many bytes travel (data propagation reads them)
+
+
+def _serialize_without_weights(model: ir.Model) -> onnx.ModelProto:
+    graph = model.graph
+    hidden: list[tuple[ir.Value, ir.TensorProtocol]] = []
+    added_inputs: list[ir.Value] = []
+    try:
+        for value in list(graph.initializers.values()):
+            tensor = value.const_value
+            if tensor is None or tensor.nbytes <= _INLINE_LIMIT:
+                continue
+            if value.shape is None:
+                value.shape = ir.Shape(tensor.shape.numpy())
+            if value.dtype is None:
+                value.dtype = tensor.dtype
+            hidden.append((value, tensor))
+            graph.initializers.pop(value.name or "")
+            value.const_value = None
+            if not value.is_graph_input():
+                graph.inputs.append(value)
+                added_inputs.append(value)
+        return ir.serde.serialize_model(model)
+    finally:
+        for value in added_inputs:
+            graph.inputs.remove(value)
+        for value, tensor in hidden:
+            value.const_value = tensor
+            graph.register_initializer(value)
+
+
+def _collect_types(graph: onnx.GraphProto, out: dict[str, onnx.TypeProto]) -> None:
+    for vi in (*graph.value_info, *graph.output):
+        if vi.type.HasField("tensor_type") or vi.type.WhichOneof("value") is not None:
+            out.setdefault(vi.name, vi.type)
+    for node in graph.node:
+        for attr in node.attribute:
+            if attr.type == onnx.AttributeProto.GRAPH:
+                _collect_types(attr.g, out)
+            elif attr.type == onnx.AttributeProto.GRAPHS:
+                for sub in attr.graphs:
+                    _collect_types(sub, out)
+
+
+def _more_specific(new: ir.Shape | None, old: ir.Shape | None) -> bool:
+    if new is None:
+        return False
+    if old is None:
+        return True
+    if len(new) != len(old):
+        return False  # conflicting ranks: trust what the value already carries
+    for n, o in zip(new.dims, old.dims, strict=True):
+        if isinstance(o, int):
+            continue
+        if isinstance(n, int):
+            return True
+        if getattr(o, "value", None) is None and getattr(n, "value", None) is not None:
+            return True
+    return False
+
+
+def has_unknown_shapes(model: ir.Model) -> bool:
+    """Some node output has no type, no shape, or a dim nobody could name."""
+    for graph in u.all_graphs(model):
+        for node in graph:
+            for value in node.outputs:
+                if value.type is None or value.shape is None:
+                    return True
+                if any(not isinstance(d, int) and d.value is None for d in value.shape.dims):
+                    return True
+    return False
+
+
+class ShapeInference(ir.passes.InPlacePass):
+    """Fills in unknown shapes and types; never counts as a change of the model.
+
+    With ``only_if_unknown`` it runs only when some value still lacks shape information,
+    which after the first iteration is the exception (it is the costliest step per iteration).
+    """
+
+    def __init__(self, only_if_unknown: bool = False) -> None:
+        super().__init__()
+        self.only_if_unknown = only_if_unknown
+        self.runs = 0
+
+    def call(self, model: ir.Model) -> ir.passes.PassResult:
+        if self.only_if_unknown and self.runs and not has_unknown_shapes(model):
+            return ir.passes.PassResult(model, False)
+        self.runs += 1
+        try:
+            proto = _serialize_without_weights(model)
+            inferred = onnx.shape_inference.infer_shapes(
+                proto, check_type=False, strict_mode=False, data_prop=True
+            )
+        except Exception as exc:  # inference is an aid, never a requirement
+            logger.debug("shape inference failed: %s", exc)
+            return ir.passes.PassResult(model, False)
+        types: dict[str, onnx.TypeProto] = {}
+        _collect_types(inferred.graph, types)
+        for graph in u.all_graphs(model):
+            for node in graph:
+                for value in node.outputs:
+                    tp = types.get(value.name or "")
+                    if tp is None:
+                        continue
+                    try:
+                        shape = ir.serde.deserialize_type_proto_for_shape(tp)
+                        vtype = ir.serde.deserialize_type_proto_for_type(tp)
+                    except Exception:
+                        continue
+                    if value.type is None and vtype is not None:
+                        value.type = vtype
+                    if _more_specific(shape, value.shape):
+                        value.shape = shape
+        return ir.passes.PassResult(model, False)

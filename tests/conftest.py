@@ -1,0 +1,5 @@
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")

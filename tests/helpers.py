@@ -1,0 +1,73 @@
+"""Shared test helpers: build models from ONNX text, optimize, and check the three things every
+pass test checks (the rule fired, outputs equal in onnxruntime, the full ONNX checker passes)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+
+import numpy as np
+import onnx
+import onnx.parser
+import onnx_ir as ir
+
+os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+
+from optimizer_core.graph.optimize import OptimizeResult, optimize_model  # noqa: E402
+from optimizer_core.verify import Tolerance, verify  # noqa: E402
+
+
+def parse(text: str) -> onnx.ModelProto:
+    proto = onnx.parser.parse_model(text)
+    onnx.checker.check_model(proto, full_check=True)
+    return proto
+
+
+def run_passes(
+    proto: onnx.ModelProto, passes: Sequence[str] | None = None, preset: str = "default", **kw
+) -> tuple[onnx.ModelProto, OptimizeResult]:
+    model = ir.serde.deserialize_model(proto)
+    result = optimize_model(model, preset=preset, passes=passes, **kw)
+    out = ir.serde.serialize_model(result.model)
+    return out, result
+
+
+def rules_fired(result: OptimizeResult) -> dict[str, int]:
+    merged: dict[str, int] = {}
+    for rec in result.log.records:
+        for k, v in rec.rules.items():
+            merged[k] = merged.get(k, 0) + v
+    return merged
+
+
+def op_types(proto: onnx.ModelProto) -> list[str]:
+    return [n.op_type for n in proto.graph.node]
+
+
+def assert_equivalent(
+    original: onnx.ModelProto,
+    optimized: onnx.ModelProto,
+    *,
+    rtol: float = 0.0,
+    atol: float = 0.0,
+    inputs=None,
+    dim_values=None,
+) -> None:
+    """Full ONNX check of the result, then outputs compared in onnxruntime (exact by default)."""
+    onnx.checker.check_model(optimized, full_check=True)
+    record = verify(
+        original,
+        optimized,
+        inputs=inputs,
+        dim_values=dim_values,
+        tolerance=Tolerance(rtol=rtol, atol=atol, min_cosine=0.0),
+    )
+    assert record.ok, record.summary()
+
+
+def random_feed(shape, dtype=np.float32, seed=0):
+    rng = np.random.default_rng(seed)
+    return rng.standard_normal(shape).astype(dtype)
+
+
+__all__ = ["assert_equivalent", "op_types", "parse", "random_feed", "rules_fired", "run_passes"]
