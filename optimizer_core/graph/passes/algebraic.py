@@ -133,6 +133,35 @@ class AlgebraicSimplification(GraphtrimPass):
         self.hit("transpose-transpose-compose")
         return True
 
+    def _rule_Unsqueeze(self, node: ir.Node, model: ir.Model) -> bool:
+        """Unsqueeze(Unsqueeze(x, a), b) -> Unsqueeze(x, a')  (opset 13+: axes are an input)."""
+        x = node.inputs[0]
+        inner = x.producer() if x is not None else None
+        if inner is None or not u.is_op(inner, "Unsqueeze") or inner.inputs[0] is None:
+            return False
+        if u.node_opset(node, model) < 13 or len(node.inputs) < 2 or len(inner.inputs) < 2:
+            return False
+        outer_axes, inner_axes = u.const_ints(node.inputs[1]), u.const_ints(inner.inputs[1])
+        out_rank = u.rank(node.outputs[0])
+        if outer_axes is None or inner_axes is None or out_rank is None:
+            return False
+        b = u.normalize_axes(outer_axes, out_rank)
+        a = u.normalize_axes(inner_axes, out_rank - len(outer_axes))
+        if a is None or b is None:
+            return False
+        # positions of the intermediate tensor inside the final one: those not inserted by b
+        kept = [i for i in range(out_rank) if i not in set(b)]
+        combined = sorted(set(b) | {kept[i] for i in a})
+        graph = node.graph
+        if graph is None:
+            return False
+        namer = u.NameGenerator(model)
+        axes = u.add_initializer(graph, np.array(combined, dtype=np.int64), namer("unsqueeze_axes"))
+        node.replace_input_with(0, inner.inputs[0])
+        node.replace_input_with(1, axes)
+        self.hit("unsqueeze-unsqueeze")
+        return True
+
     def _rule_Reshape(self, node: ir.Node, model: ir.Model) -> bool:
         x = node.inputs[0]
         inner = x.producer() if x is not None else None

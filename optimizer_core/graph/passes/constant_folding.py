@@ -61,6 +61,28 @@ def _static_nbytes(value: ir.Value) -> int | None:
     return int(np.prod(shape, dtype=np.int64)) * value.dtype.numpy().itemsize
 
 
+def _shape_range(src: ir.Node, r: int) -> tuple[int, int]:
+    start = src.attributes.get_int("start", 0)
+    end = src.attributes.get_int("end", r)
+    start = min(max(start + r if start < 0 else start, 0), r)
+    end = min(max(end + r if end < 0 else end, 0), r)
+    return start, end
+
+
+def _slice_of_shape(node: ir.Node, src: ir.Node, d: list[int | None]) -> list[int | None] | None:
+    """The dims ``Slice(Shape(x), ...)`` selects, when its arguments are constants."""
+    starts, ends = u.const_ints(node.inputs[1]), u.const_ints(node.inputs[2])
+    axes = u.const_ints(node.inputs[3]) if len(node.inputs) > 3 and node.inputs[3] is not None else [0]
+    steps = u.const_ints(node.inputs[4]) if len(node.inputs) > 4 and node.inputs[4] is not None else [1]
+    if starts is None or ends is None or axes is None or steps is None:
+        return None
+    if len(starts) != 1 or len(ends) != 1 or axes not in ([0], [-1]) or steps != [1]:
+        return None
+    start, end = _shape_range(src, len(d))
+    # step 1: ONNX clamps start and end like Python slicing does
+    return d[start:end][starts[0] : ends[0]]
+
+
 class ConstantFolding(GraphtrimPass):
     name = "constant-folding"
     summary = "evaluate constant subgraphs (shape arithmetic included) under a byte budget"
@@ -126,6 +148,15 @@ class ConstantFolding(GraphtrimPass):
                     continue
                 value = np.array([sliced[i] for i in flat], dtype=np.int64).reshape(idx.shape)
                 rule = "gather-shape"
+            elif node.op_type == "Slice" and node.inputs[0] is not None and len(node.inputs) >= 3:
+                src = node.inputs[0].producer()
+                d = u.dims(src.inputs[0]) if src is not None and u.is_op(src, "Shape") else None
+                if d is None or src is None:
+                    continue
+                picked = _slice_of_shape(node, src, d)
+                if picked is None or any(x is None for x in picked):
+                    continue
+                value, rule = np.array(picked, dtype=np.int64), "slice-shape"
             if value is None:
                 continue
             const = u.add_initializer(graph, value, namer(f"{out.name or 'shape'}_folded"))

@@ -1,0 +1,170 @@
+"""Affine fusions into Conv and BatchNormalization."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import helper, numpy_helper
+
+from tests.helpers import assert_equivalent, op_types, rules_fired, run_passes
+
+RNG = np.random.default_rng(0)
+
+
+def _init(name, arr):
+    return numpy_helper.from_array(np.asarray(arr, dtype=np.float32), name)
+
+
+def _conv_model(
+    follow: list[str], *, shared_weight: bool = False, bias: bool = True
+) -> onnx.ModelProto:
+    """x -> Conv(W, B) -> [BN] [Mul c] [Add c] -> Relu -> y (and optionally a second Conv on W)."""
+    inits = [_init("W", RNG.standard_normal((4, 3, 3, 3)))]
+    if bias:
+        inits.append(_init("B", RNG.standard_normal(4)))
+    nodes = [
+        helper.make_node("Conv", ["x", "W", "B"] if bias else ["x", "W"], ["c"], pads=[1, 1, 1, 1])
+    ]
+    cur = "c"
+    for i, op in enumerate(follow):
+        out = f"f{i}"
+        if op == "BN":
+            inits += [
+                _init("g", RNG.uniform(0.5, 1.5, 4)),
+                _init("b", RNG.standard_normal(4)),
+                _init("m", RNG.standard_normal(4)),
+                _init("v", RNG.uniform(0.5, 2.0, 4)),
+            ]
+            nodes.append(
+                helper.make_node(
+                    "BatchNormalization", [cur, "g", "b", "m", "v"], [out], epsilon=1e-3
+                )
+            )
+        else:
+            inits.append(_init(f"k{i}", RNG.standard_normal((4, 1, 1))))
+            nodes.append(helper.make_node(op, [cur, f"k{i}"], [out]))
+        cur = out
+    nodes.append(helper.make_node("Relu", [cur], ["y"]))
+    outputs = [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, ["N", 4, 8, 8])]
+    if shared_weight:
+        nodes.append(helper.make_node("Conv", ["x", "W"], ["z"], pads=[1, 1, 1, 1]))
+        outputs.append(helper.make_tensor_value_info("z", onnx.TensorProto.FLOAT, ["N", 4, 8, 8]))
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["N", 3, 8, 8])],
+        outputs,
+        inits,
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize(
+    ("follow", "rules"),
+    [
+        (["BN"], {"conv-bn"}),
+        (["Mul"], {"conv-mul"}),
+        (["Add"], {"conv-add"}),
+        (["BN", "Mul", "Add"], {"conv-bn", "conv-mul", "conv-add"}),
+    ],
+    ids=["conv-bn", "conv-mul", "conv-add", "conv-bn-mul-add"],
+)
+def test_affine_ops_fold_into_conv(follow, rules):
+    proto = _conv_model(follow)
+    out, result = run_passes(proto, ["fuse-affine", "dead-code"])
+    assert op_types(out) == ["Conv", "Relu"]
+    assert rules <= set(rules_fired(result))
+    assert_equivalent(proto, out, rtol=1e-5, atol=1e-5)
+
+
+def test_conv_without_bias_gets_one():
+    proto = _conv_model(["BN"], bias=False)
+    out, _ = run_passes(proto, ["fuse-affine", "dead-code"])
+    assert op_types(out) == ["Conv", "Relu"]
+    assert len(out.graph.node[0].input) == 3
+    assert_equivalent(proto, out, rtol=1e-5, atol=1e-5)
+
+
+def test_tied_weight_with_a_different_reader_is_not_untied():
+    proto = _conv_model(["BN"], shared_weight=True)
+    out, result = run_passes(proto, ["fuse-affine", "dead-code"])
+    # the weight also feeds a plain Conv: fusing would need a second copy of it
+    assert "BatchNormalization" in op_types(out)
+    assert "conv-bn" not in rules_fired(result)
+    assert len(out.graph.initializer) == len(proto.graph.initializer)
+
+
+def test_mul_that_broadcasts_beyond_channels_is_not_folded():
+    proto = _conv_model(["Mul"])
+    k = next(i for i in proto.graph.initializer if i.name == "k0")
+    k.CopyFrom(_init("k0", RNG.standard_normal((4, 8, 1))))  # varies along H: not per channel
+    out, _ = run_passes(proto, ["fuse-affine", "dead-code"])
+    assert "Mul" in op_types(out)
+    assert_equivalent(proto, out)
+
+
+def test_mul_and_add_fold_into_batchnorm():
+    nodes = [
+        helper.make_node("BatchNormalization", ["x", "g", "b", "m", "v"], ["n"]),
+        helper.make_node("Mul", ["n", "s"], ["p"]),
+        helper.make_node("Add", ["p", "t"], ["y"]),
+    ]
+    inits = [
+        _init("g", RNG.uniform(0.5, 1.5, 3)),
+        _init("b", RNG.standard_normal(3)),
+        _init("m", RNG.standard_normal(3)),
+        _init("v", RNG.uniform(0.5, 2, 3)),
+        _init("s", RNG.standard_normal((3, 1, 1))),
+        _init("t", RNG.standard_normal((1, 3, 1, 1))),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["N", 3, 4, 4])],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, ["N", 3, 4, 4])],
+        inits,
+    )
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    out, result = run_passes(proto, ["fuse-affine", "dead-code"])
+    assert op_types(out) == ["BatchNormalization"]
+    assert {"bn-mul", "bn-add"} <= set(rules_fired(result))
+    assert_equivalent(proto, out, rtol=1e-5, atol=1e-5)
+
+
+def test_uniform_fill_weights_stay_fills():
+    """A weight made by ConstantOfShape is scaled by rewriting the fill value, not materialized."""
+    shape_init = numpy_helper.from_array(np.array([64, 3, 3, 3], dtype=np.int64), "wshape")
+    fill = helper.make_tensor("fill", onnx.TensorProto.FLOAT, [1], [0.02])
+    nodes = [
+        helper.make_node("ConstantOfShape", ["wshape"], ["W"], value=fill),
+        helper.make_node("Conv", ["x", "W"], ["c"], pads=[1, 1, 1, 1]),
+        helper.make_node("BatchNormalization", ["c", "g", "b", "m", "v"], ["y"]),
+    ]
+    inits = [
+        shape_init,
+        _init("g", np.full(64, 1.5)),
+        _init("b", np.full(64, 0.25)),
+        _init("m", np.full(64, 0.1)),
+        _init("v", np.full(64, 2.0)),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["N", 3, 8, 8])],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, ["N", 64, 8, 8])],
+        inits,
+    )
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    out, result = run_passes(proto, preset="default")
+    assert "BatchNormalization" not in op_types(out)
+    assert "ConstantOfShape" in op_types(out)  # the 64x3x3x3 weight was not materialized
+    assert "conv-bn" in rules_fired(result)
+    assert_equivalent(proto, out, rtol=1e-5, atol=1e-5)
+
+
+def test_fusion_is_not_in_the_safe_preset():
+    from optimizer_core.graph.presets import PRESETS
+
+    assert "fuse-affine" not in PRESETS["safe"]
+    assert "fuse-affine" in PRESETS["default"]
