@@ -47,6 +47,21 @@ def count_nodes(path: Path) -> int:
     return walk(model.graph)
 
 
+def model_bytes(path: Path) -> int:
+    """The model file plus the external data files it references."""
+    total = path.stat().st_size
+    model = onnx.load(str(path), load_external_data=False)
+    seen: set[str] = set()
+    for init in model.graph.initializer:
+        for entry in init.external_data:
+            if entry.key == "location" and entry.value not in seen:
+                seen.add(entry.value)
+                data = path.parent / entry.value
+                if data.exists():
+                    total += data.stat().st_size
+    return total
+
+
 def run_tool(tool: str, src: Path, dst: Path, timeout: int) -> dict[str, Any]:
     dst.unlink(missing_ok=True)
     env = dict(os.environ, PYTHONWARNINGS="ignore")
@@ -69,6 +84,7 @@ def run_tool(tool: str, src: Path, dst: Path, timeout: int) -> dict[str, Any]:
     result["ok"] = bool(result.get("ok")) and dst.exists()
     if result["ok"]:
         result["nodes"] = count_nodes(dst)
+        result["bytes"] = model_bytes(dst)
     return result
 
 
@@ -145,7 +161,12 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     rows: list[dict[str, Any]] = []
     for name, src in suite.items():
-        row: dict[str, Any] = {"model": name, "original_nodes": count_nodes(src), "tools": {}}
+        row: dict[str, Any] = {
+            "model": name,
+            "original_nodes": count_nodes(src),
+            "original_bytes": model_bytes(src),
+            "tools": {},
+        }
         outputs = {"original": src}
         for tool in args.tools:
             dst = args.out / f"{name}.{tool}.onnx"
@@ -214,6 +235,17 @@ def render(rows: list[dict[str, Any]], tools: list[str]) -> str:
                 f"{res['seconds']:.2f} ({res['peak_rss_mb']:.0f})" if res.get("ok") else "✗"
             )
         out.append(f"| {r['model']} | " + " | ".join(cells) + " |")
+    out += ["", "## Model size after / before (file plus external data)", ""]
+    out.append("| model | original | " + " | ".join(tools) + " |")
+    out.append("|---|---:|" + "---:|" * len(tools))
+    for r in rows:
+        cells = []
+        for t in tools:
+            res = r["tools"].get(t, {})
+            cells.append(f"{res['bytes'] / r['original_bytes']:.2f}x" if res.get("ok") else "✗")
+        out.append(
+            f"| {r['model']} | {r['original_bytes'] / 1024:.0f} KiB | " + " | ".join(cells) + " |"
+        )
     out += [
         "",
         "## Parity (max relative diff) and latency ratio to the original, p50 (ORT opt off / on)",

@@ -237,6 +237,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except GraphtrimError as exc:
         print(f"graphtrim: error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    except OSError as exc:  # unwritable output, disk full, ...: one line, not a traceback
+        print(f"graphtrim: error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
 
 
 if __name__ == "__main__":  # pragma: no cover

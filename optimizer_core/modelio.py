@@ -12,6 +12,7 @@ when everything was written, so a failure never leaves a half-written model behi
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
 import tempfile
@@ -80,15 +81,67 @@ def _check_external_data(proto: onnx.ModelProto, path: Path) -> None:
             raise InvalidModelError.at(
                 path, f"external data file '{location}' of tensor '{tensor.name}' is missing"
             )
-        offset = int(info.get("offset", 0) or 0)
-        length = info.get("length")
+        offset = _external_int(info, "offset", tensor, path) or 0
+        length = _external_int(info, "length", tensor, path)
+        expected = _tensor_nbytes(tensor)
+        if length is not None and expected is not None and length != expected:
+            raise InvalidModelError.at(
+                path,
+                f"external data length {length} of tensor '{tensor.name}' does not match its "
+                f"shape and type ({expected} bytes)",
+            )
+        needed = length if length is not None else expected
         size = target.stat().st_size
-        if length is not None and offset + int(length) > size:
+        if needed is not None and offset + needed > size:
             raise InvalidModelError.at(
                 path,
                 f"external data file '{location}' is too short for tensor '{tensor.name}' "
-                f"(needs {offset + int(length)} bytes, has {size})",
+                f"(needs {offset + needed} bytes, has {size})",
             )
+
+
+# bytes per element of the fixed-width types (sub-byte and string types are not checked)
+_ITEMSIZE: dict[int, int] = {
+    onnx.TensorProto.FLOAT: 4,
+    onnx.TensorProto.DOUBLE: 8,
+    onnx.TensorProto.FLOAT16: 2,
+    onnx.TensorProto.BFLOAT16: 2,
+    onnx.TensorProto.INT8: 1,
+    onnx.TensorProto.INT16: 2,
+    onnx.TensorProto.INT32: 4,
+    onnx.TensorProto.INT64: 8,
+    onnx.TensorProto.UINT8: 1,
+    onnx.TensorProto.UINT16: 2,
+    onnx.TensorProto.UINT32: 4,
+    onnx.TensorProto.UINT64: 8,
+    onnx.TensorProto.BOOL: 1,
+    onnx.TensorProto.COMPLEX64: 8,
+    onnx.TensorProto.COMPLEX128: 16,
+}
+
+
+def _tensor_nbytes(tensor: onnx.TensorProto) -> int | None:
+    itemsize = _ITEMSIZE.get(tensor.data_type)
+    if itemsize is None or any(d < 0 for d in tensor.dims):
+        return None
+    return math.prod(tensor.dims) * itemsize
+
+
+def _external_int(
+    info: dict[str, str], key: str, tensor: onnx.TensorProto, path: Path
+) -> int | None:
+    raw = info.get(key)
+    if raw is None or raw == "":
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise InvalidModelError.at(
+            path, f"tensor '{tensor.name}' has an invalid external data {key}: '{raw}'"
+        )
+    return value
 
 
 def read_proto(path: str | os.PathLike[str]) -> onnx.ModelProto:
@@ -173,9 +226,12 @@ def save_model(
             ir.save(model, tmp_model)
         written = [target]
         tmp_data = tmpdir / data_name
-        if tmp_data.exists():
+        if tmp_data.exists() and tmp_data.stat().st_size > 0:
             os.replace(tmp_data, target.parent / data_name)
             written.append(target.parent / data_name)
+        else:
+            # a data file left by an earlier save under this name no longer belongs to the model
+            (target.parent / data_name).unlink(missing_ok=True)
         os.replace(tmp_model, target)
         return written
     finally:

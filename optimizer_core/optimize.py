@@ -71,6 +71,12 @@ def _model_files(path: Path, proto: onnx.ModelProto | None = None) -> list[Path]
 
 
 def _check_paths(src: Path, dst: Path, proto: onnx.ModelProto) -> None:
+    for out in (dst, dst.with_name(dst.name + ".data")):
+        if out.is_dir():
+            raise GraphtrimError(f"output {out} is a directory; give a file path")
+    folder = next((p for p in dst.parents if p.exists()), None)
+    if folder is not None and not folder.is_dir():
+        raise GraphtrimError(f"cannot write {dst}: {folder} is not a folder")
     inputs = {p.resolve() for p in _model_files(src, proto) if p.exists()}
     outputs = {dst.resolve(), dst.with_name(dst.name + ".data").resolve()}
     clash = inputs & outputs
@@ -110,10 +116,11 @@ def optimize_file(
     src_p, dst_p = Path(src), Path(dst)
     proto = read_proto(src_p)
     _check_paths(src_p, dst_p, proto)
+    src_files = _model_files(src_p, proto)  # with the external data files the model names
     del proto
     start = time.perf_counter()
     model = load_model(src_p)
-    before = ModelStats.of(model, _model_files(src_p))
+    before = ModelStats.of(model, src_files)
     instruments: list[Instrument] = []
     if check_each_pass:
         instruments.append(
@@ -153,6 +160,8 @@ def optimize_file(
                 )
         for path in reversed(staged):  # data file first, then the model that refers to it
             os.replace(path, dst_p.parent / path.name)
+        if len(staged) == 1:  # no external data now: drop a stale one from an earlier run
+            dst_p.with_name(dst_p.name + ".data").unlink(missing_ok=True)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return report

@@ -13,8 +13,8 @@ import onnx_ir as ir
 
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 
-from optimizer_core.graph.optimize import OptimizeResult, optimize_model  # noqa: E402
-from optimizer_core.verify import Tolerance, verify  # noqa: E402
+from optimizer_core.graph.optimize import OptimizeResult, optimize_model
+from optimizer_core.verify import Tolerance, verify
 
 
 def parse(text: str) -> onnx.ModelProto:

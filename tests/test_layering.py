@@ -22,8 +22,8 @@ FORBIDDEN = {
 @pytest.mark.parametrize("module", sorted(FORBIDDEN))
 def test_module_imports_no_forbidden_layer(module):
     code = (
-        "import importlib, json, sys; importlib.import_module(%r); "
-        "print(json.dumps(sorted({m.split('.')[0] for m in sys.modules})))" % module
+        f"import importlib, json, sys; importlib.import_module({module!r}); "
+        "print(json.dumps(sorted({m.split('.')[0] for m in sys.modules})))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     loaded = set(json.loads(out.stdout.strip().splitlines()[-1]))

@@ -11,8 +11,14 @@ from pathlib import Path
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+
     out_dir = Path(argv[0] if argv else "out/demo")
+    import logging
+
     import torch
+
+    # the exporter warns about optional packages (torchvision) the example does not use
+    logging.getLogger("torch.onnx._internal.exporter._registration").setLevel(logging.ERROR)
 
     from optimizer_core.cli import main as cli_main
     from optimizer_core.examples.models import export, simple_cnn

@@ -214,8 +214,18 @@ def replace_value(old: ir.Value, new: ir.Value) -> bool:
         # the old value keeps a (unique) name: its producer stays valid until dead code goes
         old.name = f"{name}__replaced_{id(old):x}"
         new.name = name
-        if new.shape is None and old.shape is not None:
-            new.shape = old.shape
+        if old.shape is not None:
+            # the output keeps its declared dims (an inferred shape may name them differently);
+            # only dims it leaves unknown are taken from ``new``
+            if new.shape is None or len(new.shape) != len(old.shape):
+                new.shape = old.shape
+            else:
+                new.shape = ir.Shape(
+                    [
+                        o if isinstance(o, int) or o.value is not None else n
+                        for o, n in zip(old.shape.dims, new.shape.dims, strict=True)
+                    ]
+                )
         if new.type is None and old.type is not None:
             new.type = old.type
         old.replace_all_uses_with(new, replace_graph_outputs=True)

@@ -297,14 +297,17 @@ def verify(
                 {},
                 error=f"outputs differ: {ref.output_names()} vs {cand.output_names()}",
             )
-        feeds_list = (
-            list(inputs)
-            if inputs is not None
-            else [
-                make_inputs(ref.input_specs(), seed=seed + i, dim_values=dim_values)
-                for i in range(trials)
-            ]
-        )
+        try:
+            feeds_list = (
+                list(inputs)
+                if inputs is not None
+                else [
+                    make_inputs(ref.input_specs(), seed=seed + i, dim_values=dim_values)
+                    for i in range(trials)
+                ]
+            )
+        except ValueError as exc:  # an input type random feeds cannot fill
+            return VerificationRecord(False, 0, [], tol, {}, error=f"cannot make inputs: {exc}")
         merged: dict[str, OutputComparison] = {}
         for feeds in feeds_list:
             try:

@@ -39,7 +39,12 @@ class VerifyEachPass:
         self.checked = 0
 
     def before_run(self, model: ir.Model) -> None:
-        ref = Session(model)
+        try:
+            ref = Session(model)
+        except Exception as exc:
+            raise VerificationError(
+                f"cannot verify each pass: onnxruntime cannot load the input model: {exc}"
+            ) from exc
         try:
             if self.inputs is not None:
                 self.feeds = [dict(f) for f in self.inputs]
@@ -49,6 +54,8 @@ class VerifyEachPass:
                     for i in range(self.trials)
                 ]
             self.expected = [ref.run(f) for f in self.feeds]
+        except Exception as exc:  # no feeds for an input type, or the input model fails on them
+            raise VerificationError(f"cannot verify each pass: {exc}") from exc
         finally:
             ref.close()
 
@@ -79,6 +86,15 @@ class VerifyEachPass:
                         rules=record.rules,
                         passes_before=before,
                     ) from exc
+                missing = [name for name in expected if name not in got]
+                if missing:
+                    raise VerificationError(
+                        f"pass '{record.pass_name}' (iteration {record.iteration}, rules {record.rules}) "
+                        f"removed or renamed output(s) {', '.join(repr(n) for n in missing)}",
+                        pass_name=record.pass_name,
+                        rules=record.rules,
+                        passes_before=before,
+                    )
                 for name, ref in expected.items():
                     cmp = compare_outputs(name, ref, got[name], self.tolerance)
                     if not cmp.ok:

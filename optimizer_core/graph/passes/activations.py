@@ -115,7 +115,11 @@ class RedundantActivations(GraphtrimPass):
             new_hi = min(his) if his else None
             if new_lo is not None and new_hi is not None and new_lo > new_hi:
                 return False
-            dtype = x.dtype.numpy() if x.dtype is not None else np.float32
+            if x.dtype is not None:
+                dtype = x.dtype.numpy()
+            else:  # type unknown (e.g. after a custom op): the bounds have the data's type
+                bound_arrays = [u.const_array(v) for n in (node, producer) for v in n.inputs[1:]]
+                dtype = next((a.dtype for a in bound_arrays if a is not None), np.dtype(np.float32))
             namer = u.NameGenerator(model) if (new_lo is not None or new_hi is not None) else None
             inputs: list[ir.Value | None] = [producer.inputs[0]]
             for bound, tag in ((new_lo, "min"), (new_hi, "max")):

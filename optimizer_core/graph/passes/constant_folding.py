@@ -72,8 +72,12 @@ def _shape_range(src: ir.Node, r: int) -> tuple[int, int]:
 def _slice_of_shape(node: ir.Node, src: ir.Node, d: list[int | None]) -> list[int | None] | None:
     """The dims ``Slice(Shape(x), ...)`` selects, when its arguments are constants."""
     starts, ends = u.const_ints(node.inputs[1]), u.const_ints(node.inputs[2])
-    axes = u.const_ints(node.inputs[3]) if len(node.inputs) > 3 and node.inputs[3] is not None else [0]
-    steps = u.const_ints(node.inputs[4]) if len(node.inputs) > 4 and node.inputs[4] is not None else [1]
+    axes = (
+        u.const_ints(node.inputs[3]) if len(node.inputs) > 3 and node.inputs[3] is not None else [0]
+    )
+    steps = (
+        u.const_ints(node.inputs[4]) if len(node.inputs) > 4 and node.inputs[4] is not None else [1]
+    )
     if starts is None or ends is None or axes is None or steps is None:
         return None
     if len(starts) != 1 or len(ends) != 1 or axes not in ([0], [-1]) or steps != [1]:
@@ -153,10 +157,10 @@ class ConstantFolding(GraphtrimPass):
                 d = u.dims(src.inputs[0]) if src is not None and u.is_op(src, "Shape") else None
                 if d is None or src is None:
                     continue
-                picked = _slice_of_shape(node, src, d)
-                if picked is None or any(x is None for x in picked):
+                sel = _slice_of_shape(node, src, d)
+                if sel is None or any(x is None for x in sel):
                     continue
-                value, rule = np.array(picked, dtype=np.int64), "slice-shape"
+                value, rule = np.array(sel, dtype=np.int64), "slice-shape"
             if value is None:
                 continue
             const = u.add_initializer(graph, value, namer(f"{out.name or 'shape'}_folded"))

@@ -44,6 +44,10 @@ class ConstantIfInlining(GraphtrimPass):
     def _inline(
         self, graph: ir.Graph, node: ir.Node, branch: ir.Graph, namer: u.NameGenerator
     ) -> bool:
+        # detach the outputs first: a branch initializer that is also a branch output stays
+        # bound to the branch (and cannot move) while it is listed there
+        outputs = list(branch.outputs)
+        branch.outputs.clear()
         for name, init in list(branch.initializers.items()):
             branch.initializers.pop(name)
             init.name = namer(name)
@@ -55,8 +59,6 @@ class ConstantIfInlining(GraphtrimPass):
                 if out.name:
                     out.name = namer(out.name)
         graph.insert_before(node, moved)
-        outputs = list(branch.outputs)
-        branch.outputs.clear()
         for out, new in zip(node.outputs, outputs, strict=True):
             if not u.replace_value(out, new):
                 # the branch output is an outer value that is also a graph output: copy it

@@ -15,7 +15,7 @@ from typing import Any
 import onnx_ir as ir
 
 from optimizer_core.graph import _ir_utils as u
-from optimizer_core.graph.framework import GraphtrimPass
+from optimizer_core.graph.framework import GraphtrimPass, OptimizeOptions
 
 
 def _tensor_key(t: Any) -> Any:
@@ -54,12 +54,27 @@ class CommonSubexpressionElimination(GraphtrimPass):
     name = "cse"
     summary = "merge identical initializers and nodes computing the same thing"
 
+    def __init__(self, options: OptimizeOptions | None = None):
+        super().__init__(options)
+        # id(tensor) -> (tensor, digest); the tensor is kept so its id cannot be reused
+        self._digests: dict[int, tuple[Any, bytes]] = {}
+
     def apply(self, model: ir.Model) -> bool:
         changed = False
         for graph in u.all_graphs(model):
             changed |= self._dedup_initializers(graph)
             changed |= self._dedup_nodes(graph)
         return changed
+
+    def _digest(self, tensor: Any) -> bytes:
+        """Hash of a tensor's bytes, computed once per tensor for the whole run: weights are
+        read again only when they really have to be compared."""
+        cached = self._digests.get(id(tensor))
+        if cached is not None and cached[0] is tensor:
+            return cached[1]
+        digest = hashlib.blake2b(tensor.tobytes(), digest_size=20).digest()
+        self._digests[id(tensor)] = (tensor, digest)
+        return digest
 
     def _dedup_initializers(self, graph: ir.Graph) -> bool:
         groups: dict[tuple[Any, ...], list[ir.Value]] = defaultdict(list)
@@ -77,14 +92,14 @@ class CommonSubexpressionElimination(GraphtrimPass):
             seen: dict[bytes, ir.Value] = {}
             for value in members:
                 assert value.const_value is not None
-                data = value.const_value.tobytes()
-                digest = hashlib.blake2b(data, digest_size=20).digest()
+                digest = self._digest(value.const_value)
                 first = seen.get(digest)
                 if first is None:
                     seen[digest] = value
                     continue
                 assert first.const_value is not None
-                if first.const_value.tobytes() != data:  # hash collision: keep both
+                # equal digests: compare the bytes themselves (a collision keeps both)
+                if first.const_value.tobytes() != value.const_value.tobytes():
                     continue
                 value.replace_all_uses_with(first)
                 self.hit("duplicate-initializer")

@@ -43,7 +43,10 @@ def test_identity_chain_removed_and_output_name_kept():
             " a = Constant<value = int64[1] {1}>()\n y = Slice(x, s, e, a)",
             "slice-noop",
         ),
-        ("a = Constant<value = int64[1] {1}>()\n u = Unsqueeze(x, a)\n y = Squeeze(u, a)", "unsqueeze-squeeze"),
+        (
+            "a = Constant<value = int64[1] {1}>()\n u = Unsqueeze(x, a)\n y = Squeeze(u, a)",
+            "unsqueeze-squeeze",
+        ),
     ],
 )
 def test_noop_rules(body, rule):

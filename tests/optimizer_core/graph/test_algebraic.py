@@ -1,0 +1,637 @@
+"""Algebraic simplification (exact) and reassociation (rounds differently): each rule fires,
+results are unchanged (within an ulp for reassociation), the checker passes."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnx.numpy_helper
+import pytest
+
+from optimizer_core.graph.presets import PASSES, PRESETS
+from tests.helpers import assert_equivalent, op_types, parse, rules_fired, run_passes
+
+ALGEBRAIC = ["lift-constants", "algebraic", "dead-code"]
+REASSOCIATE = ["lift-constants", "reassociate", "dead-code"]
+
+
+def fired(result, pass_name: str = "algebraic") -> dict[str, int]:
+    """The rules one pass fired (lift-constants and dead-code fire too)."""
+    return result.log.per_pass().get(pass_name, {}).get("rules", {})
+
+
+# ---------------------------------------------------------------- neutral elements
+
+
+@pytest.mark.parametrize(
+    ("expr", "rule"),
+    [
+        ("y = Add(x, c)", "x+0"),
+        ("y = Add(c, x)", "0+x"),
+        ("y = Sub(x, c)", "x-0"),
+        ("y = Mul(x, c)", "x*1"),
+        ("y = Mul(c, x)", "1*x"),
+        ("y = Div(x, c)", "x/1"),
+        ("y = Pow(x, c)", "x**1"),
+    ],
+    ids=["x+0", "0+x", "x-0", "x*1", "1*x", "x/1", "x**1"],
+)
+@pytest.mark.parametrize(
+    "const_shape", ["", "[1]", "[4]", "[1, 4]"], ids=["scalar", "1", "row", "1x4"]
+)
+def test_neutral_element_removed(expr, rule, const_shape):
+    neutral = 0 if rule in ("x+0", "0+x", "x-0") else 1
+    count = {"": 1, "[1]": 1, "[4]": 4, "[1, 4]": 4}[const_shape]
+    values = ", ".join([str(neutral)] * count)
+    proto = parse(
+        f"""
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[N, 4] xin) => (float[N, 4] y) {{
+          x = Neg(xin)
+          c = Constant<value = float{const_shape} {{{values}}}>()
+          {expr}
+        }}
+        """
+    )
+    out, result = run_passes(proto, ALGEBRAIC)
+    assert fired(result) == {rule: 1}
+    assert op_types(out) == ["Neg"]
+    assert [o.name for o in out.graph.output] == ["y"]
+    assert len(out.graph.initializer) == 0
+    assert_equivalent(proto, out, dim_values={"N": 3})
+
+
+@pytest.mark.parametrize(
+    ("dtype", "expr", "rule"),
+    [
+        ("int32", "y = Add(x, c)", "x+0"),
+        ("int64", "y = Mul(c, x)", "1*x"),
+        ("int32", "y = Div(x, c)", "x/1"),
+        ("int64", "y = Sub(x, c)", "x-0"),
+        ("double", "y = Mul(x, c)", "x*1"),
+        ("float16", "y = Add(c, x)", "0+x"),
+    ],
+    ids=["int32-add", "int64-mul", "int32-div", "int64-sub", "double-mul", "float16-add"],
+)
+def test_neutral_element_removed_for_other_dtypes(dtype, expr, rule):
+    neutral = 0 if rule in ("x+0", "0+x", "x-0") else 1
+    proto = parse(
+        f"""
+        <ir_version: 8, opset_import: ["" : 17]>
+        g ({dtype}[N, 4] xin) => ({dtype}[N, 4] y) {{
+          x = Abs(xin)
+          c = Constant<value = {dtype} {{{neutral}}}>()
+          {expr}
+        }}
+        """
+    )
+    out, result = run_passes(proto, ALGEBRAIC)
+    assert fired(result) == {rule: 1}
+    assert op_types(out) == ["Abs"]
+    assert_equivalent(proto, out, dim_values={"N": 3})
+
+
+def test_pow_with_int_exponent_one_removed():
+    proto = parse(
+        """
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[N, 4] xin) => (float[N, 4] y) {
+          x = Neg(xin)
+          c = Constant<value = int64 {1}>()
+          y = Pow(x, c)
+        }
+        """
+    )
+    out, result = run_passes(proto, ALGEBRAIC)
+    assert fired(result) == {"x**1": 1}
+    assert op_types(out) == ["Neg"]
+    assert_equivalent(proto, out, dim_values={"N": 3})
+
+
+@pytest.mark.parametrize(
+    ("x_type", "const", "out_type"),
+    [
+        ("float[4]", "float[3, 4] {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}", "float[3, 4]"),
+        ("float[1, 4]", "float[3, 1] {0, 0, 0}", "float[3, 4]"),
+        ("float[N, 4]", "float[2, 1, 1] {0, 0}", "float[2, N, 4]"),
+        ("float", "float[2] {0, 0}", "float[2]"),
+    ],
+    ids=["rows", "columns", "new-leading-dim", "scalar-x"],
+)
+def test_neutral_constant_that_broadcasts_x_larger_is_kept(x_type, const, out_type):
+    proto = parse(
+        f"""
+        <ir_version: 8, opset_import: ["" : 17]>
+        g ({x_type} x) => ({out_type} y) {{
+          c = Constant<value = {const}>()
+          y = Add(x, c)
+        }}
+        """
+    )
+    out, result = run_passes(proto, ALGEBRAIC)
+    assert not fired(result)
+    assert op_types(out) == ["Add"]
+    assert_equivalent(proto, out, dim_values={"N": 3})
+
+
+def test_neutral_constant_with_symbolic_dim_match_is_kept():
+    # c of shape [4] against x of shape [K] keeps x's shape only when K == 4: not provable
+    proto = parse(
+        """
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[K] x) => (float[4] y) {
+          c = Constant<value = float[4] {1, 1, 1, 1}>()
+          y = Mul(x, c)
+        }
+        """
+    )
+    out, result = run_passes(proto, ALGEBRAIC)
+    assert not fired(result)
+    assert op_types(out) == ["Mul"]
+    assert_equivalent(proto, out, dim_values={"K": 1})
+
+
+@pytest.mark.parametrize(
+    "expr",
+    [
+        "y = Sub(c, x)",  # 0 - x is Neg
+        "y = Div(c, x)",  # 1 / x is Reciprocal
+        "y = Pow(c, x)",  # 1 ** x
+    ],
+    ids=["0-x", "1/x", "1**x"],
+)
+def test_neutral_constant_on_the_wrong_side_is_kept(expr):
+    value = 0 if "Sub" in expr else 1
+    proto = parse(
+        f"""
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[N, 4] x) => (float[N, 4] y) {{
+          c = Constant<value = float {{{value}}}>()
+          {expr}
+        }}
+        """
+    )
+    out, result = run_passes(proto, ALGEBRAIC)
+    assert not fired(result)
+    assert len(out.graph.node) == 1
+    assert_equivalent(proto, out, dim_values={"N": 3})
+
+
+@pytest.mark.parametrize(
+    "const", ["float[4] {0, 0, 0, 0.5}", "float {1}"], ids=["not-all-zero", "one-not-zero"]
+)
+def test_non_neutral_constant_is_kept(const):
+    proto = parse(
+        f"""
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[N, 4] x) => (float[N, 4] y) {{
+          c = Constant<value = {const}>()
+          y = Add(x, c)
+        }}
+        """
+    )
+    out, result = run_passes(proto, ALGEBRAIC)
+    assert not fired(result)
+    assert op_types(out) == ["Add"]
+    assert_equivalent(proto, out, dim_values={"N": 3})
+
+
+def test_overridable_zero_initializer_is_not_a_constant():
+    # an initializer listed as a graph input may be fed another value at run time
+    proto = parse(
+        """
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[N, 4] x, float c) => (float[N, 4] y) <float c = {0}> {
+          y = Add(x, c)
+        }
+        """
+    )
+    out, result = run_passes(proto, ALGEBRAIC)
+    assert not fired(result)
+    assert op_types(out) == ["Add"]
+    assert_equivalent(proto, out, dim_values={"N": 3})
+
+
+def test_neutral_element_on_a_graph_input_feeding_the_output():
+    # y = x + 0 with x a graph input: the output cannot be renamed onto an input, so it stays
+    proto = parse(
+        """
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[N, 4] x) => (float[N, 4] y, float[N, 4] z) {
+          c = Constant<value = float {0}>()
+          y = Add(x, c)
+          a = Add(x, c)
+          z = Neg(a)
+        }
+        """
+    )
+    out, result = run_passes(proto, ALGEBRAIC)
+    assert fired(result) == {"x+0": 1}
+    assert op_types(out) == ["Add", "Neg"]
+    assert list(out.graph.node[1].input) == ["x"]
+    assert_equivalent(proto, out, dim_values={"N": 3})
+
+
+# ---------------------------------------------------------------- involutions
+
+
+@pytest.mark.parametrize(
+    ("dtype", "op", "rule"),
+    [
+        ("float", "Neg", "neg-neg"),
+        ("int32", "Neg", "neg-neg"),
+        ("int64", "Neg", "neg-neg"),
+        ("bool", "Not", "not-not"),
+    ],
+    ids=["neg-float", "neg-int32", "neg-int64", "not-bool"],
+)
+def test_double_involution_removed(dtype, op, rule):
+    proto = parse(
+        f"""
+        <ir_version: 8, opset_import: ["" : 17]>
+        g ({dtype}[N, 4] x) => ({dtype}[N, 4] y) {{
+          a = Identity(x)
+          b = {op}(a)
+          c = {op}(b)
+          y = Identity(c)
+        }}
+        """
+    )
+    out, result = run_passes(proto, ALGEBRAIC)
+    assert fired(result) == {rule: 1}
+    assert op_types(out) == ["Identity", "Identity"]
+    assert list(out.graph.node[1].input) == ["a"]
+    assert_equivalent(proto, out, dim_values={"N": 3})
+
+
+def test_triple_neg_keeps_one():
+    proto = parse(
+        """
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[N, 4] x) => (float[N, 4] y) {
+          a = Neg(x)
+          b = Neg(a)
+          y = Neg(b)
+        }
+        """
+    )
+    out, result = run_passes(proto, ALGEBRAIC)
+    assert fired(result) == {"neg-neg": 1}
+    assert op_types(out) == ["Neg"]
+    assert_equivalent(proto, out, dim_values={"N": 3})
+
+
+# ---------------------------------------------------------------- Transpose pairs
+
+
+@pytest.mark.parametrize(
+    ("p", "q"),
+    [([1, 0, 2], [1, 0, 2]), ([1, 2, 0], [2, 0, 1]), ([2, 0, 1], [1, 2, 0])],
+    ids=["swap", "rotate", "rotate-back"],
+)
+def test_transpose_pair_cancelled(p, q):
+    proto = parse(
+        f"""
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[2, 3, 4] xin) => (float[2, 3, 4] y) {{
+          x = Neg(xin)
+          a = Transpose<perm = {p}>(x)
+          y = Transpose<perm = {q}>(a)
+        }}
+        """
+    )
+    out, result = run_passes(proto, ALGEBRAIC)
+    assert fired(result) == {"transpose-transpose-cancel": 1}
+    assert op_types(out) == ["Neg"]
+    assert [o.name for o in out.graph.output] == ["y"]
+    assert_equivalent(proto, out)
+
+
+def test_transpose_pair_without_perm_cancelled():
+    proto = parse(
+        """
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[2, 3, 4] xin) => (float[2, 3, 4] y) {
+          x = Neg(xin)
+          a = Transpose(x)
+          y = Transpose(a)
+        }
+        """
+    )
+    out, result = run_passes(proto, ALGEBRAIC)
+    assert fired(result) == {"transpose-transpose-cancel": 1}
+    assert op_types(out) == ["Neg"]
+    assert_equivalent(proto, out)
+
+
+@pytest.mark.parametrize(
+    ("p", "q", "composed", "out_shape"),
+    [
+        ([1, 0, 2], [0, 2, 1], [1, 2, 0], "[3, 4, 2]"),
+        ([1, 2, 0], [1, 2, 0], [2, 0, 1], "[4, 2, 3]"),
+        ([0, 2, 1], [2, 1, 0], [1, 2, 0], "[3, 4, 2]"),
+        (None, [1, 0, 2], [1, 2, 0], "[3, 4, 2]"),
+        ([0, 2, 1], None, [1, 2, 0], "[3, 4, 2]"),
+    ],
+    ids=["swap-then-swap", "rotate-twice", "swap-then-reverse", "default-inner", "default-outer"],
+)
+def test_transpose_pair_composed(p, q, composed, out_shape):
+    def transpose(perm):
+        return "Transpose" if perm is None else f"Transpose<perm = {perm}>"
+
+    proto = parse(
+        f"""
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[2, 3, 4] x) => (float{out_shape} y) {{
+          a = {transpose(p)}(x)
+          y = {transpose(q)}(a)
+        }}
+        """
+    )
+    out, result = run_passes(proto, ALGEBRAIC)
+    assert fired(result) == {"transpose-transpose-compose": 1}
+    assert op_types(out) == ["Transpose"]
+    (node,) = out.graph.node
+    assert list(node.input) == ["x"]
+    assert list(node.attribute[0].ints) == composed
+    assert_equivalent(proto, out)
+
+
+def test_transpose_pair_with_shared_inner_keeps_the_inner():
+    proto = parse(
+        """
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[2, 3, 4] x) => (float[2, 3, 4] y, float[3, 2, 4] z) {
+          a = Transpose<perm = [1, 0, 2]>(x)
+          b = Transpose<perm = [1, 0, 2]>(a)
+          y = Neg(b)
+          z = Abs(a)
+        }
+        """
+    )
+    out, result = run_passes(proto, ALGEBRAIC)
+    assert fired(result) == {"transpose-transpose-cancel": 1}
+    assert op_types(out) == ["Transpose", "Neg", "Abs"]
+    assert list(out.graph.node[1].input) == ["x"]
+    assert_equivalent(proto, out)
+
+
+# ---------------------------------------------------------------- Reshape chains
+
+
+@pytest.mark.parametrize(
+    ("inner", "rule"),
+    [
+        ("s1 = Constant<value = int64[2] {6, 4}>()\n a = Reshape(x, s1)", "reshape-reshape"),
+        ("a = Flatten<axis = 2>(x)", "flatten-reshape"),
+        ("ax = Constant<value = int64[1] {1}>()\n a = Unsqueeze(x, ax)", "unsqueeze-reshape"),
+        ("ax = Constant<value = int64[1] {0}>()\n a = Squeeze(x1, ax)", "squeeze-reshape"),
+    ],
+    ids=["reshape", "flatten", "unsqueeze", "squeeze"],
+)
+def test_reshape_chain_collapsed(inner, rule):
+    proto = parse(
+        f"""
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[2, 3, 4] xin) => (float[4, 6] y) {{
+          x = Neg(xin)
+          s0 = Constant<value = int64[4] {{1, 2, 3, 4}}>()
+          x1 = Reshape(x, s0)
+          {inner}
+          s = Constant<value = int64[2] {{4, -1}}>()
+          y = Reshape(a, s)
+        }}
+        """
+    )
+    out, result = run_passes(proto, ALGEBRAIC)
+    assert fired(result).get(rule) == 1, fired(result)
+    # x1 is dead unless the Squeeze read it, and then its Reshape collapses too
+    assert op_types(out) == ["Neg", "Reshape"]
+    assert out.graph.node[1].input[0] == "x"
+    assert_equivalent(proto, out)
+
+
+def test_reshape_chain_with_zero_in_shape_kept():
+    # 0 copies a dim of the Reshape's input: the inner Reshape changes which dim that is
+    proto = parse(
+        """
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[2, 3, 4] x) => (float[6, 4] y) {
+          s1 = Constant<value = int64[2] {6, 4}>()
+          a = Reshape(x, s1)
+          s = Constant<value = int64[2] {0, -1}>()
+          y = Reshape(a, s)
+        }
+        """
+    )
+    out, result = run_passes(proto, ALGEBRAIC)
+    assert not fired(result)
+    assert op_types(out) == ["Reshape", "Reshape"]
+    assert_equivalent(proto, out)
+
+
+def test_reshape_chain_of_three_collapsed_int():
+    proto = parse(
+        """
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (int64[N, 6] x) => (int64[M] y) {
+          s1 = Constant<value = int64[3] {-1, 2, 3}>()
+          a = Reshape(x, s1)
+          s2 = Constant<value = int64[2] {-1, 3}>()
+          b = Reshape(a, s2)
+          s3 = Constant<value = int64[1] {-1}>()
+          y = Reshape(b, s3)
+        }
+        """
+    )
+    out, result = run_passes(proto, ALGEBRAIC)
+    assert fired(result)["reshape-reshape"] >= 2
+    assert op_types(out) == ["Reshape"]
+    assert out.graph.node[0].input[0] == "x"
+    assert_equivalent(proto, out, dim_values={"N": 3})
+
+
+def test_unsqueeze_pair_merged():
+    proto = parse(
+        """
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[3, 4] x) => (float[1, 3, 1, 4, 1] y) {
+          a1 = Constant<value = int64[1] {1}>()
+          a = Unsqueeze(x, a1)
+          b1 = Constant<value = int64[2] {0, -1}>()
+          y = Unsqueeze(a, b1)
+        }
+        """
+    )
+    out, result = run_passes(proto, ALGEBRAIC)
+    assert fired(result) == {"unsqueeze-unsqueeze": 1}
+    assert op_types(out) == ["Unsqueeze"]
+    inits = {i.name: onnx.numpy_helper.to_array(i) for i in out.graph.initializer}
+    assert inits[out.graph.node[0].input[1]].tolist() == [0, 2, 4]
+    assert_equivalent(proto, out)
+
+
+# ---------------------------------------------------------------- reassociate (not exact)
+
+
+def test_reassociate_is_not_in_the_safe_preset():
+    assert not PASSES["reassociate"].exact
+    assert "reassociate" not in PRESETS["safe"]
+    assert "reassociate" in PRESETS["default"]
+    assert "algebraic" in PRESETS["safe"]
+
+
+@pytest.mark.parametrize(
+    ("op", "c1", "c2", "merged"),
+    [
+        ("Mul", "float {2.0}", "float {3.0}", [6.0]),
+        ("Add", "float {0.5}", "float {0.25}", [0.75]),
+        ("Mul", "float[4] {1, 2, 3, 4}", "float {0.5}", [0.5, 1.0, 1.5, 2.0]),
+        ("Add", "float[1, 4] {1, 2, 3, 4}", "float[4] {4, 3, 2, 1}", [5.0, 5.0, 5.0, 5.0]),
+    ],
+    ids=["mul-scalars", "add-scalars", "mul-vector-scalar", "add-same-size"],
+)
+@pytest.mark.parametrize("swap", [False, True], ids=["x-first", "const-first"])
+def test_constant_chain_merged(op, c1, c2, merged, swap):
+    def call(a, b):
+        return f"{op}({b}, {a})" if swap else f"{op}({a}, {b})"
+
+    proto = parse(
+        f"""
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[N, 4] xin) => (float[N, 4] y) {{
+          x = Neg(xin)
+          c1 = Constant<value = {c1}>()
+          c2 = Constant<value = {c2}>()
+          a = {call("x", "c1")}
+          y = {call("a", "c2")}
+        }}
+        """
+    )
+    out, result = run_passes(proto, REASSOCIATE)
+    assert fired(result, "reassociate") == {f"{op.lower()}-chain": 1}
+    assert op_types(out) == ["Neg", op]
+    (init,) = out.graph.initializer
+    np.testing.assert_array_equal(onnx.numpy_helper.to_array(init).reshape(-1), merged)
+    assert [o.name for o in out.graph.output] == ["y"]
+    assert_equivalent(proto, out, rtol=1e-6, dim_values={"N": 3})
+
+
+def test_long_constant_chain_merged_into_one():
+    proto = parse(
+        """
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[N, 4] x) => (float[N, 4] y) {
+          c1 = Constant<value = float {1.5}>()
+          c2 = Constant<value = float {2.0}>()
+          c3 = Constant<value = float {-0.25}>()
+          a = Mul(x, c1)
+          b = Mul(a, c2)
+          y = Mul(b, c3)
+        }
+        """
+    )
+    out, result = run_passes(proto, REASSOCIATE)
+    assert fired(result, "reassociate") == {"mul-chain": 2}
+    assert op_types(out) == ["Mul"]
+    (init,) = out.graph.initializer
+    assert float(onnx.numpy_helper.to_array(init)) == -0.75
+    assert_equivalent(proto, out, rtol=1e-6, dim_values={"N": 3})
+
+
+def test_int_constant_chain_merged_exactly():
+    proto = parse(
+        """
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (int32[N, 4] x) => (int32[N, 4] y) {
+          c1 = Constant<value = int32 {7}>()
+          c2 = Constant<value = int32[4] {1, 2, 3, 4}>()
+          a = Add(x, c1)
+          y = Add(a, c2)
+        }
+        """
+    )
+    out, result = run_passes(proto, REASSOCIATE)
+    assert fired(result, "reassociate") == {"add-chain": 1}
+    assert op_types(out) == ["Add"]
+    assert_equivalent(proto, out, dim_values={"N": 3})
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        # the product would be [3, 4]: larger than either constant
+        "c1 = Constant<value = float[3, 1] {1, 2, 3}>()\n"
+        " c2 = Constant<value = float[4] {1, 2, 3, 4}>()\n"
+        " a = Mul(x, c1)\n y = Mul(a, c2)",
+        # different ops do not associate
+        "c1 = Constant<value = float {2}>()\n c2 = Constant<value = float {3}>()\n"
+        " a = Add(x, c1)\n y = Mul(a, c2)",
+        # the intermediate has another reader
+        "c1 = Constant<value = float {2}>()\n c2 = Constant<value = float {3}>()\n"
+        " a = Mul(x, c1)\n b = Mul(a, c2)\n z = Neg(a)\n y = Add(b, z)",
+        # the product overflows float32
+        "c1 = Constant<value = float {1e30}>()\n c2 = Constant<value = float {1e30}>()\n"
+        " a = Mul(x, c1)\n y = Mul(a, c2)",
+    ],
+    ids=["would-grow", "mixed-ops", "shared-intermediate", "overflow"],
+)
+def test_constant_chain_kept(body):
+    proto = parse(
+        f"""
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[3, 4] x) => (float[3, 4] y) {{
+          {body}
+        }}
+        """
+    )
+    before = op_types(proto)
+    out, result = run_passes(proto, REASSOCIATE)
+    assert not fired(result, "reassociate")
+    assert op_types(out) == [t for t in before if t != "Constant"]
+    assert_equivalent(proto, out)
+
+
+def test_reciprocal_pair_removed():
+    proto = parse(
+        """
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[N, 4] xin) => (float[N, 4] y) {
+          x = Exp(xin)
+          a = Reciprocal(x)
+          y = Reciprocal(a)
+        }
+        """
+    )
+    out, result = run_passes(proto, REASSOCIATE)
+    assert fired(result, "reassociate") == {"reciprocal-reciprocal": 1}
+    assert op_types(out) == ["Exp"]
+    assert [o.name for o in out.graph.output] == ["y"]
+    assert_equivalent(proto, out, rtol=1e-6, dim_values={"N": 3})
+
+
+def test_safe_preset_leaves_reassociation_alone():
+    proto = parse(
+        """
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[N, 4] xin) => (float[N, 4] y) {
+          x = Exp(xin)
+          c1 = Constant<value = float {1.1}>()
+          c2 = Constant<value = float {1.3}>()
+          a = Mul(x, c1)
+          b = Mul(a, c2)
+          r = Reciprocal(b)
+          y = Reciprocal(r)
+        }
+        """
+    )
+    out, result = run_passes(proto, preset="safe")
+    assert "mul-chain" not in rules_fired(result)
+    assert "reciprocal-reciprocal" not in rules_fired(result)
+    assert op_types(out) == ["Exp", "Mul", "Mul", "Reciprocal", "Reciprocal"]
+    assert_equivalent(proto, out, dim_values={"N": 3})
+    out, result = run_passes(proto, preset="default")
+    assert rules_fired(result)["mul-chain"] == 1
+    assert rules_fired(result)["reciprocal-reciprocal"] == 1
+    assert op_types(out) == ["Exp", "Mul"]
+    assert_equivalent(proto, out, rtol=1e-6, dim_values={"N": 3})

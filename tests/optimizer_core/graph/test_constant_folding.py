@@ -1,0 +1,418 @@
+"""Constant folding: each rule fires, the growth budget holds, results are unchanged, the
+checker passes."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnx.helper
+import onnx.numpy_helper
+import onnx.parser
+import pytest
+
+from optimizer_core.graph.framework import OptimizeOptions
+from tests.helpers import assert_equivalent, op_types, parse, run_passes
+
+PASSES = ["lift-constants", "constant-folding", "dead-code"]
+
+
+def fired(result) -> dict[str, int]:
+    """The rules the constant-folding pass fired (lift-constants and dead-code fire too)."""
+    return result.log.per_pass().get("constant-folding", {}).get("rules", {})
+
+
+def _inits(proto: onnx.ModelProto) -> dict[str, np.ndarray]:
+    return {i.name: onnx.numpy_helper.to_array(i) for i in proto.graph.initializer}
+
+
+def _dims(value_info: onnx.ValueInfoProto) -> list[int | str]:
+    return [
+        d.dim_param if d.HasField("dim_param") else d.dim_value
+        for d in value_info.type.tensor_type.shape.dim
+    ]
+
+
+def test_constant_subgraph_folded_to_an_initializer():
+    proto = parse(
+        """
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[N, 4] x) => (float[N, 4] y) {
+          a = Constant<value = float[4] {1, 2, 3, 4}>()
+          b = Constant<value = float[4] {0.5, 0.5, 0.5, 0.5}>()
+          c = Mul(a, b)
+          d = Sqrt(c)
+          e = Neg(d)
+          y = Add(x, e)
+        }
+        """
+    )
+    out, result = run_passes(proto, PASSES)
+    assert fired(result) == {"fold": 1}
+    assert op_types(out) == ["Add"]
+    (name,) = _inits(out)
+    np.testing.assert_array_equal(
+        _inits(out)[name], -np.sqrt(np.array([1, 2, 3, 4], np.float32) * np.float32(0.5))
+    )
+    assert list(out.graph.node[0].input) == ["x", name]
+    assert_equivalent(proto, out, dim_values={"N": 3})
+
+
+def test_constant_subgraph_read_twice_folded_once_per_frontier_value():
+    proto = parse(
+        """
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[N, 4] x) => (float[N, 4] y) <float[4] w = {1, 2, 3, 4}> {
+          a = Neg(w)
+          b = Abs(a)
+          c = Sqrt(b)
+          p = Mul(x, a)
+          q = Add(p, c)
+          y = Sub(q, b)
+        }
+        """
+    )
+    out, result = run_passes(proto, PASSES)
+    # a, b and c are all read outside the constant part: three folded values
+    assert fired(result) == {"fold": 3}
+    assert op_types(out) == ["Mul", "Add", "Sub"]
+    assert len(out.graph.initializer) == 3
+    assert_equivalent(proto, out, dim_values={"N": 3})
+
+
+def test_static_shape_arithmetic_folded():
+    proto = parse(
+        """
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[2, 3, 4] x) => (float[6, 4] y) {
+          s = Shape(x)
+          i0 = Constant<value = int64 {0}>()
+          i1 = Constant<value = int64 {1}>()
+          i2 = Constant<value = int64 {2}>()
+          d0 = Gather<axis = 0>(s, i0)
+          d1 = Gather<axis = 0>(s, i1)
+          d2 = Gather<axis = 0>(s, i2)
+          m = Mul(d0, d1)
+          ax = Constant<value = int64[1] {0}>()
+          u0 = Unsqueeze(m, ax)
+          u1 = Unsqueeze(d2, ax)
+          shp = Concat<axis = 0>(u0, u1)
+          y = Reshape(x, shp)
+        }
+        """
+    )
+    out, result = run_passes(proto, PASSES)
+    # Shape(x) becomes a constant, then the whole computation is evaluated at once
+    assert fired(result) == {"shape": 1, "fold": 1}
+    assert op_types(out) == ["Reshape"]
+    shape_name = out.graph.node[0].input[1]
+    assert _inits(out)[shape_name].tolist() == [6, 4]
+    assert_equivalent(proto, out)
+
+
+def test_gather_of_a_static_dim_folded_while_the_batch_stays_symbolic():
+    proto = parse(
+        """
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[N, 4] x) => (float[N, 4] y) {
+          s = Shape(x)
+          i = Constant<value = int64 {1}>()
+          d = Gather<axis = 0>(s, i)
+          f = Cast<to = 1>(d)
+          y = Div(x, f)
+        }
+        """
+    )
+    out, result = run_passes(proto, PASSES)
+    rules = fired(result)
+    assert rules["gather-shape"] == 1
+    assert "shape" not in rules  # Shape(x) itself has a symbolic dim
+    assert op_types(out) == ["Div"]
+    assert [_dims(v) for v in out.graph.input] == [["N", 4]]
+    assert [_dims(v) for v in out.graph.output] == [["N", 4]]
+    (value,) = _inits(out).values()
+    assert value.dtype == np.float32 and value.shape == () and float(value) == 4.0
+    assert_equivalent(proto, out, dim_values={"N": 3})
+
+
+def test_gather_of_a_symbolic_dim_kept():
+    proto = parse(
+        """
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[N, 4] x) => (float[N, 4] y) {
+          s = Shape(x)
+          i = Constant<value = int64 {0}>()
+          d = Gather<axis = 0>(s, i)
+          f = Cast<to = 1>(d)
+          y = Div(x, f)
+        }
+        """
+    )
+    out, result = run_passes(proto, PASSES)
+    assert not fired(result).get("gather-shape")
+    assert op_types(out) == ["Shape", "Gather", "Cast", "Div"]
+    assert [_dims(v) for v in out.graph.input] == [["N", 4]]
+    assert_equivalent(proto, out, dim_values={"N": 3})
+
+
+@pytest.mark.parametrize(
+    ("start", "end", "expected"), [(1, None, [3, 4]), (-1, None, [4]), (0, 1, None)]
+)
+def test_shape_with_start_and_end(start, end, expected):
+    attrs = f"start = {start}" + (f", end = {end}" if end is not None else "")
+    proto = parse(
+        f"""
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[N, 3, 4] x) => (int64[K] y) {{
+          s = Shape<{attrs}>(x)
+          y = Neg(s)
+        }}
+        """
+    )
+    out, result = run_passes(proto, PASSES)
+    if expected is None:
+        assert not fired(result)
+        assert op_types(out) == ["Shape", "Neg"]
+    else:
+        assert fired(result)["shape"] == 1
+        # Neg of the folded shape is constant too, but it is the graph output: it stays a node
+        assert op_types(out) == ["Neg"]
+        assert _inits(out)[out.graph.node[0].input[0]].tolist() == expected
+    assert_equivalent(proto, out, dim_values={"N": 5})
+
+
+def test_size_of_a_static_shape_folded():
+    proto = parse(
+        """
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[3, 4] x) => (float[3, 4] y) {
+          n = Size(x)
+          f = Cast<to = 1>(n)
+          y = Mul(x, f)
+        }
+        """
+    )
+    out, result = run_passes(proto, PASSES)
+    assert fired(result) == {"size": 1, "fold": 1}
+    assert op_types(out) == ["Mul"]
+    (value,) = _inits(out).values()
+    assert float(value) == 12.0
+    assert_equivalent(proto, out)
+
+
+# ---------------------------------------------------------------- the growth budget
+
+
+def _constant_of_shape_model(shape: list[int]) -> onnx.ModelProto:
+    dims = ", ".join(str(d) for d in shape)
+    return parse(
+        f"""
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[{dims}] x) => (float[{dims}] y) {{
+          s = Constant<value = int64[{len(shape)}] {{{dims}}}>()
+          c = ConstantOfShape<value = float[1] {{1.5}}>(s)
+          y = Add(x, c)
+        }}
+        """
+    )
+
+
+def test_large_constant_of_shape_not_folded():
+    proto = _constant_of_shape_model([1000, 1000])
+    out, result = run_passes(proto, PASSES)
+    rules = fired(result)
+    assert "fold" not in rules
+    assert rules["skipped-over-budget"] >= 1
+    assert op_types(out) == ["ConstantOfShape", "Add"]
+    # the 16-byte shape stays the only constant data
+    assert sum(v.nbytes for v in _inits(out).values()) == 16
+    assert_equivalent(proto, out)
+
+
+def test_small_constant_of_shape_folded():
+    proto = _constant_of_shape_model([2, 3])
+    out, result = run_passes(proto, PASSES)
+    assert fired(result) == {"fold": 1}
+    assert op_types(out) == ["Add"]
+    (value,) = _inits(out).values()
+    np.testing.assert_array_equal(value, np.full((2, 3), 1.5, np.float32))
+    assert_equivalent(proto, out)
+
+
+@pytest.mark.parametrize(
+    ("growth", "folded"), [(0, False), (4096, True)], ids=["budget-0", "budget-4096"]
+)
+def test_fold_max_growth_bytes_option(growth, folded):
+    # 2 x 100 floats = 800 bytes from a 16-byte shape: within the default budget, not within 0
+    proto = _constant_of_shape_model([2, 100])
+    out, result = run_passes(proto, PASSES, options=OptimizeOptions(fold_max_growth_bytes=growth))
+    rules = fired(result)
+    if folded:
+        assert rules == {"fold": 1}
+        assert op_types(out) == ["Add"]
+    else:
+        assert "fold" not in rules and rules["skipped-over-budget"] >= 1
+        assert op_types(out) == ["ConstantOfShape", "Add"]
+    assert_equivalent(proto, out)
+
+
+def test_fold_max_growth_bytes_lets_a_large_tensor_fold():
+    proto = _constant_of_shape_model([100, 100])
+    out, result = run_passes(proto, PASSES)
+    assert "fold" not in fired(result)
+    assert op_types(out) == ["ConstantOfShape", "Add"]
+    out, result = run_passes(proto, PASSES, options=OptimizeOptions(fold_max_growth_bytes=1 << 20))
+    assert fired(result) == {"fold": 1}
+    assert op_types(out) == ["Add"]
+    assert_equivalent(proto, out)
+
+
+def _weight_model(shared: bool) -> onnx.ModelProto:
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((32, 64)).astype(np.float32)  # 8 KiB: over the growth budget
+    extra = "z = MatMul(x2, w)" if shared else ""
+    outputs = "float[N, 32] y, float[N, 64] z" if shared else "float[N, 32] y"
+    inputs = "float[N, 64] x, float[N, 32] x2" if shared else "float[N, 64] x"
+    proto = onnx.parser.parse_model(
+        f"""
+        <ir_version: 8, opset_import: ["" : 17]>
+        g ({inputs}) => ({outputs}) {{
+          wt = Transpose<perm = [1, 0]>(w)
+          y = MatMul(x, wt)
+          {extra}
+        }}
+        """
+    )
+    proto.graph.initializer.append(onnx.numpy_helper.from_array(w, "w"))
+    onnx.checker.check_model(proto, full_check=True)
+    return proto
+
+
+def test_transpose_of_a_weight_used_only_there_folded():
+    proto = _weight_model(shared=False)
+    out, result = run_passes(proto, PASSES)
+    assert fired(result) == {"fold": 1}
+    assert op_types(out) == ["MatMul"]
+    ((name, value),) = _inits(out).items()
+    np.testing.assert_array_equal(value, _inits(proto)["w"].T)
+    assert out.graph.node[0].input[1] == name
+    assert_equivalent(proto, out, dim_values={"N": 3})
+
+
+def test_transpose_of_a_shared_weight_not_folded():
+    # the weight stays for the other MatMul: folding would add 8 KiB
+    proto = _weight_model(shared=True)
+    out, result = run_passes(proto, PASSES)
+    rules = fired(result)
+    assert "fold" not in rules and rules["skipped-over-budget"] >= 1
+    assert op_types(out) == ["Transpose", "MatMul", "MatMul"]
+    assert list(_inits(out)) == ["w"]
+    assert_equivalent(proto, out, dim_values={"N": 3})
+
+
+# ---------------------------------------------------------------- never folded
+
+
+def test_dequantize_linear_of_a_constant_not_folded():
+    proto = parse(
+        """
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[4] x) => (float[4] y) <int8[4] q = {1, -2, 3, -4}, float s = {0.5}, int8 zp = {0}> {
+          d = DequantizeLinear(q, s, zp)
+          y = Add(x, d)
+        }
+        """
+    )
+    out, result = run_passes(proto, PASSES)
+    assert "fold" not in fired(result)
+    assert op_types(out) == ["DequantizeLinear", "Add"]
+    assert sorted(_inits(out)) == ["q", "s", "zp"]
+    assert_equivalent(proto, out)
+
+
+@pytest.mark.parametrize(
+    "random",
+    [
+        "r = RandomUniform<shape = [4], seed = 1.0>()",
+        "r = RandomNormal<shape = [4], seed = 1.0>()",
+        "c = Constant<value = float[4] {1, 2, 3, 4}>()\n r = RandomUniformLike<seed = 1.0>(c)",
+        "c = Constant<value = float[4] {0.1, 0.2, 0.9, 1}>()\n r = Bernoulli<seed = 1.0>(c)",
+    ],
+    ids=["uniform", "normal", "uniform-like", "bernoulli"],
+)
+def test_random_ops_not_folded(random):
+    proto = parse(
+        f"""
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[4] x) => (float[4] y) {{
+          {random}
+          y = Add(x, r)
+        }}
+        """
+    )
+    out, result = run_passes(proto, PASSES)
+    assert "fold" not in fired(result)
+    op = random.split("r = ")[-1].split("<")[0]
+    assert op in op_types(out)
+    assert op_types(out)[-1] == "Add"
+    onnx.checker.check_model(out, full_check=True)
+
+
+def test_graph_output_not_folded():
+    proto = parse(
+        """
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[4] x) => (float[4] y, float[4] z) {
+          a = Constant<value = float[4] {1, 2, 3, 4}>()
+          z = Neg(a)
+          y = Add(x, z)
+        }
+        """
+    )
+    out, result = run_passes(proto, PASSES)
+    assert "fold" not in fired(result)
+    assert op_types(out) == ["Neg", "Add"]
+    assert [o.name for o in out.graph.output] == ["y", "z"]
+    assert_equivalent(proto, out)
+
+
+def test_overridable_initializer_not_folded():
+    proto = parse(
+        """
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[4] x, float[4] w) => (float[4] y) <float[4] w = {1, 2, 3, 4}> {
+          a = Neg(w)
+          y = Add(x, a)
+        }
+        """
+    )
+    out, result = run_passes(proto, PASSES)
+    assert not fired(result)
+    assert op_types(out) == ["Neg", "Add"]
+    assert_equivalent(proto, out)
+
+
+def test_folding_inside_a_subgraph():
+    proto = parse(
+        """
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[4] x, bool c) => (float[4] y) <float[4] w = {1, 2, 3, 4}> {
+          y = If(c) <
+            then_branch = t () => (float[4] ty) {
+              a = Neg(w)
+              b = Exp(a)
+              ty = Add(x, b)
+            },
+            else_branch = e () => (float[4] ey) {
+              ey = Sub(x, w)
+            }
+          >
+        }
+        """
+    )
+    out, result = run_passes(proto, PASSES)
+    assert fired(result) == {"fold": 1}
+    then = next(a.g for a in out.graph.node[0].attribute if a.name == "then_branch")
+    assert [n.op_type for n in then.node] == ["Add"]
+    for c in (True, False):
+        feeds = [{"x": np.arange(4, dtype=np.float32), "c": np.array(c)}]
+        assert_equivalent(proto, out, inputs=feeds)

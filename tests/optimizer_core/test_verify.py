@@ -1,0 +1,377 @@
+"""Numerical verification: ``verify()`` on whole models and the per-pass ``VerifyEachPass``
+instrument, which must name the first pass that changed results."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx_ir as ir
+import pytest
+
+from optimizer_core.errors import VerificationError
+from optimizer_core.graph import _ir_utils as u
+from optimizer_core.graph import presets
+from optimizer_core.graph.framework import GraphtrimPass
+from optimizer_core.graph.optimize import optimize_model
+from optimizer_core.verify import Tolerance, VerifyEachPass, compare_outputs, verify
+from tests.helpers import parse, run_passes
+
+
+def _affine(bias: str) -> str:
+    return f"""
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[N, 4] x) => (float[N, 4] y) {{
+          c = Constant<value = float[4] {{{bias}}}>()
+          a = Mul(x, c)
+          y = Add(a, c)
+        }}
+        """
+
+
+def test_identical_models_are_equal():
+    proto = parse(_affine("0.5, 1.0, 1.5, 2.0"))
+    record = verify(proto, parse(_affine("0.5, 1.0, 1.5, 2.0")))
+    assert record.ok, record.summary()
+    assert record.trials == 3
+    assert record.max_abs_diff == 0.0
+    assert record.summary().startswith("equal")
+    assert record.to_json()["ok"] is True
+
+
+def test_constant_differing_by_1e_2_is_a_mismatch_naming_the_output():
+    ref = parse(_affine("0.5, 1.0, 1.5, 2.0"))
+    cand = parse(_affine("0.5, 1.0, 1.5, 2.01"))
+    record = verify(ref, cand)
+    assert not record.ok
+    bad = record.first_failure()
+    assert bad is not None and bad.name == "y"
+    # y = x * c + c, so the last column differs by 1e-2 * (x + 1): at least ~1e-2 somewhere
+    assert 1e-3 < record.max_abs_diff < 1.0
+    summary = record.summary()
+    assert "MISMATCH" in summary
+    assert "output 'y'" in summary
+    assert "max abs diff" in summary
+    as_json = record.to_json()
+    assert as_json["ok"] is False
+    assert as_json["outputs"][0]["name"] == "y"
+    assert as_json["outputs"][0]["max_abs_diff"] == pytest.approx(record.max_abs_diff)
+
+
+def test_tolerance_decides():
+    ref = parse(_affine("0.5, 1.0, 1.5, 2.0"))
+    cand = parse(_affine("0.5, 1.0, 1.5, 2.01"))
+    assert verify(ref, cand, tolerance=Tolerance(rtol=0.0, atol=1.0, min_cosine=0.0)).ok
+
+
+def test_dtype_mismatch_detected():
+    ref = parse(
+        """
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[N, 4] x) => (float[N, 4] y) {
+          y = Relu(x)
+        }
+        """
+    )
+    cand = parse(
+        """
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[N, 4] x) => (double[N, 4] y) {
+          r = Relu(x)
+          y = Cast<to = 11>(r)
+        }
+        """
+    )
+    record = verify(ref, cand)
+    assert not record.ok
+    bad = record.first_failure()
+    assert bad is not None and bad.name == "y"
+    assert "dtype" in bad.reason
+    cmp = compare_outputs("y", np.zeros(3, np.float32), np.zeros(3, np.float64), Tolerance())
+    assert not cmp.ok and "dtype" in cmp.reason
+
+
+def test_shape_mismatch_detected():
+    ref = parse(
+        """
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[N, 4] x) => (float[N, 4] y) {
+          y = Relu(x)
+        }
+        """
+    )
+    cand = parse(
+        """
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[N, 4] x) => (float[1, N, 4] y) {
+          r = Relu(x)
+          a = Constant<value = int64[1] {0}>()
+          y = Unsqueeze(r, a)
+        }
+        """
+    )
+    record = verify(ref, cand)
+    assert not record.ok
+    bad = record.first_failure()
+    assert bad is not None and bad.name == "y"
+    assert "shape" in bad.reason
+    # same elements, different shape: never equal, whatever the tolerance
+    cmp = compare_outputs(
+        "y", np.zeros((2, 4), np.float32), np.zeros((1, 2, 4), np.float32), Tolerance()
+    )
+    assert not cmp.ok and "shape" in cmp.reason
+
+
+_TWO_INPUTS = """
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[N, 4] x, float[N, 4] z, float[M, 4] w) => (float[N, 4] y, float[M, 4] v) {
+      y = Add(x, z)
+      v = Relu(w)
+    }
+    """
+
+
+def test_symbolic_dims_are_bound_consistently_by_name():
+    proto = parse(_TWO_INPUTS)
+    # Add(x, z) only runs when both inputs get the same N
+    record = verify(proto, parse(_TWO_INPUTS))
+    assert record.ok, record.summary()
+    assert record.input_shapes["x"] == record.input_shapes["z"]
+
+    record = verify(proto, parse(_TWO_INPUTS), dim_values={"N": 5, "M": 3})
+    assert record.ok, record.summary()
+    assert record.input_shapes == {"x": [5, 4], "z": [5, 4], "w": [3, 4]}
+
+    # a size given for one name leaves the other at the default
+    record = verify(proto, parse(_TWO_INPUTS), dim_values={"N": 7})
+    assert record.ok, record.summary()
+    assert record.input_shapes == {"x": [7, 4], "z": [7, 4], "w": [2, 4]}
+
+
+def test_user_inputs_are_used():
+    relu = parse(
+        """
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[N, 4] x) => (float[N, 4] y) {
+          y = Relu(x)
+        }
+        """
+    )
+    ident = parse(
+        """
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[N, 4] x) => (float[N, 4] y) {
+          y = Identity(x)
+        }
+        """
+    )
+    positive = [
+        {"x": np.full((3, 4), 0.5, np.float32)},
+        {"x": np.arange(8, dtype=np.float32).reshape(2, 4)},
+    ]
+    record = verify(relu, ident, inputs=positive)
+    # Relu and Identity agree on non-negative inputs only: equal here proves these feeds were used
+    assert record.ok, record.summary()
+    assert record.trials == 2
+    assert record.input_shapes == {"x": [3, 4]}
+    # random inputs (standard normal) have negative entries
+    assert not verify(relu, ident).ok
+    negative = [{"x": -np.ones((1, 4), np.float32)}]
+    record = verify(relu, ident, inputs=negative)
+    assert not record.ok
+    assert record.input_shapes == {"x": [1, 4]}
+
+
+def test_nan_positions_are_compared():
+    sqrt = parse(
+        """
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[N, 4] x) => (float[N, 4] y) {
+          y = Sqrt(x)
+        }
+        """
+    )
+    sqrt_abs = parse(
+        """
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[N, 4] x) => (float[N, 4] y) {
+          a = Abs(x)
+          y = Sqrt(a)
+        }
+        """
+    )
+    sqrt_id = parse(
+        """
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[N, 4] x) => (float[N, 4] y) {
+          a = Identity(x)
+          y = Sqrt(a)
+        }
+        """
+    )
+    feeds = [{"x": np.array([[-1.0, 4.0, -9.0, 16.0]], np.float32)}]
+    # NaN in the same places on both sides is equal
+    record = verify(sqrt, sqrt_id, inputs=feeds)
+    assert record.ok, record.summary()
+    # the finite values agree where both are finite, but NaN became a number: a mismatch
+    record = verify(sqrt, sqrt_abs, inputs=feeds)
+    assert not record.ok
+    bad = record.first_failure()
+    assert bad is not None and "NaN" in bad.reason
+
+    nan = np.float32("nan")
+    ok = compare_outputs("y", np.array([nan, 1.0]), np.array([nan, 1.0]), Tolerance())
+    assert ok.ok
+    moved = compare_outputs("y", np.array([nan, 1.0]), np.array([1.0, nan]), Tolerance())
+    assert not moved.ok and "NaN positions differ" in moved.reason
+    inf = compare_outputs("y", np.array([np.inf, 1.0]), np.array([-np.inf, 1.0]), Tolerance())
+    assert not inf.ok and "infinities" in inf.reason
+
+
+# ---------------------------------------------------------------- per-pass verification
+
+
+class PlantedBug(GraphtrimPass):
+    """A deliberately wrong pass: rewrites every Add into a Sub."""
+
+    name = "planted-bug"
+    summary = "test only: Add -> Sub (wrong on purpose)"
+
+    def apply(self, model: ir.Model) -> bool:
+        changed = False
+        for graph in u.all_graphs(model):
+            for node in list(graph):
+                if node.op_type == "Add" and node.domain == "":
+                    node.op_type = "Sub"
+                    self.hit("add-to-sub")
+                    changed = True
+        return changed
+
+
+@pytest.fixture
+def planted_bug(monkeypatch):
+    monkeypatch.setitem(presets.PASSES, PlantedBug.name, PlantedBug)
+    return PlantedBug.name
+
+
+_WITH_IDENTITY = """
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[N, 4] x) => (float[N, 4] y) {
+      c = Constant<value = float[4] {1.0, 2.0, 3.0, 4.0}>()
+      i = Identity(x)
+      a = Add(i, c)
+      y = Relu(a)
+    }
+    """
+
+_WITHOUT_IDENTITY = """
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[N, 4] x) => (float[N, 4] y) {
+      c = Constant<value = float[4] {1.0, 2.0, 3.0, 4.0}>()
+      a = Add(x, c)
+      y = Relu(a)
+    }
+    """
+
+
+def test_verify_each_pass_names_the_planted_bug(planted_bug):
+    model = ir.serde.deserialize_model(parse(_WITH_IDENTITY))
+    with pytest.raises(VerificationError) as info:
+        optimize_model(
+            model, passes=["identity", planted_bug, "dead-code"], instruments=[VerifyEachPass()]
+        )
+    err = info.value
+    assert err.pass_name == "planted-bug"
+    assert err.rules == {"add-to-sub": 1}
+    assert "planted-bug" in str(err)
+    assert "add-to-sub" in str(err)
+    assert "output 'y'" in str(err)
+    # identity ran first and removed the Identity node, so it is listed
+    assert err.passes_before == ["identity"]
+
+
+def test_passes_before_lists_only_passes_that_modified(planted_bug):
+    # no Identity: the identity pass runs first but changes nothing, so it is not listed
+    model = ir.serde.deserialize_model(parse(_WITHOUT_IDENTITY))
+    with pytest.raises(VerificationError) as info:
+        optimize_model(
+            model, passes=["identity", planted_bug, "dead-code"], instruments=[VerifyEachPass()]
+        )
+    assert info.value.pass_name == "planted-bug"
+    assert "add-to-sub" in info.value.rules
+    assert info.value.passes_before == []
+
+
+def test_planted_bug_goes_unnoticed_without_the_instrument(planted_bug):
+    # the instrument, not the driver, is what catches it; the result really is wrong
+    proto = parse(_WITH_IDENTITY)
+    out, _ = run_passes(proto, ["identity", planted_bug, "dead-code"])
+    assert [n.op_type for n in out.graph.node] == ["Constant", "Sub", "Relu"]
+    assert not verify(proto, out).ok
+
+
+def test_verify_each_pass_is_quiet_for_correct_passes():
+    model = ir.serde.deserialize_model(parse(_WITH_IDENTITY))
+    inst = VerifyEachPass(trials=2)
+    result = optimize_model(model, preset="default", instruments=[inst])
+    assert result.modified
+    # lift-constants and identity each changed the model and were each checked
+    assert inst.checked >= 2
+    assert len(inst.feeds) == 2
+
+
+class RenameOutput(GraphtrimPass):
+    """A deliberately wrong pass: renames the first graph output."""
+
+    name = "planted-rename"
+    summary = "test only: renames an output (wrong on purpose)"
+
+    def apply(self, model: ir.Model) -> bool:
+        model.graph.outputs[0].name = "renamed"
+        self.hit("rename-output")
+        return True
+
+
+def test_verify_each_pass_names_a_pass_that_renames_an_output(monkeypatch):
+    # a changed interface is a verification failure naming the pass, not a KeyError
+    monkeypatch.setitem(presets.PASSES, RenameOutput.name, RenameOutput)
+    model = ir.serde.deserialize_model(parse(_WITHOUT_IDENTITY))
+    with pytest.raises(VerificationError) as info:
+        optimize_model(model, passes=[RenameOutput.name], instruments=[VerifyEachPass()])
+    assert info.value.pass_name == "planted-rename"
+    assert info.value.rules == {"rename-output": 1}
+    assert "'y'" in str(info.value)
+    # whole-model verification reports it as well
+    proto = parse(_WITHOUT_IDENTITY)
+    out, _ = run_passes(proto, [RenameOutput.name])
+    record = verify(proto, out)
+    assert not record.ok and "outputs differ" in record.error
+
+
+_STRING_INPUT = """
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (string[2] s) => (string[2] y) {
+      a = Identity(s)
+      y = Identity(a)
+    }
+    """
+
+
+def test_inputs_random_feeds_cannot_fill_are_reported_not_raised():
+    proto = parse(_STRING_INPUT)
+    record = verify(proto, proto)
+    assert not record.ok
+    assert "input 's' has type tensor(string)" in record.error
+    assert record.summary().startswith("verification error")
+    # given inputs work
+    feeds = [{"s": np.array(["a", "b"], dtype=object)}]
+    assert verify(proto, proto, inputs=feeds).ok
+
+
+def test_verify_each_pass_reports_inputs_it_cannot_fill():
+    model = ir.serde.deserialize_model(parse(_STRING_INPUT))
+    with pytest.raises(VerificationError, match=r"cannot verify each pass: input 's'"):
+        optimize_model(model, passes=["identity"], instruments=[VerifyEachPass()])
+    # with inputs given, the identity pass is checked like any other
+    model = ir.serde.deserialize_model(parse(_STRING_INPUT))
+    inst = VerifyEachPass(inputs=[{"s": np.array(["a", "b"], dtype=object)}])
+    optimize_model(model, passes=["identity"], instruments=[inst])
+    assert inst.checked == 1
