@@ -3,6 +3,7 @@ pass test checks (the rule fired, outputs equal in onnxruntime, the full ONNX ch
 
 from __future__ import annotations
 
+import copy
 import os
 from collections.abc import Sequence
 
@@ -26,7 +27,8 @@ def parse(text: str) -> onnx.ModelProto:
 def run_passes(
     proto: onnx.ModelProto, passes: Sequence[str] | None = None, preset: str = "default", **kw
 ) -> tuple[onnx.ModelProto, OptimizeResult]:
-    model = ir.serde.deserialize_model(proto)
+    # onnx_ir shares tensors with the proto it reads: work on a copy so ``proto`` stays the reference
+    model = ir.serde.deserialize_model(copy.deepcopy(proto))
     result = optimize_model(model, preset=preset, passes=passes, **kw)
     out = ir.serde.serialize_model(result.model)
     return out, result

@@ -46,8 +46,9 @@ class OptimizeOptions:
 class GraphtrimPass(ir.passes.InPlacePass):
     """Base of every graphtrim pass.
 
-    Subclasses set ``name`` (the CLI's name for it), ``exact`` (results are bit-identical for
-    finite inputs) and ``summary``, and implement :meth:`apply`, which returns whether it changed
+    Subclasses set ``name`` (the CLI's name for it), ``exact`` (results are identical for finite
+    inputs, up to the sign of a zero: ``x + 0`` turns -0.0 into +0.0, its removal does not) and
+    ``summary``, and implement :meth:`apply`, which returns whether it changed
     the model and calls :meth:`hit` once per rewrite with the rule's name.
     """
 

@@ -123,11 +123,11 @@ class AlgebraicSimplification(GraphtrimPass):
             return False
         composed = [int(p[i]) for i in q]
         src = inner.inputs[0]
-        if composed == list(range(len(composed))):
-            if u.replace_value(node.outputs[0], src):
-                self.hit("transpose-transpose-cancel")
-                return True
-            return False
+        if composed == list(range(len(composed))) and u.replace_value(node.outputs[0], src):
+            self.hit("transpose-transpose-cancel")
+            return True
+        # otherwise (also when a graph input would have to become a graph output) one
+        # Transpose with the composed permutation replaces the pair
         node.replace_input_with(0, src)
         node.attributes["perm"] = ir.AttrInt64s("perm", composed)
         self.hit("transpose-transpose-compose")

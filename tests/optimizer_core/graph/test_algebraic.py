@@ -635,3 +635,19 @@ def test_safe_preset_leaves_reassociation_alone():
     assert rules_fired(result)["reciprocal-reciprocal"] == 1
     assert op_types(out) == ["Exp", "Mul"]
     assert_equivalent(proto, out, rtol=1e-6, dim_values={"N": 3})
+
+
+def test_transpose_pair_between_graph_input_and_output_becomes_one_node():
+    # cancelling would make the graph input the graph output; one identity-perm node remains
+    proto = parse(
+        """
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[2, 3, 4] x) => (float[2, 3, 4] y) {
+          t = Transpose<perm = [2, 0, 1]>(x)
+          y = Transpose<perm = [1, 2, 0]>(t)
+        }
+        """
+    )
+    out, _ = run_passes(proto, ["algebraic", "identity", "dead-code"])
+    assert op_types(out) == ["Transpose"]
+    assert_equivalent(proto, out)
