@@ -78,34 +78,47 @@ def _more_specific(new: ir.Shape | None, old: ir.Shape | None) -> bool:
     return False
 
 
-def has_unknown_shapes(model: ir.Model) -> bool:
-    """Some node output has no type, no shape, or a dim nobody could name."""
+def unknown_shape_ids(model: ir.Model) -> set[int]:
+    """Ids of node outputs with no type, no shape, or a dim nobody could name."""
+    out: set[int] = set()
     for graph in u.all_graphs(model):
         for node in graph:
             for value in node.outputs:
-                if value.type is None or value.shape is None:
-                    return True
-                if any(not isinstance(d, int) and d.value is None for d in value.shape.dims):
-                    return True
-    return False
+                if (
+                    value.type is None
+                    or value.shape is None
+                    or any(not isinstance(d, int) and d.value is None for d in value.shape.dims)
+                ):
+                    out.add(id(value))
+    return out
 
 
 class ShapeInference(ir.passes.InPlacePass):
     """Fills in unknown shapes and types; never counts as a change of the model.
 
-    With ``only_if_unknown`` it runs only when some value still lacks shape information,
-    which after the first iteration is the exception (it is the costliest step per iteration).
+    With ``only_if_unknown`` it runs only when a value lacks shape information that inference
+    has not already failed to find: on a model inferred at load time and after most rewrites
+    (which reuse existing values) it is skipped, as it is the costliest step of an iteration.
     """
 
     def __init__(self, only_if_unknown: bool = False) -> None:
         super().__init__()
         self.only_if_unknown = only_if_unknown
         self.runs = 0
+        # values still unknown after the last run: inference cannot find them, don't retry
+        self._hopeless: set[int] = set()
 
     def call(self, model: ir.Model) -> ir.passes.PassResult:
-        if self.only_if_unknown and self.runs and not has_unknown_shapes(model):
+        if self.only_if_unknown and unknown_shape_ids(model) <= self._hopeless:
             return ir.passes.PassResult(model, False)
         self.runs += 1
+        try:
+            return self._infer(model)
+        finally:
+            if self.only_if_unknown:
+                self._hopeless = unknown_shape_ids(model)
+
+    def _infer(self, model: ir.Model) -> ir.passes.PassResult:
         try:
             proto = _serialize_without_weights(model)
             inferred = onnx.shape_inference.infer_shapes(
