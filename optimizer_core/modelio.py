@@ -12,6 +12,7 @@ when everything was written, so a failure never leaves a half-written model behi
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import shutil
@@ -182,13 +183,12 @@ def read_proto(path: str | os.PathLike[str]) -> onnx.ModelProto:
 def load_model(path: str | os.PathLike[str]) -> ir.Model:
     """Load a validated model into ``onnx_ir``; external data stays memory-mapped."""
     proto = read_proto(path)
-    try:
-        # inferring on the protobuf (weights not loaded) is far cheaper than on the IR later
+    # inferring on the protobuf (weights not loaded) is far cheaper than on the IR later;
+    # it is an aid only: custom ops and odd models load without it
+    with contextlib.suppress(Exception):
         proto = onnx.shape_inference.infer_shapes(
             proto, check_type=False, strict_mode=False, data_prop=True
         )
-    except Exception:  # an aid only: custom ops and odd models load without it
-        pass
     model = ir.serde.deserialize_model(proto)
     ir.external_data.set_base_dir(model.graph, os.path.dirname(os.path.abspath(path)))
     return model
