@@ -316,6 +316,15 @@ def all_graphs(model: ir.Model) -> list[ir.Graph]:
     return out
 
 
+def standard_nodes(model: ir.Model) -> Iterator[tuple[ir.Graph, ir.Node]]:
+    """(graph, node) for every standard-domain node of every graph, in order; a snapshot, so
+    rewrites may edit the graph, and nodes removed or moved meanwhile are skipped."""
+    for graph in all_graphs(model):
+        for node in list(graph):
+            if node.graph is graph and node.domain in STANDARD_DOMAINS:
+                yield graph, node
+
+
 def nodes_in_order(graph: ir.Graph) -> Iterator[ir.Node]:
     # a snapshot, so a pass may remove or insert nodes while it walks
     yield from list(graph)

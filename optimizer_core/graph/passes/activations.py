@@ -63,14 +63,11 @@ class RedundantActivations(GraphtrimPass):
 
     def apply(self, model: ir.Model) -> bool:
         changed = False
-        for graph in u.all_graphs(model):
-            for node in u.nodes_in_order(graph):
-                if node.graph is None or not u.is_standard(node):
-                    continue
-                if node.op_type == "Relu":
-                    changed |= self._relu(node, model)
-                elif node.op_type == "Clip":
-                    changed |= self._clip(node, model, graph)
+        for graph, node in u.standard_nodes(model):
+            if node.op_type == "Relu":
+                changed |= self._relu(node, model)
+            elif node.op_type == "Clip":
+                changed |= self._clip(node, model, graph)
         return changed
 
     def _relu(self, node: ir.Node, model: ir.Model) -> bool:

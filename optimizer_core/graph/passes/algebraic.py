@@ -52,13 +52,10 @@ class AlgebraicSimplification(GraphtrimPass):
 
     def apply(self, model: ir.Model) -> bool:
         changed = False
-        for graph in u.all_graphs(model):
-            for node in u.nodes_in_order(graph):
-                if node.graph is None or not u.is_standard(node):
-                    continue
-                rule = getattr(self, f"_rule_{node.op_type}", None)
-                if rule is not None and rule(node, model):
-                    changed = True
+        for _graph, node in u.standard_nodes(model):
+            rule = getattr(self, f"_rule_{node.op_type}", None)
+            if rule is not None and rule(node, model):
+                changed = True
         return changed
 
     def _neutral(self, node: ir.Node, operand: int, neutral: float, rule: str) -> bool:

@@ -47,20 +47,17 @@ class IdentityElimination(GraphtrimPass):
 
     def apply(self, model: ir.Model) -> bool:
         changed = False
-        for graph in u.all_graphs(model):
-            for node in u.nodes_in_order(graph):
-                if node.graph is None or not u.is_standard(node):
-                    continue
-                rule = getattr(self, f"_rule_{node.op_type}", None)
-                if rule is None:
-                    continue
-                found = rule(node, model)
-                if found is None:
-                    continue
-                rule_name, replacement = found
-                if u.replace_value(node.outputs[0], replacement):
-                    self.hit(rule_name)
-                    changed = True
+        for _graph, node in u.standard_nodes(model):
+            rule = getattr(self, f"_rule_{node.op_type}", None)
+            if rule is None:
+                continue
+            found = rule(node, model)
+            if found is None:
+                continue
+            rule_name, replacement = found
+            if u.replace_value(node.outputs[0], replacement):
+                self.hit(rule_name)
+                changed = True
         return changed
 
     # --- rules: each returns (rule name, value equal to the node's output) or None
