@@ -1,7 +1,9 @@
 """The pass registry and the named presets.
 
 A preset is an ordered list of pass names. Order follows onnxruntime's experience: cheap local
-rewrites first, then CSE and folding, dead code last so each iteration ends clean.
+rewrites first, then folding and fusions, CSE last (measured on the bench suite: the same node
+counts in fewer iterations than CSE before folding). Each pass removes the nodes its own
+rewrites leave dead; the dead-code pass runs first for what was dead on arrival.
 """
 
 from __future__ import annotations
@@ -49,9 +51,10 @@ _ORDER = [
     "activations",
     "algebraic",
     "reassociate",
-    "cse",
     "constant-folding",
     "fuse-affine",
+    # last: it also merges the constants folding and fusion just made (fewer iterations)
+    "cse",
 ]
 
 PRESETS: dict[str, list[str]] = {
