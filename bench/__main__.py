@@ -134,9 +134,13 @@ def latency(paths: dict[str, Path], runs: int, enable_ort_opt: bool) -> dict[str
     if "original" not in sessions:
         return {}
     times: dict[str, list[float]] = {k: [] for k in sessions}
+    t0 = time.perf_counter()
     for _ in range(3):  # warm-up
         for s in sessions.values():
             s.run(None, feeds)
+    per_round = (time.perf_counter() - t0) / 3
+    # big models (vgg19 runs seconds per round): keep each setting within about a minute
+    runs = max(5, min(runs, int(60 / per_round) if per_round > 0 else runs))
     for _ in range(runs):
         for key, s in sessions.items():
             t0 = time.perf_counter()

@@ -79,6 +79,19 @@ _IMPORTS = {
 }
 
 
+def _peak_rss_kb() -> int:
+    """This process's peak RSS. VmHWM starts afresh at exec; ru_maxrss would carry the
+    parent's peak over a fork, which made every row show the bench runner's memory."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+
+
 def main() -> int:
     tool, src, dst = sys.argv[1:4]
     import contextlib
@@ -87,12 +100,12 @@ def main() -> int:
 
     for mod in _IMPORTS[tool]:
         importlib.import_module(mod)
-    base_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    base_rss = _peak_rss_kb()
     t0 = time.perf_counter()
     with contextlib.redirect_stdout(io.StringIO()):
         TOOLS[tool](src, dst)
     seconds = time.perf_counter() - t0
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    peak = _peak_rss_kb()
     print(
         json.dumps(
             {
