@@ -5,6 +5,7 @@ Everything here reads the graph or performs one well-defined edit; no pass logic
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 from collections.abc import Iterable, Iterator, Sequence
 
@@ -299,11 +300,31 @@ def subgraphs_of(node: ir.Node) -> list[ir.Graph]:
     return out
 
 
+# ids of models known to contain no subgraph (see ``flat_model``)
+_FLAT_MODELS: set[int] = set()
+
+
+@contextlib.contextmanager
+def flat_model(model: ir.Model) -> Iterator[None]:
+    """While active, :func:`all_graphs` answers ``[model.graph]`` without walking, if the
+    model has no subgraph on entry. Sound for the passes of graphtrim, which never create a
+    control-flow node (they only move or remove existing ones)."""
+    flat = len(all_graphs(model)) == 1
+    if flat:
+        _FLAT_MODELS.add(id(model))
+    try:
+        yield
+    finally:
+        _FLAT_MODELS.discard(id(model))
+
+
 def all_graphs(model: ir.Model) -> list[ir.Graph]:
     """The main graph and every subgraph, outer graphs first (a snapshot, safe to edit).
 
     A plain walk: much cheaper than ``model.graphs()`` on large graphs, and passes call it often.
     """
+    if id(model) in _FLAT_MODELS:
+        return [model.graph]
     out: list[ir.Graph] = []
     pending = [model.graph]
     while pending:

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 
 import onnx_ir as ir
 
+from optimizer_core.graph import _ir_utils as u
 from optimizer_core.graph.framework import (
     ChangeLog,
     FixedPointDriver,
@@ -78,7 +79,8 @@ def optimize_model(
     probe = ChangeLog(preset=driver.preset, passes=names)
     _normalize(model, probe)
     notes.extend(probe.notes)
-    result = driver(model)
+    with u.flat_model(model):
+        result = driver(model)
     driver.log.notes[:0] = notes
     return OptimizeResult(
         model=result.model, log=driver.log, modified=result.modified or bool(notes)
