@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import math
 from collections.abc import Iterable, Iterator, Sequence
 
 import numpy as np
@@ -117,6 +118,9 @@ def is_constant(value: ir.Value | None) -> bool:
 
 
 def const_nbytes(value: ir.Value) -> int:
+    # from the value's own shape and type when known: asking a lazily parsed tensor is slower
+    if value.dtype is not None and value.shape is not None and value.shape.is_static():
+        return math.ceil(math.prod(value.shape.numpy()) * value.dtype.itemsize)
     if value.const_value is not None:
         return int(value.const_value.nbytes)
     arr = const_array(value)
