@@ -83,7 +83,11 @@ class _Operand:
             "ConstantOfShape", [self.shape_input], attributes={"value": ir.tensor(value)}
         )
         graph.insert_before(before, node)
-        return node.outputs[0]
+        out = node.outputs[0]
+        # typed here, so no shape inference has to run for it
+        out.shape = ir.Shape(self.shape)
+        out.type = ir.TensorType(ir.DataType.from_numpy(value.dtype))
+        return out
 
 
 def _operand(value: ir.Value | None) -> _Operand | None:
