@@ -183,11 +183,6 @@ def rank(value: ir.Value | None) -> int | None:
     return None if arr is None else arr.ndim
 
 
-def same_dims(a: Sequence[int | str | None], b: Sequence[int | str | None]) -> bool:
-    """Dims provably equal: equal ints, or the same named symbol."""
-    return len(a) == len(b) and all(x is not None and x == y for x, y in zip(a, b, strict=True))
-
-
 def is_tensor_value(value: ir.Value) -> bool:
     return value.type is None or isinstance(value.type, ir.TensorType)
 
@@ -237,14 +232,6 @@ def replace_value(old: ir.Value, new: ir.Value) -> bool:
         return True
     old.replace_all_uses_with(new)
     return True
-
-
-def bypass(node: ir.Node, input_index: int = 0, output_index: int = 0) -> bool:
-    """Replace a node's output by one of its inputs; the node becomes dead if unused."""
-    src = node.inputs[input_index]
-    if src is None:
-        return False
-    return replace_value(node.outputs[output_index], src)
 
 
 def single_consumer(value: ir.Value) -> bool:
