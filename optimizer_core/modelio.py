@@ -58,9 +58,12 @@ def _external_tensors(proto: onnx.ModelProto):
                     yield attr.t
 
 
-def _check_external_data(proto: onnx.ModelProto, path: Path) -> None:
+def _check_external_data(proto: onnx.ModelProto, path: Path) -> bool:
+    """Refuse unsafe or inconsistent external data; True when the model has any."""
     base = path.parent.resolve()
+    found = False
     for tensor in _external_tensors(proto):
+        found = True
         info = {e.key: e.value for e in tensor.external_data}
         location = info.get("location", "")
         if not location:
@@ -99,6 +102,7 @@ def _check_external_data(proto: onnx.ModelProto, path: Path) -> None:
                 f"external data file '{location}' is too short for tensor '{tensor.name}' "
                 f"(needs {offset + needed} bytes, has {size})",
             )
+    return found
 
 
 # bytes per element of the fixed-width types (sub-byte and string types are not checked)
@@ -169,11 +173,11 @@ def read_proto(path: str | os.PathLike[str]) -> onnx.ModelProto:
             p,
             f"unsupported opset {default}: graphtrim supports opsets {MIN_OPSET} to {max_opset()}",
         )
-    _check_external_data(proto, p)
+    external = _check_external_data(proto, p)
     try:
-        # check the file, not the proto: the checker resolves external data locations against
-        # the model's folder only when it knows the path (against the cwd otherwise)
-        onnx.checker.check_model(str(p))
+        # with external data, check the file: the checker resolves data locations against the
+        # model's folder only when it knows the path; without, the parsed proto saves a reparse
+        onnx.checker.check_model(str(p) if external else proto)
     except onnx.checker.ValidationError as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise InvalidModelError.at(p, f"invalid model (possibly truncated): {first}") from exc
@@ -183,15 +187,48 @@ def read_proto(path: str | os.PathLike[str]) -> onnx.ModelProto:
 def load_model(path: str | os.PathLike[str]) -> ir.Model:
     """Load a validated model into ``onnx_ir``; external data stays memory-mapped."""
     proto = read_proto(path)
+    external = any(True for _ in _external_tensors(proto))
     # inferring on the protobuf (weights not loaded) is far cheaper than on the IR later;
     # it is an aid only: custom ops and odd models load without it
+    inferred: dict[str, onnx.TypeProto] = {}
     with contextlib.suppress(Exception):
-        proto = onnx.shape_inference.infer_shapes(
+        result = onnx.shape_inference.infer_shapes(
             proto, check_type=False, strict_mode=False, data_prop=True
         )
+        declared = {vi.name for vi in proto.graph.value_info}
+        inferred = {vi.name: vi.type for vi in result.graph.value_info if vi.name not in declared}
     model = ir.serde.deserialize_model(proto)
-    ir.external_data.set_base_dir(model.graph, os.path.dirname(os.path.abspath(path)))
+    _apply_inferred_types(model.graph, inferred)
+    if external:
+        ir.external_data.set_base_dir(model.graph, os.path.dirname(os.path.abspath(path)))
     return model
+
+
+def _apply_inferred_types(graph: ir.Graph, inferred: dict[str, onnx.TypeProto]) -> None:
+    """Give the main graph's untyped node outputs their inferred tensor types and shapes.
+
+    Done directly on the IR rather than by deserializing ``value_info`` entries, which costs
+    several times more per value; non-tensor types are left to later inference."""
+    if not inferred:
+        return
+    for node in graph:
+        for out in node.outputs:
+            tp = inferred.get(out.name or "")
+            if tp is None or out.type is not None or tp.WhichOneof("value") != "tensor_type":
+                continue
+            tt = tp.tensor_type
+            if not tt.elem_type:
+                continue
+            out.type = ir.TensorType(ir.DataType(tt.elem_type))
+            if tt.HasField("shape"):
+                out.shape = ir.Shape(
+                    [
+                        d.dim_value
+                        if d.HasField("dim_value")
+                        else (d.dim_param if d.HasField("dim_param") else None)
+                        for d in tt.shape.dim
+                    ]
+                )
 
 
 def has_external_data(model: ir.Model) -> bool:

@@ -20,6 +20,7 @@ dtype numpy cannot hold.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -59,7 +60,7 @@ def _static_nbytes(value: ir.Value) -> int | None:
     shape = u.static_shape(value)
     if shape is None or value.dtype is None or value.dtype not in _NUMPY_DTYPES:
         return None
-    return int(np.prod(shape, dtype=np.int64)) * value.dtype.numpy().itemsize
+    return math.prod(shape) * value.dtype.itemsize
 
 
 def _shape_range(src: ir.Node, r: int) -> tuple[int, int]:

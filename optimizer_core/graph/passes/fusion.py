@@ -79,8 +79,8 @@ class _Operand:
         if self.fill is None or not (np.all(scale == scale[0]) and np.all(shift == shift[0])):
             return None  # a per-channel result would have to be materialized: the model would grow
         value = np.array([self.fill * float(scale[0]) + float(shift[0])], dtype=self.dtype)
-        node = ir.node(
-            "ConstantOfShape", [self.shape_input], attributes={"value": ir.tensor(value)}
+        node = ir.Node(
+            "", "ConstantOfShape", [self.shape_input], [ir.AttrTensor("value", ir.Tensor(value))]
         )
         graph.insert_before(before, node)
         out = node.outputs[0]
