@@ -6,7 +6,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.graphtrim-installed
 TORCH_PIN := torch==2.13.0
 
-.PHONY: install demo test lint typecheck bench clean
+.PHONY: install demo test lint typecheck bench bench-variants clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -33,6 +33,9 @@ test: $(STAMP) lint typecheck
 
 bench: $(STAMP)
 	$(PY) -m bench $(BENCH_ARGS)
+
+bench-variants: $(STAMP)
+	$(PY) -m bench.variants $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

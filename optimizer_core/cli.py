@@ -1,7 +1,7 @@
 """The ``graphtrim`` command line.
 
-Exit codes: 0 success, 1 the optimized model changed results, 2 bad input or arguments,
-3 a pass failed (a bug: the message names the pass).
+Exit codes: 0 success, 1 the optimized model changed results (or a variant failed a gate),
+2 bad input or arguments, 3 a pass failed (a bug: the message names the pass).
 """
 
 from __future__ import annotations
@@ -140,6 +140,10 @@ def build_parser() -> argparse.ArgumentParser:
     _add_verify_args(ver)
 
     sub.add_parser("passes", help="list passes and presets")
+
+    from optimizer_core import cli_variants
+
+    cli_variants.add_parsers(sub)
     return parser
 
 
@@ -220,9 +224,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="graphtrim: %(levelname)s: %(message)s")
-    handler = {"optimize": _cmd_optimize, "verify": _cmd_verify, "passes": _cmd_passes}[
-        args.command
-    ]
+    from optimizer_core import cli_variants
+
+    handler = {
+        "optimize": _cmd_optimize,
+        "verify": _cmd_verify,
+        "passes": _cmd_passes,
+        "quantize": cli_variants.cmd_quantize,
+        "evaluate": cli_variants.cmd_evaluate,
+        "variants": cli_variants.cmd_variants,
+        "report": cli_variants.cmd_report,
+    }[args.command]
     try:
         return handler(args)
     except VerificationError as exc:

@@ -24,6 +24,7 @@ import onnx_ir as ir
 from google.protobuf.message import DecodeError
 
 from optimizer_core.errors import InvalidModelError
+from optimizer_core.graph.shape_inference import SHAPES_INFERRED, more_specific
 
 MIN_OPSET = 7
 # protobuf refuses messages over 2 GiB; keep a margin for the graph itself
@@ -191,21 +192,34 @@ def load_model(path: str | os.PathLike[str]) -> ir.Model:
     # inferring on the protobuf (weights not loaded) is far cheaper than on the IR later;
     # it is an aid only: custom ops and odd models load without it
     inferred: dict[str, onnx.TypeProto] = {}
+    ran = False
     with contextlib.suppress(Exception):
         result = onnx.shape_inference.infer_shapes(
             proto, check_type=False, strict_mode=False, data_prop=True
         )
-        declared = {vi.name for vi in proto.graph.value_info}
-        inferred = {vi.name: vi.type for vi in result.graph.value_info if vi.name not in declared}
+        inferred = {vi.name: vi.type for vi in result.graph.value_info}
+        ran = True
     model = ir.serde.deserialize_model(proto)
     _apply_inferred_types(model.graph, inferred)
+    if ran and not _has_subgraphs(proto.graph):
+        # what inference could not find now it will not find before a pass changes the graph
+        model.meta[SHAPES_INFERRED] = True
     if external:
         ir.external_data.set_base_dir(model.graph, os.path.dirname(os.path.abspath(path)))
     return model
 
 
+def _has_subgraphs(graph: onnx.GraphProto) -> bool:
+    return any(
+        a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
+        for n in graph.node
+        for a in n.attribute
+    )
+
+
 def _apply_inferred_types(graph: ir.Graph, inferred: dict[str, onnx.TypeProto]) -> None:
-    """Give the main graph's untyped node outputs their inferred tensor types and shapes.
+    """Give the main graph's node outputs their inferred tensor types, and shapes where the
+    inferred shape says more than the declared one.
 
     Done directly on the IR rather than by deserializing ``value_info`` entries, which costs
     several times more per value; non-tensor types are left to later inference."""
@@ -214,21 +228,26 @@ def _apply_inferred_types(graph: ir.Graph, inferred: dict[str, onnx.TypeProto]) 
     for node in graph:
         for out in node.outputs:
             tp = inferred.get(out.name or "")
-            if tp is None or out.type is not None or tp.WhichOneof("value") != "tensor_type":
+            if tp is None or tp.WhichOneof("value") != "tensor_type":
                 continue
             tt = tp.tensor_type
             if not tt.elem_type:
                 continue
-            out.type = ir.TensorType(ir.DataType(tt.elem_type))
-            if tt.HasField("shape"):
-                out.shape = ir.Shape(
-                    [
-                        d.dim_value
-                        if d.HasField("dim_value")
-                        else (d.dim_param if d.HasField("dim_param") else None)
-                        for d in tt.shape.dim
-                    ]
-                )
+            if out.type is None:
+                out.type = ir.TensorType(ir.DataType(tt.elem_type))
+            old = out.shape
+            if not tt.HasField("shape") or (old is not None and old.is_static()):
+                continue
+            new = ir.Shape(
+                [
+                    d.dim_value
+                    if d.HasField("dim_value")
+                    else (d.dim_param if d.HasField("dim_param") else None)
+                    for d in tt.shape.dim
+                ]
+            )
+            if more_specific(new, old):
+                out.shape = new
 
 
 def has_external_data(model: ir.Model) -> bool:

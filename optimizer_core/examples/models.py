@@ -40,7 +40,14 @@ def simple_cnn() -> Any:
 
 
 def export(
-    model: Any, example: Any, path: Path, *, dynamo: bool, dynamic_batch: bool = True
+    model: Any,
+    example: Any,
+    path: Path,
+    *,
+    dynamo: bool,
+    dynamic_batch: bool = True,
+    input_name: str = "input",
+    optimize: bool = False,
 ) -> Path:
     """Export ``model`` to ONNX at ``path`` (one file, no external data)."""
     import warnings
@@ -59,19 +66,19 @@ def export(
                 dynamo=True,
                 external_data=False,
                 dynamic_shapes=shapes,
-                input_names=["input"],
+                input_names=[input_name],
                 output_names=["output"],
-                optimize=False,
+                optimize=optimize,
                 verbose=False,
             )
         else:
-            axes = {"input": {0: "batch"}, "output": {0: "batch"}} if dynamic_batch else None
+            axes = {input_name: {0: "batch"}, "output": {0: "batch"}} if dynamic_batch else None
             torch.onnx.export(
                 model,
                 (example,),
                 str(path),
                 dynamo=False,
-                input_names=["input"],
+                input_names=[input_name],
                 output_names=["output"],
                 dynamic_axes=axes,
                 opset_version=17,

@@ -17,6 +17,10 @@ from optimizer_core.graph import _ir_utils as u
 
 logger = logging.getLogger("graphtrim.optimizer")
 
+# set in ``model.meta`` by a loader that ran onnx's inference (data propagation on) on the whole
+# model, weights included, and copied its results in
+SHAPES_INFERRED = "graphtrim.shapes_inferred"
+
 _INLINE_LIMIT = 1024  # initializers up to this many bytes travel (data propagation reads them)
 
 
@@ -61,7 +65,7 @@ def _collect_types(graph: onnx.GraphProto, out: dict[str, onnx.TypeProto]) -> No
                     _collect_types(sub, out)
 
 
-def _more_specific(new: ir.Shape | None, old: ir.Shape | None) -> bool:
+def more_specific(new: ir.Shape | None, old: ir.Shape | None) -> bool:
     if new is None:
         return False
     if old is None:
@@ -105,10 +109,17 @@ class ShapeInference(ir.passes.InPlacePass):
         super().__init__()
         self.only_if_unknown = only_if_unknown
         self.runs = 0
+        self._first = True
         # values still unknown after the last run: inference cannot find them, don't retry
         self._hopeless: set[int] = set()
 
     def call(self, model: ir.Model) -> ir.passes.PassResult:
+        if self.only_if_unknown and self._first and model.meta.get(SHAPES_INFERRED):
+            # the loader has just run the same inference on the whole model
+            self._first = False
+            self._hopeless = unknown_shape_ids(model)
+            return ir.passes.PassResult(model, False)
+        self._first = False
         if self.only_if_unknown and unknown_shape_ids(model) <= self._hopeless:
             return ir.passes.PassResult(model, False)
         self.runs += 1
@@ -142,6 +153,6 @@ class ShapeInference(ir.passes.InPlacePass):
                         continue
                     if value.type is None and vtype is not None:
                         value.type = vtype
-                    if _more_specific(shape, value.shape):
+                    if more_specific(shape, value.shape):
                         value.shape = shape
         return ir.passes.PassResult(model, False)

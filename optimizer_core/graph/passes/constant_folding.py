@@ -60,7 +60,7 @@ def _static_nbytes(value: ir.Value) -> int | None:
     shape = u.static_shape(value)
     if shape is None or value.dtype is None or value.dtype not in _NUMPY_DTYPES:
         return None
-    return math.prod(shape) * value.dtype.itemsize
+    return int(math.prod(shape) * value.dtype.itemsize)
 
 
 def _shape_range(src: ir.Node, r: int) -> tuple[int, int]:

@@ -1,0 +1,350 @@
+"""``graphtrim quantize``, ``graphtrim evaluate``, ``graphtrim variants`` and ``graphtrim report``.
+
+Exit codes as for ``optimize``: 0 success (every variant passed), 1 a variant failed a gate or its
+accuracy check, 2 bad input or arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+EXIT_OK, EXIT_FAILED = 0, 1
+
+_VARIANT_HELP = (
+    "graph (graph optimization only), int8-dynamic, int8-static (QDQ, needs --calibration), "
+    "fp16 (for GPU targets)"
+)
+
+
+def _progress(args: argparse.Namespace) -> Callable[[str], None] | None:
+    if getattr(args, "quiet", False):
+        return None
+    started = time.perf_counter()
+
+    def say(line: str) -> None:
+        print(
+            f"[graphtrim {time.perf_counter() - started:6.1f}s] {line}", file=sys.stderr, flush=True
+        )
+
+    return say
+
+
+def _csv(text: str) -> list[str]:
+    return [t.strip() for t in text.split(",") if t.strip()]
+
+
+def _add_quant_args(p: argparse.ArgumentParser) -> None:
+    from optimizer_core.quantize import CALIBRATION_METHODS
+
+    p.add_argument(
+        "--calibration",
+        metavar="C.npz",
+        help="calibration data: one array per model input, samples on the first axis",
+    )
+    p.add_argument(
+        "--method",
+        choices=CALIBRATION_METHODS,
+        default="minmax",
+        help="calibration method of int8-static",
+    )
+    p.add_argument(
+        "--per-tensor",
+        action="store_true",
+        help="one scale per weight tensor instead of per output channel",
+    )
+    p.add_argument("--activation-type", choices=("int8", "uint8"), default="int8")
+    p.add_argument("--weight-type", choices=("int8", "uint8"), default="int8")
+    p.add_argument(
+        "--exclude", type=_csv, default=[], help="comma-separated nodes to keep in float"
+    )
+    p.add_argument(
+        "--max-attempts",
+        type=int,
+        default=3,
+        help="builds allowed for the sensitivity fallback when the accuracy gate fails",
+    )
+    p.add_argument("--preset", default="default", help="graph optimization preset run first")
+    p.add_argument(
+        "--fp16-io",
+        action="store_true",
+        help="fp16: convert the model's inputs and outputs too (default: they stay float32)",
+    )
+
+
+def _add_data_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--data",
+        metavar="E.npz",
+        help="evaluation data: one array per model input (+ optional labels); "
+        "default: seeded random inputs",
+    )
+    p.add_argument("--label-key", default="labels", help="name of the labels array in the .npz")
+    p.add_argument("--batch-size", type=int, default=32, help="batch size for dynamic batch dims")
+    p.add_argument("--policy", metavar="P.yaml", help="gate policy (default: built-in thresholds)")
+    p.add_argument(
+        "--device",
+        choices=("cpu", "gpu"),
+        default="cpu",
+        help="where to measure: cpu = CPUExecutionProvider, gpu = CUDAExecutionProvider "
+        "(an error where there is none)",
+    )
+    p.add_argument(
+        "--tensorrt",
+        action="store_true",
+        help="with --device gpu: TensorRT's execution provider first, CUDA's as fallback",
+    )
+    p.add_argument(
+        "-q", "--quiet", action="store_true", help="print nothing but errors and results"
+    )
+
+
+def add_parsers(sub: Any) -> None:
+    from optimizer_core.quantize import VARIANTS
+
+    q = sub.add_parser(
+        "quantize",
+        help="build one variant (int8 / fp16 / graph) of a model",
+        description=(
+            "Build a variant of IN.onnx into OUT.onnx: graph optimization first, then the "
+            f"conversion, then clean-up; variants: {_VARIANT_HELP}. With --data or --policy the "
+            "variant's accuracy gate is checked and, if it fails, the most sensitive nodes are "
+            "kept in float and the variant rebuilt (--max-attempts)."
+        ),
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    q.add_argument("input")
+    q.add_argument("-o", "--output", required=True)
+    q.add_argument("--variant", choices=VARIANTS, default="int8-dynamic")
+    q.add_argument(
+        "--report", metavar="R.json", help="write the build record (attempts, exclusions)"
+    )
+    _add_quant_args(q)
+    _add_data_args(q)
+
+    e = sub.add_parser(
+        "evaluate",
+        help="run the accuracy, latency and size gates on variants",
+        description=(
+            "Judge each VARIANT (NAME=PATH, or PATH whose file name says the variant, e.g. "
+            "model.int8-static.onnx) against REFERENCE on the same data and device. Writes "
+            "JSON, Markdown and HTML reports to --out. Exit 1 when any variant fails a gate."
+        ),
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    e.add_argument("reference")
+    e.add_argument("variants", nargs="+", metavar="VARIANT")
+    e.add_argument("-o", "--out", default="graphtrim-evaluation", help="folder for the reports")
+    e.add_argument("--threads", type=int, default=None, help="intra-op threads (default: policy's)")
+    _add_data_args(e)
+
+    v = sub.add_parser(
+        "variants",
+        help="build several variants and run every gate on them",
+        description=(
+            "Build --variants of IN.onnx into OUT_DIR, then judge them all against IN.onnx "
+            "(the quantize and validate stages of the pipeline in one command)."
+        ),
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    v.add_argument("input")
+    v.add_argument("-o", "--out", required=True, help="folder for variants and reports")
+    v.add_argument(
+        "--variants",
+        type=_csv,
+        default=["graph", "int8-dynamic", "int8-static"],
+        help=f"comma-separated: {', '.join(VARIANTS)}",
+    )
+    v.add_argument("--no-fallback", action="store_true", help="no sensitivity fallback")
+    _add_quant_args(v)
+    _add_data_args(v)
+
+    r = sub.add_parser(
+        "report",
+        help="render an evaluation JSON as HTML or Markdown",
+        description="Re-render the reports of an evaluation from its JSON file.",
+    )
+    r.add_argument("evaluation", metavar="EVALUATION.json")
+    r.add_argument("-o", "--output", help="output file (.html or .md); default: print Markdown")
+
+
+def _config(args: argparse.Namespace) -> Any:
+    from optimizer_core.quantize import QuantizeConfig
+
+    return QuantizeConfig(
+        preset=args.preset,
+        per_channel=not args.per_tensor,
+        method=args.method,
+        activation_type=args.activation_type,
+        weight_type=args.weight_type,
+        nodes_to_exclude=list(args.exclude),
+        max_attempts=args.max_attempts,
+        keep_io_types=not args.fp16_io,
+    )
+
+
+def _variant_name(item: str) -> tuple[str, str]:
+    from optimizer_core.quantize import VARIANTS
+
+    name, sep, path = item.partition("=")
+    if sep:
+        return name, path
+    stem = Path(item).name.removesuffix(".onnx")
+    for v in sorted(VARIANTS, key=len, reverse=True):
+        if stem == v or stem.endswith("." + v) or stem.endswith("_" + v):
+            return v, item
+    return stem, item
+
+
+def cmd_quantize(args: argparse.Namespace) -> int:
+    from optimizer_core.data import input_specs, load_npz, random_data
+    from optimizer_core.gates.policy import GatePolicy
+    from optimizer_core.modelio import read_proto
+    from optimizer_core.quantize import build_variant
+    from optimizer_core.variants import accuracy_check
+
+    read_proto(args.input)
+    say = _progress(args)
+    specs = input_specs(args.input)
+    calib = (
+        load_npz(args.calibration, specs, batch_size=args.batch_size, label_key=args.label_key)
+        if args.calibration
+        else None
+    )
+    check = None
+    if args.data or args.policy:
+        data = (
+            load_npz(args.data, specs, batch_size=args.batch_size, label_key=args.label_key)
+            if args.data
+            else (calib or random_data(specs))
+        )
+        check = accuracy_check(
+            args.input,
+            data,
+            GatePolicy.load(args.policy),
+            args.variant,
+            device=args.device,
+            tensorrt=args.tensorrt,
+        )
+    build = build_variant(
+        args.input,
+        args.output,
+        args.variant,
+        config=_config(args),
+        calibration=calib.batches if calib else None,
+        accuracy_check=check,
+        progress=say,
+    )
+    if args.report:
+        Path(args.report).write_text(json.dumps(build.to_json(), indent=2))
+    last = build.attempts[-1]
+    print(
+        f"wrote {args.output} ({args.variant}, {len(build.attempts)} attempt(s), "
+        f"{len(build.excluded)} node(s) kept in float)"
+    )
+    if last.accuracy_passed is False:
+        print(
+            "accuracy check failed after every attempt: "
+            + "; ".join(last.measured.get("broken", [])),
+            file=sys.stderr,
+        )
+        return EXIT_FAILED
+    return EXIT_OK
+
+
+def _print_result(evaluation: Any, reports: dict[str, Path], quiet: bool) -> int:
+    from optimizer_core.gates.report import render_markdown
+
+    doc = evaluation.to_json()
+    if not quiet:
+        print(render_markdown(doc))
+    print(f"reports: {', '.join(str(p) for p in reports.values())}")
+    failed = [v.name for v in evaluation.variants if not v.passed]
+    if failed:
+        print(f"failed gates: {', '.join(failed)}", file=sys.stderr)
+        return EXIT_FAILED
+    return EXIT_OK
+
+
+def cmd_evaluate(args: argparse.Namespace) -> int:
+    from optimizer_core.data import input_specs, load_npz
+    from optimizer_core.gates import GatePolicy, evaluate
+    from optimizer_core.modelio import read_proto
+
+    read_proto(args.reference)
+    variants = dict(_variant_name(item) for item in args.variants)
+    for path in variants.values():
+        read_proto(path)
+    policy = GatePolicy.load(args.policy)
+    data = (
+        load_npz(
+            args.data,
+            input_specs(args.reference),
+            batch_size=args.batch_size,
+            label_key=args.label_key,
+        )
+        if args.data
+        else None
+    )
+    evaluation = evaluate(
+        args.reference,
+        variants,
+        policy=policy,
+        data=data,
+        device=args.device,
+        tensorrt=args.tensorrt,
+        threads=args.threads,
+        progress=_progress(args),
+    )
+    reports = evaluation.write(args.out)
+    return _print_result(evaluation, reports, args.quiet)
+
+
+def cmd_variants(args: argparse.Namespace) -> int:
+    from optimizer_core.gates import GatePolicy
+    from optimizer_core.modelio import read_proto
+    from optimizer_core.variants import build_and_evaluate
+
+    read_proto(args.input)
+    result = build_and_evaluate(
+        args.input,
+        args.out,
+        args.variants,
+        config=_config(args),
+        calibration=args.calibration,
+        eval_data=args.data,
+        policy=GatePolicy.load(args.policy),
+        device=args.device,
+        tensorrt=args.tensorrt,
+        batch_size=args.batch_size,
+        label_key=args.label_key,
+        fallback=not args.no_fallback,
+        progress=_progress(args),
+    )
+    return _print_result(result.evaluation, result.reports, args.quiet)
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from optimizer_core.errors import GraphtrimError
+    from optimizer_core.gates.report import render_html, render_markdown
+
+    try:
+        doc = json.loads(Path(args.evaluation).read_text())
+        doc["variants"], doc["reference"]
+    except FileNotFoundError as exc:
+        raise GraphtrimError(f"{args.evaluation}: no such file") from exc
+    except (ValueError, KeyError, TypeError) as exc:
+        raise GraphtrimError(f"{args.evaluation}: not a graphtrim evaluation ({exc})") from exc
+    if not args.output:
+        print(render_markdown(doc))
+        return EXIT_OK
+    out = Path(args.output)
+    text = render_html(doc) if out.suffix.lower() in (".html", ".htm") else render_markdown(doc)
+    out.write_text(text)
+    print(f"wrote {out}")
+    return EXIT_OK

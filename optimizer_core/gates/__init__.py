@@ -1,0 +1,17 @@
+"""Gates that decide whether a variant may be registered: accuracy, latency and size.
+
+Thresholds come from a declarative policy (``GatePolicy``); every result records the hardware
+and software it was measured on. Gates fail closed.
+"""
+
+from optimizer_core.gates.evaluate import Evaluation, GateResult, VariantResult, evaluate
+from optimizer_core.gates.policy import GatePolicy, PolicyError
+
+__all__ = [
+    "Evaluation",
+    "GatePolicy",
+    "GateResult",
+    "PolicyError",
+    "VariantResult",
+    "evaluate",
+]

@@ -1,0 +1,170 @@
+"""Accuracy of a variant against its reference model on the same data.
+
+Agreement with the reference, on the judged output (the first one unless the policy names
+another): max absolute error, max relative error (max |a-b| over max |a|), cosine similarity of
+the flattened outputs, and top-1 agreement (argmax over the last axis, for ``[batch, classes]``
+outputs only: on a hidden state the largest feature means nothing). With labels, a task metric for both models and the drop from reference to variant.
+Metrics are pluggable: ``register_metric(name, fn(outputs, labels) -> float)``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from optimizer_core.data import EvalData
+
+MetricFn = Callable[[np.ndarray, np.ndarray], float]
+
+
+def _accuracy(outputs: np.ndarray, labels: np.ndarray) -> float:
+    pred = outputs.argmax(axis=-1) if outputs.ndim > 1 else (outputs > 0.5).astype(np.int64)
+    return float(np.mean(pred.reshape(-1) == labels.reshape(-1)))
+
+
+METRICS: dict[str, MetricFn] = {"accuracy": _accuracy}
+
+
+def register_metric(name: str, fn: MetricFn) -> None:
+    METRICS[name] = fn
+
+
+@dataclasses.dataclass
+class AccuracyMeasurement:
+    output: str
+    samples: int
+    max_abs_error: float
+    max_rel_error: float
+    cosine: float | None
+    top1_agreement: float | None
+    metric: str | None = None
+    reference_metric: float | None = None
+    variant_metric: float | None = None
+
+    @property
+    def metric_drop(self) -> float | None:
+        if self.reference_metric is None or self.variant_metric is None:
+            return None
+        return self.reference_metric - self.variant_metric
+
+    def to_json(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        out["metric_drop"] = self.metric_drop
+        return out
+
+
+def run_outputs(session: Any, data: EvalData, output: str | None) -> tuple[str, np.ndarray]:
+    names = [o.name for o in session.get_outputs()]
+    name = output or names[0]
+    if name not in names:
+        raise ValueError(f"the model has no output '{name}' (outputs: {', '.join(names)})")
+    parts = [session.run([name], feeds)[0] for feeds in data]
+    if not parts:
+        raise ValueError("no evaluation data")
+    if parts[0].ndim == 0:
+        return name, np.stack(parts)
+    return name, np.concatenate(parts, axis=0)
+
+
+def compare(
+    reference: np.ndarray,
+    candidate: np.ndarray,
+    *,
+    output: str,
+    labels: np.ndarray | None = None,
+    metric: str = "accuracy",
+) -> AccuracyMeasurement:
+    if reference.shape != candidate.shape:
+        raise ValueError(
+            f"output '{output}' has shape {candidate.shape}, the reference {reference.shape}"
+        )
+    a = reference.astype(np.float64)
+    b = candidate.astype(np.float64)
+    diff = np.abs(a - b)
+    max_abs = float(np.nanmax(diff)) if diff.size else 0.0
+    if np.isnan(diff).any():
+        max_abs = float("inf")
+    scale = float(np.max(np.abs(a))) if a.size else 0.0
+    max_rel = max_abs / scale if scale > 0 else (0.0 if max_abs == 0 else float("inf"))
+    na, nb = float(np.linalg.norm(a)), float(np.linalg.norm(b))
+    cosine = float(np.dot(a.ravel(), b.ravel()) / (na * nb)) if na > 0 and nb > 0 else None
+    if na == 0 and nb == 0:
+        cosine = 1.0
+    top1 = None
+    if a.ndim == 2 and a.shape[-1] > 1:
+        top1 = float(np.mean(a.argmax(axis=-1) == b.argmax(axis=-1)))
+    m = AccuracyMeasurement(
+        output, int(a.shape[0]) if a.ndim else 1, max_abs, max_rel, cosine, top1
+    )
+    if labels is not None:
+        fn = METRICS.get(metric)
+        if fn is None:
+            raise ValueError(f"unknown metric '{metric}' (known: {', '.join(sorted(METRICS))})")
+        m.metric = metric
+        m.reference_metric = fn(reference, labels)
+        m.variant_metric = fn(candidate, labels)
+    return m
+
+
+def judge(m: AccuracyMeasurement, thresholds: Any) -> list[str]:
+    """The thresholds ``m`` breaks, as readable lines (empty: passed)."""
+    broken: list[str] = []
+    t = thresholds
+    if t.max_abs_error is not None and not m.max_abs_error <= t.max_abs_error:
+        broken.append(f"max abs error {m.max_abs_error:.4g} > {t.max_abs_error:g}")
+    if t.max_rel_error is not None and not m.max_rel_error <= t.max_rel_error:
+        broken.append(f"max rel error {m.max_rel_error:.4g} > {t.max_rel_error:g}")
+    if t.min_cosine is not None and (m.cosine is None or not m.cosine >= t.min_cosine):
+        broken.append(f"cosine {_f(m.cosine, '.6f')} < {t.min_cosine:g}")
+    if (
+        t.min_top1_agreement is not None
+        and m.top1_agreement is not None
+        and not m.top1_agreement >= t.min_top1_agreement
+    ):
+        broken.append(f"top-1 agreement {m.top1_agreement:.4f} < {t.min_top1_agreement:g}")
+    drop = m.metric_drop
+    if t.max_metric_drop is not None and drop is not None:
+        ref = m.reference_metric or 0.0
+        allowed = t.max_metric_drop * (ref if t.metric_drop_mode == "relative" else 1.0)
+        if not drop <= allowed + 1e-12:
+            broken.append(
+                f"{m.metric} dropped {drop:.4f} ({m.reference_metric:.4f} -> "
+                f"{m.variant_metric:.4f}), allowed {allowed:.4f}"
+            )
+    return broken
+
+
+def _f(v: float | None, spec: str) -> str:
+    return "n/a" if v is None else format(v, spec)
+
+
+def labels_of(data: EvalData) -> np.ndarray | None:
+    return data.all_labels()
+
+
+def measure(
+    reference_session: Any,
+    candidate_session: Any,
+    data: EvalData,
+    *,
+    output: str | None = None,
+    metric: str = "accuracy",
+    reference_outputs: tuple[str, np.ndarray] | None = None,
+) -> AccuracyMeasurement:
+    name, ref = reference_outputs or run_outputs(reference_session, data, output)
+    _, got = run_outputs(candidate_session, data, name)
+    return compare(ref, got, output=name, labels=labels_of(data), metric=metric)
+
+
+__all__: Sequence[str] = [
+    "METRICS",
+    "AccuracyMeasurement",
+    "compare",
+    "judge",
+    "measure",
+    "register_metric",
+    "run_outputs",
+]

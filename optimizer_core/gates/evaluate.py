@@ -1,0 +1,305 @@
+"""Run every gate on every variant against the reference model and record the verdicts.
+
+A gate passes, fails, is undecided (a latency measurement too noisy to decide) or errors (its
+measurement failed). Only ``pass`` lets a variant through: the gates fail closed.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import datetime as dt
+import json
+import os
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import onnx
+
+from optimizer_core.data import EvalData, input_specs, random_data
+from optimizer_core.gates import accuracy as acc
+from optimizer_core.gates import latency as lat
+from optimizer_core.gates.fingerprint import fingerprint
+from optimizer_core.gates.policy import GatePolicy, LatencyThresholds
+from optimizer_core.runtime import open_session, providers_for
+
+ProgressFn = Callable[[str], None]
+
+
+@dataclasses.dataclass
+class GateResult:
+    gate: str
+    status: str  # pass | fail | undecided | error
+    measured: dict[str, Any]
+    thresholds: dict[str, Any]
+    reasons: list[str] = dataclasses.field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        return self.status == "pass"
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass
+class ModelInfo:
+    path: str
+    bytes: int
+    nodes: int
+    op_counts: dict[str, int]
+
+    @classmethod
+    def of(cls, path: str | os.PathLike[str]) -> ModelInfo:
+        p = Path(path)
+        files = [p] + (
+            [p.with_name(p.name + ".data")] if p.with_name(p.name + ".data").exists() else []
+        )
+        model = onnx.load(str(p), load_external_data=False)
+        counts: collections.Counter[str] = collections.Counter()
+
+        def walk(g: onnx.GraphProto) -> None:
+            for n in g.node:
+                counts[n.op_type] += 1
+                for a in n.attribute:
+                    if a.type == onnx.AttributeProto.GRAPH:
+                        walk(a.g)
+                    elif a.type == onnx.AttributeProto.GRAPHS:
+                        for sub in a.graphs:
+                            walk(sub)
+
+        walk(model.graph)
+        return cls(str(p), sum(f.stat().st_size for f in files), sum(counts.values()), dict(counts))
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass
+class VariantResult:
+    name: str
+    model: ModelInfo | None
+    gates: list[GateResult]
+    build: dict[str, Any] | None = None
+
+    @property
+    def passed(self) -> bool:
+        return bool(self.gates) and all(g.passed for g in self.gates)
+
+    def gate(self, name: str) -> GateResult | None:
+        return next((g for g in self.gates if g.gate == name), None)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "passed": self.passed,
+            "model": self.model.to_json() if self.model else None,
+            "gates": [g.to_json() for g in self.gates],
+            "build": self.build,
+        }
+
+
+@dataclasses.dataclass
+class Evaluation:
+    reference: ModelInfo
+    device: str
+    variants: list[VariantResult]
+    fingerprint: dict[str, Any]
+    policy: dict[str, Any]
+    policy_hash: str
+    data_source: str
+    latency_samples: dict[str, list[float]]
+    started: str
+    seconds: float
+
+    @property
+    def passed(self) -> list[str]:
+        return [v.name for v in self.variants if v.passed]
+
+    def variant(self, name: str) -> VariantResult:
+        return next(v for v in self.variants if v.name == name)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "reference": self.reference.to_json(),
+            "device": self.device,
+            "started": self.started,
+            "seconds": round(self.seconds, 3),
+            "passed": self.passed,
+            "variants": [v.to_json() for v in self.variants],
+            "fingerprint": self.fingerprint,
+            "policy": self.policy,
+            "policy_hash": self.policy_hash,
+            "data_source": self.data_source,
+            "latency_samples_ms": {
+                k: [round(x, 4) for x in v] for k, v in self.latency_samples.items()
+            },
+        }
+
+    def write(self, folder: str | os.PathLike[str], *, stem: str = "evaluation") -> dict[str, Path]:
+        """Write ``<stem>.json``, ``<stem>.md`` and ``<stem>.html`` into ``folder``."""
+        from optimizer_core.gates.report import render_html, render_markdown
+
+        out = Path(folder)
+        out.mkdir(parents=True, exist_ok=True)
+        doc = self.to_json()
+        files = {
+            "json": (out / f"{stem}.json", json.dumps(doc, indent=2)),
+            "markdown": (out / f"{stem}.md", render_markdown(doc)),
+            "html": (out / f"{stem}.html", render_html(doc)),
+        }
+        written: dict[str, Path] = {}
+        for kind, (path, text) in files.items():
+            tmp = path.with_name(f".{path.name}.tmp")
+            tmp.write_text(text)
+            os.replace(tmp, path)
+            written[kind] = path
+        return written
+
+
+def _error(gate: str, exc: BaseException, thresholds: dict[str, Any]) -> GateResult:
+    return GateResult(
+        gate, "error", {}, thresholds, [f"measurement failed: {type(exc).__name__}: {exc}"]
+    )
+
+
+def evaluate(
+    reference: str | os.PathLike[str],
+    variants: Mapping[str, str | os.PathLike[str]],
+    *,
+    policy: GatePolicy | None = None,
+    data: EvalData | None = None,
+    device: str = "cpu",
+    tensorrt: bool = False,
+    threads: int | None = None,
+    builds: Mapping[str, dict[str, Any]] | None = None,
+    progress: ProgressFn | None = None,
+) -> Evaluation:
+    """Judge each variant (``name -> model path``; the name selects its policy entry) against
+    ``reference`` on ``device``. Raises only for problems shared by all variants (the device is
+    missing, the reference cannot run); a variant's own failure is a failed gate."""
+    say = progress or (lambda _line: None)
+    started = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+    t0 = time.perf_counter()
+    policy = policy or GatePolicy()
+    builds = builds or {}
+    providers = providers_for(device, tensorrt=tensorrt)
+    defaults = policy.for_variant("__defaults__")
+    lat_settings = defaults.latency or LatencyThresholds()
+    n_threads = threads if threads is not None else lat_settings.threads
+    if data is None:
+        data = random_data(input_specs(reference), batches=8)
+    ref_info = ModelInfo.of(reference)
+    ref_sess = open_session(reference, device=device, threads=n_threads, providers=providers)
+    ref_outputs: dict[str | None, tuple[str, Any]] = {}
+
+    results: list[VariantResult] = []
+    sessions: dict[str, Any] = {"reference": ref_sess}
+    for name, path in variants.items():
+        vp = policy.for_variant(name)
+        gates: list[GateResult] = []
+        try:
+            info = ModelInfo.of(path)
+        except Exception as exc:
+            gates.append(_error("load", exc, {}))
+            results.append(VariantResult(name, None, gates, builds.get(name)))
+            continue
+        if vp.size is not None:
+            t = dataclasses.asdict(vp.size)
+            ratio = info.bytes / ref_info.bytes if ref_info.bytes else float("inf")
+            reasons = []
+            if vp.size.max_ratio is not None and not ratio <= vp.size.max_ratio:
+                reasons.append(f"size ratio {ratio:.3f} > {vp.size.max_ratio:g}")
+            if vp.size.max_bytes is not None and not info.bytes <= vp.size.max_bytes:
+                reasons.append(f"{info.bytes} bytes > {vp.size.max_bytes}")
+            gates.append(
+                GateResult(
+                    "size",
+                    "fail" if reasons else "pass",
+                    {"bytes": info.bytes, "reference_bytes": ref_info.bytes, "ratio": ratio},
+                    t,
+                    reasons,
+                )
+            )
+        try:
+            sess = open_session(path, device=device, threads=n_threads, providers=providers)
+            sessions[name] = sess
+        except Exception as exc:
+            gates.append(_error("accuracy", exc, {}))
+            results.append(VariantResult(name, info, gates, builds.get(name)))
+            continue
+        if vp.accuracy is not None:
+            t = dataclasses.asdict(vp.accuracy)
+            say(f"{name}: accuracy on {data.samples} sample(s)")
+            try:
+                key = vp.accuracy.output
+                if key not in ref_outputs:
+                    ref_outputs[key] = acc.run_outputs(ref_sess, data, key)
+                m = acc.measure(
+                    ref_sess,
+                    sess,
+                    data,
+                    output=key,
+                    metric=vp.accuracy.metric,
+                    reference_outputs=ref_outputs[key],
+                )
+                broken = acc.judge(m, vp.accuracy)
+                gates.append(
+                    GateResult("accuracy", "fail" if broken else "pass", m.to_json(), t, broken)
+                )
+            except Exception as exc:
+                gates.append(_error("accuracy", exc, t))
+        results.append(VariantResult(name, info, gates, builds.get(name)))
+
+    timed = [r.name for r in results if r.name in sessions and policy.for_variant(r.name).latency]
+    samples: dict[str, list[float]] = {}
+    if timed:
+        say(f"latency: {lat_settings.runs} interleaved runs after {lat_settings.warmup} warm-up")
+        feeds = next(iter(data))
+        try:
+            run = lat.measure_latency(
+                {n: sessions[n] for n in ["reference", *timed]},
+                feeds,
+                baseline="reference",
+                runs=lat_settings.runs,
+                warmup=lat_settings.warmup,
+                blocks=lat_settings.blocks,
+                progress=say,
+            )
+            samples = {n: s.samples_ms for n, s in run.stats.items()}
+            for r in results:
+                if r.name not in timed:
+                    continue
+                lt = policy.for_variant(r.name).latency
+                assert lt is not None
+                status, reasons = lat.judge(run, r.name, lt)
+                measured = {
+                    **run.stats[r.name].to_json(),
+                    "baseline": run.stats["reference"].to_json(),
+                    "speedup_p50": run.speedup(r.name),
+                    "block_speedups": run.block_speedups(r.name),
+                    "spread": run.spread(r.name),
+                    "settings": {**run.settings, "threads": n_threads},
+                }
+                r.gates.append(
+                    GateResult("latency", status, measured, dataclasses.asdict(lt), reasons)
+                )
+        except Exception as exc:
+            for r in results:
+                if r.name in timed:
+                    lt = policy.for_variant(r.name).latency
+                    r.gates.append(_error("latency", exc, dataclasses.asdict(lt) if lt else {}))
+    return Evaluation(
+        ref_info,
+        device,
+        results,
+        fingerprint(providers=providers, threads=n_threads, data_digest=data.digest, device=device),
+        policy.to_json(),
+        policy.digest(),
+        data.source,
+        samples,
+        started,
+        time.perf_counter() - t0,
+    )

@@ -1,0 +1,84 @@
+"""The hardware and software a measurement was taken on, recorded with every result."""
+
+from __future__ import annotations
+
+import os
+import platform
+import shutil
+import subprocess
+from collections.abc import Sequence
+from typing import Any
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _gpus() -> list[dict[str, str]]:
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return []
+    try:
+        out = subprocess.run(
+            [smi, "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    gpus = []
+    for line in out.strip().splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) >= 2:
+            gpus.append(
+                {"name": parts[0], "driver": parts[1], "memory": parts[2] if len(parts) > 2 else ""}
+            )
+    return gpus
+
+
+def fingerprint(
+    *,
+    providers: Sequence[str] = (),
+    threads: int | None = None,
+    data_digest: str | None = None,
+    device: str | None = None,
+) -> dict[str, Any]:
+    import numpy
+    import onnx
+    import onnxruntime as ort
+
+    from optimizer_core import __version__
+
+    try:
+        usable = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        usable = os.cpu_count() or 0
+    return {
+        "cpu_model": _cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "cpu_usable": usable,
+        "machine": platform.machine(),
+        "system": f"{platform.system()} {platform.release()}",
+        "gpus": _gpus(),
+        "python": platform.python_version(),
+        "onnxruntime": ort.__version__,
+        "onnx": onnx.__version__,
+        "numpy": numpy.__version__,
+        "graphtrim": __version__,
+        "device": device,
+        "execution_providers": list(providers),
+        "available_providers": ort.get_available_providers(),
+        "intra_op_threads": threads,
+        "inter_op_threads": 1,
+        "execution_mode": "sequential",
+        "eval_data_sha256": data_digest,
+    }

@@ -1,0 +1,217 @@
+"""The gate policy: per-variant thresholds from a declarative YAML file, with sane defaults.
+
+```yaml
+version: 1
+defaults:                 # apply to every variant
+  accuracy: {min_cosine: 0.99, min_top1_agreement: 0.98, max_metric_drop: 0.01}
+  latency: {min_speedup: 1.0, max_noise: 0.05}
+  size: {max_ratio: 1.0}
+variants:                 # override per variant, key by key
+  int8-static: {accuracy: {max_metric_drop: 0.01}, size: {max_ratio: 0.3}}
+```
+
+Unknown keys are errors: a misspelt threshold must not silently pass everything. ``null``
+switches a threshold off. A section set to ``false`` disables that gate for the variant.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import hashlib
+import json
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from optimizer_core.errors import GraphtrimError
+
+
+class PolicyError(GraphtrimError):
+    """A gate policy file that cannot be used."""
+
+
+@dataclasses.dataclass(frozen=True)
+class AccuracyThresholds:
+    max_abs_error: float | None = None
+    max_rel_error: float | None = None
+    min_cosine: float | None = 0.99
+    min_top1_agreement: float | None = 0.98
+    metric: str = "accuracy"
+    max_metric_drop: float | None = 0.01
+    metric_drop_mode: str = "absolute"  # or "relative" (fraction of the reference's metric)
+    output: str | None = None  # the output judged; default: the first one
+
+
+@dataclasses.dataclass(frozen=True)
+class LatencyThresholds:
+    min_speedup: float | None = 1.0  # p50 of the baseline over p50 of the variant
+    max_p50_ms: float | None = None
+    max_p95_ms: float | None = None
+    max_p99_ms: float | None = None
+    max_noise: float = 0.05  # relative spread of the speedup across blocks that still decides
+    runs: int = 200
+    warmup: int = 20
+    blocks: int = 5
+    threads: int = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class SizeThresholds:
+    max_ratio: float | None = 1.0
+    max_bytes: int | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class VariantPolicy:
+    accuracy: AccuracyThresholds | None
+    latency: LatencyThresholds | None
+    size: SizeThresholds | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            k: (dataclasses.asdict(v) if v is not None else None)
+            for k, v in (
+                ("accuracy", self.accuracy),
+                ("latency", self.latency),
+                ("size", self.size),
+            )
+        }
+
+
+_SECTIONS: dict[str, type] = {
+    "accuracy": AccuracyThresholds,
+    "latency": LatencyThresholds,
+    "size": SizeThresholds,
+}
+
+# what a variant is expected to keep, when the file says nothing
+BUILTIN: dict[str, Any] = {
+    "version": 1,
+    "defaults": {},
+    "variants": {
+        "graph": {
+            "accuracy": {
+                "max_rel_error": 1e-4,
+                "min_cosine": 0.9999,
+                "min_top1_agreement": 1.0,
+                "max_metric_drop": 0.0,
+            },
+            "size": {"max_ratio": 1.01},
+            # the same computation: it must not be slower beyond the measurement's resolution
+            "latency": {"min_speedup": 0.98},
+        },
+        "int8-dynamic": {"size": {"max_ratio": 0.35}},
+        "int8-static": {"size": {"max_ratio": 0.35}},
+        "fp16": {
+            "accuracy": {"min_cosine": 0.999, "max_metric_drop": 0.005},
+            "size": {"max_ratio": 0.6},
+        },
+    },
+}
+
+
+def _merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+    out = copy.deepcopy(base)
+    for key, value in over.items():
+        if isinstance(value, Mapping) and isinstance(out.get(key), dict):
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def _check_section(where: str, section: str, body: Any) -> None:
+    if body is False or body is None:
+        return
+    if not isinstance(body, Mapping):
+        raise PolicyError(f"{where}.{section}: expected a mapping or false, got {body!r}")
+    fields = {f.name: f for f in dataclasses.fields(_SECTIONS[section])}
+    for key, value in body.items():
+        if key not in fields:
+            raise PolicyError(
+                f"{where}.{section}: unknown key '{key}' (known: {', '.join(sorted(fields))})"
+            )
+        if value is None or key in ("metric", "metric_drop_mode", "output"):
+            continue
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise PolicyError(f"{where}.{section}.{key}: expected a number, got {value!r}")
+        if value < 0:
+            raise PolicyError(f"{where}.{section}.{key}: must not be negative")
+    mode = body.get("metric_drop_mode")
+    if mode is not None and mode not in ("absolute", "relative"):
+        raise PolicyError(f"{where}.{section}.metric_drop_mode: 'absolute' or 'relative'")
+
+
+def _check_entry(where: str, entry: Any) -> None:
+    if not isinstance(entry, Mapping):
+        raise PolicyError(f"{where}: expected a mapping of gates, got {entry!r}")
+    for section, body in entry.items():
+        if section not in _SECTIONS:
+            raise PolicyError(
+                f"{where}: unknown gate '{section}' (known: {', '.join(sorted(_SECTIONS))})"
+            )
+        _check_section(where, section, body)
+
+
+class GatePolicy:
+    """Thresholds per variant, each layer overriding the one before, key by key: the field
+    defaults, the file's ``defaults``, the built-in per-variant entries (``graph`` must stay
+    exact, int8 must shrink; see ``BUILTIN``), then the file's per-variant entries."""
+
+    def __init__(self, document: Mapping[str, Any] | None = None, *, source: str = "built-in"):
+        doc = dict(document or {})
+        unknown = set(doc) - {"version", "defaults", "variants"}
+        if unknown:
+            raise PolicyError(f"{source}: unknown top-level key(s) {', '.join(sorted(unknown))}")
+        if doc.get("version", 1) != 1:
+            raise PolicyError(f"{source}: unsupported policy version {doc.get('version')!r}")
+        defaults = doc.get("defaults") or {}
+        variants = doc.get("variants") or {}
+        _check_entry(f"{source}: defaults", defaults)
+        if not isinstance(variants, Mapping):
+            raise PolicyError(f"{source}: 'variants' must be a mapping")
+        for name, entry in variants.items():
+            _check_entry(f"{source}: variants.{name}", entry)
+        self.source = source
+        self.document: dict[str, Any] = {
+            "version": 1,
+            "defaults": defaults,
+            "variants": dict(variants),
+        }
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str] | None) -> GatePolicy:
+        if path is None:
+            return cls()
+        import yaml
+
+        p = Path(path)
+        try:
+            doc = yaml.safe_load(p.read_text())
+        except FileNotFoundError as exc:
+            raise PolicyError(f"{p}: no such policy file") from exc
+        except yaml.YAMLError as exc:
+            raise PolicyError(f"{p}: not valid YAML ({exc})") from exc
+        if doc is not None and not isinstance(doc, Mapping):
+            raise PolicyError(f"{p}: expected a mapping at the top level")
+        return cls(doc, source=str(p))
+
+    def for_variant(self, variant: str) -> VariantPolicy:
+        entry: dict[str, Any] = {}
+        entry = _merge(entry, self.document["defaults"])
+        builtin = BUILTIN["variants"].get(variant, {})
+        entry = _merge(entry, builtin)
+        entry = _merge(entry, self.document["variants"].get(variant, {}))
+        built: dict[str, Any] = {}
+        for section, cls in _SECTIONS.items():
+            body = entry.get(section, {})
+            built[section] = None if body is False else cls(**(body or {}))
+        return VariantPolicy(**built)
+
+    def to_json(self) -> dict[str, Any]:
+        return self.document
+
+    def digest(self) -> str:
+        return hashlib.sha256(json.dumps(self.document, sort_keys=True).encode()).hexdigest()[:16]

@@ -1,0 +1,122 @@
+"""Per-node error of a quantized (or fp16) model against its float model.
+
+Both models expose every float tensor the float model's nodes produce and that the quantized
+model still computes under the same name (QDQ and the fp16 converter keep node output names);
+both run on the same feeds. For a tensor ``t`` the error is the relative L2 distance
+``||q(t) - f(t)|| / ||f(t)||`` averaged over the feeds. A node's *local* error is the error of
+its output minus the largest error among its inputs: what this node adds, not what it
+inherited. Nodes are ranked by local error; the fallback moves the top ones back to float.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Sequence
+
+import numpy as np
+import onnx
+
+from optimizer_core.data import Feeds
+
+
+@dataclasses.dataclass(frozen=True)
+class NodeError:
+    node: str
+    op_type: str
+    output: str
+    error: float
+    local_error: float
+
+    def to_json(self) -> dict[str, object]:
+        return dataclasses.asdict(self)
+
+
+_FLOAT_TYPES = {onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE}
+
+
+def _float_tensor_types(model: onnx.ModelProto) -> dict[str, int]:
+    inferred = onnx.shape_inference.infer_shapes(model, check_type=False, strict_mode=False)
+    types: dict[str, int] = {}
+    for vi in [*inferred.graph.value_info, *inferred.graph.output, *inferred.graph.input]:
+        if vi.type.HasField("tensor_type"):
+            types[vi.name] = vi.type.tensor_type.elem_type
+    return types
+
+
+def _with_outputs(
+    model: onnx.ModelProto, names: Sequence[str], types: dict[str, int]
+) -> onnx.ModelProto:
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    existing = {o.name for o in out.graph.output}
+    for name in names:
+        if name not in existing:
+            out.graph.output.append(onnx.helper.make_tensor_value_info(name, types[name], None))
+    return out
+
+
+def _session(model: onnx.ModelProto, folder: str) -> object:
+    import onnxruntime as ort
+
+    from optimizer_core.runtime import session_options
+
+    path = os.path.join(folder, "model.onnx")
+    onnx.save(model, path, save_as_external_data=model.ByteSize() > 1_500_000_000)
+    return ort.InferenceSession(
+        path, session_options(1, optimize=False), providers=["CPUExecutionProvider"]
+    )
+
+
+def node_errors(
+    float_model: str | os.PathLike[str],
+    quant_model: str | os.PathLike[str],
+    feeds: Sequence[Feeds],
+) -> list[NodeError]:
+    """Rank the float model's nodes by the error they add in the quantized model."""
+    import tempfile
+
+    fmodel = onnx.load(str(float_model))
+    qmodel = onnx.load(str(quant_model))
+    ftypes = _float_tensor_types(fmodel)
+    qtypes = _float_tensor_types(qmodel)
+    q_produced = {o for n in qmodel.graph.node for o in n.output}
+    producer: dict[str, onnx.NodeProto] = {}
+    for node in fmodel.graph.node:
+        for o in node.output:
+            if o:
+                producer[o] = node
+    compared = [
+        t
+        for t, node in producer.items()
+        if ftypes.get(t) in _FLOAT_TYPES and t in q_produced and qtypes.get(t) in _FLOAT_TYPES
+    ]
+    if not compared:
+        return []
+    with tempfile.TemporaryDirectory(prefix="graphtrim-sens-") as tmp:
+        fdir, qdir = os.path.join(tmp, "f"), os.path.join(tmp, "q")
+        os.makedirs(fdir)
+        os.makedirs(qdir)
+        fs = _session(_with_outputs(fmodel, compared, ftypes), fdir)
+        qs = _session(_with_outputs(qmodel, compared, qtypes), qdir)
+        sums = dict.fromkeys(compared, 0.0)
+        for feed in feeds:
+            fo = dict(zip(compared, fs.run(compared, feed), strict=True))  # type: ignore[attr-defined]
+            qo = dict(zip(compared, qs.run(compared, feed), strict=True))  # type: ignore[attr-defined]
+            for t in compared:
+                a = np.asarray(fo[t], dtype=np.float64)
+                b = np.asarray(qo[t], dtype=np.float64)
+                if a.shape != b.shape:
+                    continue
+                norm = float(np.linalg.norm(a))
+                diff = float(np.linalg.norm(a - b))
+                sums[t] += diff / norm if norm > 0 else (0.0 if diff == 0 else 1.0)
+    n = max(1, len(feeds))
+    err = {t: s / n for t, s in sums.items()}
+    ranked: list[NodeError] = []
+    for t in compared:
+        node = producer[t]
+        inherited = max((err.get(i, 0.0) for i in node.input if i), default=0.0)
+        ranked.append(NodeError(node.name, node.op_type, t, err[t], err[t] - inherited))
+    ranked.sort(key=lambda e: e.local_error, reverse=True)
+    return ranked

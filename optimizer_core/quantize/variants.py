@@ -1,0 +1,467 @@
+"""Build one variant of a model: ``graph``, ``int8-dynamic``, ``int8-static`` or ``fp16``.
+
+Every variant starts from graphtrim's optimized model (verified against the source). int8 and
+fp16 conversions run on it, then graphtrim's exact passes clean up after them, verified against
+the converted model. With an accuracy check, a failing int8/fp16 variant is rebuilt with the
+nodes that add the most error kept in float, up to ``max_attempts`` builds; every attempt is
+recorded. The output appears at its path only when complete.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import math
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+
+from optimizer_core.data import CalibrationReader, Feeds
+from optimizer_core.errors import GraphtrimError
+from optimizer_core.quantize.sensitivity import NodeError, node_errors
+
+logger = logging.getLogger("graphtrim.quantize")
+
+VARIANTS: tuple[str, ...] = ("graph", "int8-dynamic", "int8-static", "fp16")
+CALIBRATION_METHODS: tuple[str, ...] = ("minmax", "entropy", "percentile")
+QUANT_TYPES: tuple[str, ...] = ("int8", "uint8")
+
+# ops whose fp16 results overflow or lose too much in typical models: computed in float32
+FP16_KEEP_FLOAT = ("Pow", "ReduceSumSquare", "ReduceL2", "Exp", "Log", "Softplus", "CumSum")
+FP16_MAX = 65504.0
+
+ProgressFn = Callable[[str], None]
+# returns (passed, measured numbers) for a candidate model file
+AccuracyCheck = Callable[[Path], tuple[bool, dict[str, Any]]]
+
+
+class QuantizeError(GraphtrimError):
+    """A variant could not be built (missing calibration data, a conversion that failed)."""
+
+
+@dataclasses.dataclass
+class QuantizeConfig:
+    """How variants are built. Part of the config hash that identifies a result."""
+
+    preset: str = "default"
+    per_channel: bool = True
+    method: str = "minmax"
+    activation_type: str = "int8"
+    weight_type: str = "int8"
+    reduce_range: bool = False
+    op_types: list[str] | None = None
+    nodes_to_exclude: list[str] = dataclasses.field(default_factory=list)
+    max_attempts: int = 3
+    fallback_fraction: float = 0.1
+    keep_io_types: bool = True
+    fp16_keep_float: list[str] = dataclasses.field(default_factory=lambda: list(FP16_KEEP_FLOAT))
+
+    def validate(self) -> None:
+        if self.method not in CALIBRATION_METHODS:
+            raise QuantizeError(
+                f"unknown calibration method '{self.method}': use one of {', '.join(CALIBRATION_METHODS)}"
+            )
+        for field in ("activation_type", "weight_type"):
+            if getattr(self, field) not in QUANT_TYPES:
+                raise QuantizeError(f"{field} must be one of {', '.join(QUANT_TYPES)}")
+        if self.max_attempts < 1:
+            raise QuantizeError("max_attempts must be at least 1")
+        if not 0 < self.fallback_fraction <= 1:
+            raise QuantizeError("fallback_fraction must be in (0, 1]")
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def digest(self) -> str:
+        return hashlib.sha256(json.dumps(self.to_json(), sort_keys=True).encode()).hexdigest()[:16]
+
+
+@dataclasses.dataclass
+class Attempt:
+    number: int
+    excluded: list[str]
+    accuracy_passed: bool | None
+    measured: dict[str, Any]
+    most_sensitive: list[NodeError] = dataclasses.field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "number": self.number,
+            "excluded": list(self.excluded),
+            "accuracy_passed": self.accuracy_passed,
+            "measured": self.measured,
+            "most_sensitive": [e.to_json() for e in self.most_sensitive],
+        }
+
+
+@dataclasses.dataclass
+class VariantBuild:
+    variant: str
+    source: str
+    output: str
+    seconds: float
+    config: QuantizeConfig
+    attempts: list[Attempt]
+    optimization: dict[str, Any]
+    cleanup: dict[str, Any] | None
+
+    @property
+    def excluded(self) -> list[str]:
+        return self.attempts[-1].excluded if self.attempts else []
+
+    @property
+    def accuracy_passed(self) -> bool | None:
+        return self.attempts[-1].accuracy_passed if self.attempts else None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "variant": self.variant,
+            "source": self.source,
+            "output": self.output,
+            "seconds": round(self.seconds, 3),
+            "config": self.config.to_json(),
+            "config_hash": self.config.digest(),
+            "excluded_nodes": self.excluded,
+            "accuracy_passed": self.accuracy_passed,
+            "attempts": [a.to_json() for a in self.attempts],
+            "optimization": self.optimization,
+            "cleanup": self.cleanup,
+        }
+
+
+def _say(progress: ProgressFn | None, line: str) -> None:
+    if progress is not None:
+        progress(line)
+    logger.info("%s", line)
+
+
+def _name_nodes(path: Path) -> None:
+    """Give every node a unique name: exclusion lists and sensitivity reports refer to them."""
+    model = onnx.load(str(path), load_external_data=False)
+    seen: set[str] = set()
+    changed = False
+    for i, node in enumerate(model.graph.node):
+        if not node.name or node.name in seen:
+            base = f"{node.op_type}_{i}"
+            name = base
+            k = 0
+            while name in seen:
+                k += 1
+                name = f"{base}_{k}"
+            node.name = name
+            changed = True
+        seen.add(node.name)
+    if changed:
+        # external data references stay valid: the file keeps its name and folder
+        onnx.save(model, str(path))
+
+
+def _files(path: Path) -> list[Path]:
+    out = [path]
+    data = path.with_name(path.name + ".data")
+    if data.exists():
+        out.append(data)
+    return out
+
+
+def _model_bytes(path: Path) -> int:
+    return sum(p.stat().st_size for p in _files(path))
+
+
+def _quant_type(name: str) -> Any:
+    from onnxruntime.quantization import QuantType
+
+    return QuantType.QInt8 if name == "int8" else QuantType.QUInt8
+
+
+def _int8_dynamic(src: Path, dst: Path, cfg: QuantizeConfig, excluded: Sequence[str]) -> None:
+    from onnxruntime.quantization import quantize_dynamic
+
+    quantize_dynamic(
+        src,
+        dst,
+        op_types_to_quantize=cfg.op_types,
+        per_channel=cfg.per_channel,
+        reduce_range=cfg.reduce_range,
+        weight_type=_quant_type(cfg.weight_type),
+        nodes_to_exclude=list(excluded),
+        use_external_data_format=_model_bytes(src) > 1_500_000_000,
+    )
+
+
+def _int8_static(
+    src: Path,
+    dst: Path,
+    cfg: QuantizeConfig,
+    excluded: Sequence[str],
+    calibration: Sequence[Feeds],
+    progress: ProgressFn | None,
+) -> None:
+    from onnxruntime.quantization import CalibrationMethod, QuantFormat, quantize_static
+
+    method = {
+        "minmax": CalibrationMethod.MinMax,
+        "entropy": CalibrationMethod.Entropy,
+        "percentile": CalibrationMethod.Percentile,
+    }[cfg.method]
+    with tempfile.TemporaryDirectory(prefix="graphtrim-calib-") as tmp:
+        quantize_static(
+            src,
+            dst,
+            CalibrationReader(calibration, progress=progress),
+            quant_format=QuantFormat.QDQ,
+            op_types_to_quantize=cfg.op_types,
+            per_channel=cfg.per_channel,
+            reduce_range=cfg.reduce_range,
+            activation_type=_quant_type(cfg.activation_type),
+            weight_type=_quant_type(cfg.weight_type),
+            nodes_to_exclude=list(excluded),
+            use_external_data_format=_model_bytes(src) > 1_500_000_000,
+            calibrate_method=method,
+            extra_options={"CalibTensorRangeSymmetric": False},
+            calibration_cache_path=None,
+        )
+        del tmp
+
+
+def fp16_overflow_nodes(src: Path, feeds: Sequence[Feeds]) -> list[str]:
+    """Nodes whose float outputs on ``feeds`` leave the fp16 range (with a 2x margin)."""
+    import onnxruntime as ort
+
+    from optimizer_core.runtime import session_options
+
+    model = onnx.load(str(src))
+    inferred = onnx.shape_inference.infer_shapes(model, check_type=False, strict_mode=False)
+    floats = {
+        vi.name
+        for vi in inferred.graph.value_info
+        if vi.type.tensor_type.elem_type == onnx.TensorProto.FLOAT
+    }
+    producer = {o: n.name for n in model.graph.node for o in n.output if o in floats}
+    names = sorted(producer)
+    if not names or not feeds:
+        return []
+    for name in names:
+        model.graph.output.append(
+            onnx.helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, None)
+        )
+    with tempfile.TemporaryDirectory(prefix="graphtrim-fp16-") as tmp:
+        path = os.path.join(tmp, "m.onnx")
+        onnx.save(model, path, save_as_external_data=model.ByteSize() > 1_500_000_000)
+        sess = ort.InferenceSession(
+            path, session_options(1, optimize=False), providers=["CPUExecutionProvider"]
+        )
+        peak = dict.fromkeys(names, 0.0)
+        for feed in feeds:
+            for name, arr in zip(names, sess.run(names, dict(feed)), strict=True):
+                if arr.size:
+                    peak[name] = max(peak[name], float(np.max(np.abs(arr))))
+    return sorted({producer[n] for n, v in peak.items() if not v < FP16_MAX / 2})
+
+
+def _toposort(graph: onnx.GraphProto) -> None:
+    """Order ``graph``'s nodes so every node follows its producers (the fp16 converter appends
+    the casts it adds for the inputs at the end)."""
+    available = {i.name for i in graph.input} | {t.name for t in graph.initializer} | {""}
+    pending = list(graph.node)
+    ordered: list[onnx.NodeProto] = []
+    outer_ok = set()
+    for node in pending:  # names produced nowhere in this graph come from an outer scope
+        outer_ok.update(node.input)
+    produced = {o for n in pending for o in n.output}
+    available |= outer_ok - produced
+    while pending:
+        rest = []
+        for node in pending:
+            if all(i in available for i in node.input):
+                ordered.append(node)
+                available.update(node.output)
+            else:
+                rest.append(node)
+        if len(rest) == len(pending):  # a cycle: leave the remainder as it was
+            ordered.extend(rest)
+            break
+        pending = rest
+    copies = [onnx.NodeProto.FromString(n.SerializeToString()) for n in ordered]
+    del graph.node[:]
+    graph.node.extend(copies)
+
+
+class _DropPreprocessAdvice(logging.Filter):
+    """onnxruntime's quantizer advises ``quant_pre_process`` on the root logger; graphtrim's
+    optimizer has already done that pre-processing."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "pre-processing before quantization" not in record.getMessage()
+
+
+def _fp16(src: Path, dst: Path, cfg: QuantizeConfig, excluded: Sequence[str]) -> None:
+    from onnxruntime.transformers.float16 import DEFAULT_OP_BLOCK_LIST, convert_float_to_float16
+
+    model = onnx.load(str(src))
+    converted = convert_float_to_float16(
+        model,
+        keep_io_types=cfg.keep_io_types,
+        op_block_list=[*DEFAULT_OP_BLOCK_LIST, *cfg.fp16_keep_float],
+        node_block_list=list(excluded),
+    )
+    _toposort(converted.graph)
+    big = converted.ByteSize() > 1_500_000_000 if converted.ByteSize() >= 0 else True
+    onnx.save(
+        converted,
+        str(dst),
+        save_as_external_data=big,
+        location=dst.name + ".data" if big else None,
+    )
+
+
+def build_variant(
+    src: str | os.PathLike[str],
+    dst: str | os.PathLike[str],
+    variant: str,
+    *,
+    config: QuantizeConfig | None = None,
+    calibration: Iterable[Feeds] | None = None,
+    accuracy_check: AccuracyCheck | None = None,
+    progress: ProgressFn | None = None,
+) -> VariantBuild:
+    """Build ``variant`` of the model at ``src`` into ``dst``.
+
+    Args:
+        calibration: feeds for static quantization (required for ``int8-static``), the fp16
+            range check and the sensitivity measurement.
+        accuracy_check: judges a candidate file; when it fails, the most sensitive nodes are
+            kept in float and the variant rebuilt (``config.max_attempts`` builds at most). The
+            last attempt's file is written either way; ``accuracy_passed`` says how it went.
+    """
+    from optimizer_core.optimize import optimize_file
+
+    cfg = config or QuantizeConfig()
+    cfg.validate()
+    if variant not in VARIANTS:
+        raise QuantizeError(f"unknown variant '{variant}': use one of {', '.join(VARIANTS)}")
+    source, target = Path(src), Path(dst)
+    if target.resolve() == source.resolve():
+        raise QuantizeError(f"refusing to overwrite the input model {source}")
+    feeds = list(calibration) if calibration is not None else []
+    if variant == "int8-static" and not feeds:
+        raise QuantizeError("int8-static needs calibration data (an .npz file or feeds)")
+    t0 = time.perf_counter()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    stage = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    try:
+        _say(progress, f"{variant}: optimizing the graph ({cfg.preset})")
+        pre_dir = stage / "pre"
+        pre_dir.mkdir()
+        pre = pre_dir / target.name
+        opt = optimize_file(source, pre, preset=cfg.preset, check=True)
+        _name_nodes(pre)
+        if variant == "graph":
+            only = Attempt(1, [], None, {})
+            if accuracy_check is not None:
+                only.accuracy_passed, only.measured = accuracy_check(pre)
+            _publish(pre, target)
+            return VariantBuild(
+                variant,
+                str(source),
+                str(target),
+                time.perf_counter() - t0,
+                cfg,
+                [only],
+                opt.to_json(),
+                None,
+            )
+
+        excluded = list(cfg.nodes_to_exclude)
+        if variant == "fp16":
+            overflow = fp16_overflow_nodes(pre, feeds[:8])
+            if overflow:
+                _say(progress, f"fp16: {len(overflow)} node(s) exceed the fp16 range: kept in fp32")
+            excluded = sorted(set(excluded) | set(overflow))
+        attempts: list[Attempt] = []
+        final: Path | None = None
+        cleanup: dict[str, Any] | None = None
+        for number in range(1, cfg.max_attempts + 1):
+            work = stage / f"attempt{number}"
+            work.mkdir()
+            raw = work / "raw.onnx"
+            _say(progress, f"{variant}: attempt {number}, {len(excluded)} node(s) kept in float")
+            advice = _DropPreprocessAdvice()
+            for handler in logging.getLogger().handlers:
+                handler.addFilter(advice)
+            try:
+                if variant == "int8-dynamic":
+                    _int8_dynamic(pre, raw, cfg, excluded)
+                elif variant == "int8-static":
+                    _int8_static(pre, raw, cfg, excluded, feeds, progress)
+                else:
+                    _fp16(pre, raw, cfg, excluded)
+            except GraphtrimError:
+                raise
+            except Exception as exc:
+                raise QuantizeError(
+                    f"{variant} conversion failed: {type(exc).__name__}: {exc}"
+                ) from exc
+            finally:
+                for handler in logging.getLogger().handlers:
+                    handler.removeFilter(advice)
+            clean = work / target.name
+            _say(progress, f"{variant}: cleaning up after the conversion")
+            cleaned = optimize_file(raw, clean, preset="safe", check=True)
+            cleanup = cleaned.to_json()
+            final = clean
+            if accuracy_check is None:
+                attempts.append(Attempt(number, list(excluded), None, {}))
+                break
+            passed, measured = accuracy_check(clean)
+            attempt = Attempt(number, list(excluded), passed, measured)
+            attempts.append(attempt)
+            if passed or number == cfg.max_attempts:
+                break
+            sens_feeds = feeds[:8]
+            if not sens_feeds:
+                from optimizer_core.data import input_specs, random_data
+
+                sens_feeds = random_data(input_specs(pre), batches=4).batches
+            _say(progress, f"{variant}: accuracy check failed; measuring per-node error")
+            ranked = [e for e in node_errors(pre, clean, sens_feeds) if e.node not in excluded]
+            attempt.most_sensitive = ranked[:10]
+            positive = [e for e in ranked if e.local_error > 0]
+            if not positive:
+                break
+            k = max(1, math.ceil(cfg.fallback_fraction * len(ranked)) * number)
+            excluded = sorted(set(excluded) | {e.node for e in positive[:k]})
+        assert final is not None
+        _publish(final, target)
+        return VariantBuild(
+            variant,
+            str(source),
+            str(target),
+            time.perf_counter() - t0,
+            cfg,
+            attempts,
+            opt.to_json(),
+            cleanup,
+        )
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+
+
+def _publish(built: Path, target: Path) -> None:
+    """Move a finished model (and its external data) into place, data first."""
+    data = built.with_name(built.name + ".data")
+    target_data = target.with_name(target.name + ".data")
+    if data.exists():
+        os.replace(data, target_data)
+    else:
+        target_data.unlink(missing_ok=True)
+    os.replace(built, target)

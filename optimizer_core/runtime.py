@@ -1,0 +1,87 @@
+"""Execution devices and onnxruntime sessions for measuring deployed behaviour.
+
+The device a user asks for decides the execution provider: ``cpu`` is onnxruntime's CPU provider,
+``gpu`` its CUDA provider (``tensorrt=True`` puts TensorRT first). A GPU that is not there is an
+error, never a silent measurement on the CPU.
+
+Unlike verification sessions (``optimizer_core.verify``), which disable onnxruntime's graph
+optimizations to see the model as written, these sessions run as deployed: optimizations on,
+a fixed thread count, sequential execution.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Any, Literal
+
+from optimizer_core.errors import GraphtrimError
+
+Device = Literal["cpu", "gpu"]
+DEVICES: tuple[str, ...] = ("cpu", "gpu")
+
+
+class DeviceUnavailableError(GraphtrimError):
+    """The requested device has no execution provider in this onnxruntime build or machine."""
+
+
+def providers_for(device: str, *, tensorrt: bool = False) -> list[str]:
+    """The execution providers for ``device``, checked against what onnxruntime offers."""
+    import onnxruntime as ort
+
+    if device not in DEVICES:
+        raise GraphtrimError(f"unknown device '{device}': expected one of {', '.join(DEVICES)}")
+    available = ort.get_available_providers()
+    if device == "cpu":
+        return ["CPUExecutionProvider"]
+    wanted = ["CUDAExecutionProvider"]
+    if tensorrt:
+        wanted.insert(0, "TensorrtExecutionProvider")
+    missing = [p for p in wanted if p not in available]
+    if missing:
+        raise DeviceUnavailableError(
+            f"device 'gpu' needs {', '.join(missing)}, which this onnxruntime "
+            f"{ort.__version__} does not offer (available: {', '.join(available)}); install "
+            "onnxruntime-gpu on a machine with a CUDA GPU, or measure with device 'cpu'"
+        )
+    return [*wanted, "CPUExecutionProvider"]
+
+
+def session_options(threads: int, *, optimize: bool = True) -> Any:
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.graph_optimization_level = (
+        ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        if optimize
+        else ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    )
+    so.intra_op_num_threads = threads
+    so.inter_op_num_threads = 1
+    so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    so.log_severity_level = 3
+    return so
+
+
+def open_session(
+    path: str | os.PathLike[str],
+    *,
+    device: str = "cpu",
+    threads: int = 1,
+    optimize: bool = True,
+    providers: Sequence[str] | None = None,
+) -> Any:
+    """An ``InferenceSession`` on ``device``; the providers it really got must include the
+    requested one (onnxruntime silently drops providers it cannot create)."""
+    import onnxruntime as ort
+
+    wanted = list(providers) if providers is not None else providers_for(device)
+    sess = ort.InferenceSession(
+        str(path), session_options(threads, optimize=optimize), providers=wanted
+    )
+    if wanted[0] not in sess.get_providers():
+        raise DeviceUnavailableError(
+            f"onnxruntime could not create {wanted[0]} for {path} "
+            f"(got {', '.join(sess.get_providers())})"
+        )
+    return sess

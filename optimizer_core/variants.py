@@ -1,0 +1,135 @@
+"""Build the requested variants of a model and judge them all: what a pipeline's quantize and
+validate stages do, in one call.
+
+Each variant is built from the source (graph-optimized first, verified); int8 and fp16 variants
+that fail their accuracy gate are rebuilt with their most sensitive nodes in float, within the
+budget of attempts. Then every variant goes through every gate against the unmodified source,
+and the JSON, Markdown and HTML reports are written beside the variants.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from optimizer_core.data import EvalData, input_specs, load_npz, random_data
+from optimizer_core.gates import accuracy as acc
+from optimizer_core.gates.evaluate import Evaluation, evaluate
+from optimizer_core.gates.policy import GatePolicy
+from optimizer_core.quantize.variants import VARIANTS, QuantizeConfig, QuantizeError, build_variant
+from optimizer_core.runtime import open_session, providers_for
+
+ProgressFn = Callable[[str], None]
+
+
+@dataclasses.dataclass
+class VariantsResult:
+    evaluation: Evaluation
+    outputs: dict[str, Path]
+    reports: dict[str, Path]
+
+    @property
+    def passed(self) -> list[str]:
+        return self.evaluation.passed
+
+
+def accuracy_check(
+    reference: str | os.PathLike[str],
+    data: EvalData,
+    policy: GatePolicy,
+    variant: str,
+    *,
+    device: str = "cpu",
+    tensorrt: bool = False,
+) -> Callable[[Path], tuple[bool, dict[str, Any]]]:
+    """The accuracy gate of ``variant`` as a callable on a candidate file (for the fallback)."""
+    thresholds = policy.for_variant(variant).accuracy
+    providers = providers_for(device, tensorrt=tensorrt)
+    ref = open_session(reference, device=device, providers=providers)
+    cache: dict[str, Any] = {}
+
+    def check(path: Path) -> tuple[bool, dict[str, Any]]:
+        if thresholds is None:
+            return True, {}
+        key = thresholds.output or ""
+        if key not in cache:
+            cache[key] = acc.run_outputs(ref, data, thresholds.output)
+        cand = open_session(path, device=device, providers=providers)
+        m = acc.measure(ref, cand, data, metric=thresholds.metric, reference_outputs=cache[key])
+        broken = acc.judge(m, thresholds)
+        return not broken, {**m.to_json(), "broken": broken}
+
+    return check
+
+
+def build_and_evaluate(
+    source: str | os.PathLike[str],
+    out_dir: str | os.PathLike[str],
+    variants: Sequence[str] = ("graph", "int8-dynamic", "int8-static"),
+    *,
+    config: QuantizeConfig | None = None,
+    calibration: str | os.PathLike[str] | None = None,
+    eval_data: str | os.PathLike[str] | None = None,
+    policy: GatePolicy | None = None,
+    device: str = "cpu",
+    tensorrt: bool = False,
+    batch_size: int = 32,
+    label_key: str = "labels",
+    fallback: bool = True,
+    progress: ProgressFn | None = None,
+) -> VariantsResult:
+    unknown = [v for v in variants if v not in VARIANTS]
+    if unknown:
+        raise QuantizeError(f"unknown variant(s) {', '.join(unknown)}: use {', '.join(VARIANTS)}")
+    src = Path(source)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    policy = policy or GatePolicy()
+    providers_for(device, tensorrt=tensorrt)  # a missing GPU is an error before any work
+    specs = input_specs(src)
+    calib = (
+        load_npz(calibration, specs, batch_size=batch_size, label_key=label_key)
+        if calibration is not None
+        else None
+    )
+    if eval_data is not None:
+        data = load_npz(eval_data, specs, batch_size=batch_size, label_key=label_key)
+    elif calib is not None:
+        data = calib
+    else:
+        data = random_data(specs, batches=8)
+    builds: dict[str, dict[str, Any]] = {}
+    outputs: dict[str, Path] = {}
+    for variant in variants:
+        dst = out / f"{src.stem}.{variant}.onnx"
+        check = (
+            accuracy_check(src, data, policy, variant, device=device, tensorrt=tensorrt)
+            if fallback
+            else None
+        )
+        build = build_variant(
+            src,
+            dst,
+            variant,
+            config=config,
+            calibration=calib.batches if calib is not None else None,
+            accuracy_check=check,
+            progress=progress,
+        )
+        builds[variant] = build.to_json()
+        outputs[variant] = dst
+    evaluation = evaluate(
+        src,
+        outputs,
+        policy=policy,
+        data=data,
+        device=device,
+        tensorrt=tensorrt,
+        builds=builds,
+        progress=progress,
+    )
+    reports = evaluation.write(out, stem=f"{src.stem}.evaluation")
+    return VariantsResult(evaluation, outputs, reports)
