@@ -273,11 +273,19 @@ def _print_result(evaluation: Any, reports: dict[str, Path], quiet: bool) -> int
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
     from optimizer_core.data import input_specs, load_npz
+    from optimizer_core.errors import GraphtrimError
     from optimizer_core.gates import GatePolicy, evaluate
     from optimizer_core.modelio import read_proto
 
     read_proto(args.reference)
-    variants = dict(_variant_name(item) for item in args.variants)
+    named = [_variant_name(item) for item in args.variants]
+    names = [n for n, _ in named]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise GraphtrimError(
+            f"variant name(s) {', '.join(twice)} given more than once: name them NAME=PATH"
+        )
+    variants = dict(named)
     for path in variants.values():
         read_proto(path)
     policy = GatePolicy.load(args.policy)
@@ -340,11 +348,17 @@ def cmd_report(args: argparse.Namespace) -> int:
         raise GraphtrimError(f"{args.evaluation}: no such file") from exc
     except (ValueError, KeyError, TypeError) as exc:
         raise GraphtrimError(f"{args.evaluation}: not a graphtrim evaluation ({exc})") from exc
-    if not args.output:
-        print(render_markdown(doc))
+    out = Path(args.output) if args.output else None
+    html = out is not None and out.suffix.lower() in (".html", ".htm")
+    try:
+        text = render_html(doc) if html else render_markdown(doc)
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise GraphtrimError(
+            f"{args.evaluation}: not a complete graphtrim evaluation (missing {exc})"
+        ) from exc
+    if out is None:
+        print(text)
         return EXIT_OK
-    out = Path(args.output)
-    text = render_html(doc) if out.suffix.lower() in (".html", ".htm") else render_markdown(doc)
     out.write_text(text)
     print(f"wrote {out}")
     return EXIT_OK

@@ -106,6 +106,9 @@ def load_npz(
             f"{p}: no array for model input(s) {', '.join(missing)} (has {', '.join(sorted(arrays))})"
         )
     labels = arrays.get(label_key) if label_key not in names else None
+    for name in [*names, *([label_key] if labels is not None else [])]:
+        if arrays[name].ndim == 0:
+            raise DataError(f"{p}: array '{name}' is a scalar; samples go on its first axis")
     n = len(arrays[names[0]])
     for name in names:
         if arrays[name].ndim == 0 or len(arrays[name]) != n:

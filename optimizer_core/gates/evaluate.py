@@ -26,6 +26,7 @@ from optimizer_core.gates.policy import GatePolicy, LatencyThresholds
 from optimizer_core.runtime import open_session, providers_for
 
 ProgressFn = Callable[[str], None]
+_BASELINE = "\x00reference"
 
 
 @dataclasses.dataclass
@@ -196,7 +197,8 @@ def evaluate(
     ref_outputs: dict[str | None, tuple[str, Any]] = {}
 
     results: list[VariantResult] = []
-    sessions: dict[str, Any] = {"reference": ref_sess}
+    # the reference's session under a key no variant name can take
+    sessions: dict[str, Any] = {_BASELINE: ref_sess}
     for name, path in variants.items():
         vp = policy.for_variant(name)
         gates: list[GateResult] = []
@@ -260,15 +262,16 @@ def evaluate(
         feeds = next(iter(data))
         try:
             run = lat.measure_latency(
-                {n: sessions[n] for n in ["reference", *timed]},
+                {n: sessions[n] for n in [_BASELINE, *timed]},
                 feeds,
-                baseline="reference",
+                baseline=_BASELINE,
                 runs=lat_settings.runs,
                 warmup=lat_settings.warmup,
                 blocks=lat_settings.blocks,
                 progress=say,
             )
-            samples = {n: s.samples_ms for n, s in run.stats.items()}
+            label = "reference" if "reference" not in variants else "reference (baseline)"
+            samples = {(label if n == _BASELINE else n): s.samples_ms for n, s in run.stats.items()}
             for r in results:
                 if r.name not in timed:
                     continue
@@ -277,7 +280,7 @@ def evaluate(
                 status, reasons = lat.judge(run, r.name, lt)
                 measured = {
                     **run.stats[r.name].to_json(),
-                    "baseline": run.stats["reference"].to_json(),
+                    "baseline": run.stats[_BASELINE].to_json(),
                     "speedup_p50": run.speedup(r.name),
                     "block_speedups": run.block_speedups(r.name),
                     "spread": run.spread(r.name),

@@ -11,7 +11,10 @@ variants:                 # override per variant, key by key
 ```
 
 Unknown keys are errors: a misspelt threshold must not silently pass everything. ``null``
-switches a threshold off. A section set to ``false`` disables that gate for the variant.
+switches a threshold off. A section set to ``false`` disables that gate for the variant (in
+``defaults``: for every variant the file does not switch it on for). The latency measurement
+settings (``runs``, ``warmup``, ``blocks``, ``threads``) are read from ``defaults`` only: all
+variants are timed in one interleaved run.
 """
 
 from __future__ import annotations
@@ -122,6 +125,10 @@ def _merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
+# measurement settings: whole numbers with a floor, never null
+_COUNTS = {"runs": 1, "warmup": 0, "blocks": 1, "threads": 1}
+
+
 def _check_section(where: str, section: str, body: Any) -> None:
     if body is False or body is None:
         return
@@ -133,7 +140,20 @@ def _check_section(where: str, section: str, body: Any) -> None:
             raise PolicyError(
                 f"{where}.{section}: unknown key '{key}' (known: {', '.join(sorted(fields))})"
             )
-        if value is None or key in ("metric", "metric_drop_mode", "output"):
+        if key in ("metric", "metric_drop_mode", "output"):
+            if value is not None and not isinstance(value, str):
+                raise PolicyError(f"{where}.{section}.{key}: expected a string, got {value!r}")
+            continue
+        if key in _COUNTS:
+            if isinstance(value, bool) or not isinstance(value, int) or value < _COUNTS[key]:
+                raise PolicyError(
+                    f"{where}.{section}.{key}: expected a whole number >= {_COUNTS[key]}, "
+                    f"got {value!r}"
+                )
+            continue
+        if value is None:
+            if key == "max_noise":
+                raise PolicyError(f"{where}.{section}.{key}: expected a number, got null")
             continue
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise PolicyError(f"{where}.{section}.{key}: expected a number, got {value!r}")
@@ -202,7 +222,10 @@ class GatePolicy:
         entry: dict[str, Any] = {}
         entry = _merge(entry, self.document["defaults"])
         builtin = BUILTIN["variants"].get(variant, {})
-        entry = _merge(entry, builtin)
+        # a gate the file switches off for all variants stays off unless the file itself turns
+        # it on again for one variant
+        off = {k for k, v in self.document["defaults"].items() if v is False}
+        entry = _merge(entry, {k: v for k, v in builtin.items() if k not in off})
         entry = _merge(entry, self.document["variants"].get(variant, {}))
         built: dict[str, Any] = {}
         for section, cls in _SECTIONS.items():

@@ -136,7 +136,7 @@ def plots(doc: Mapping[str, Any]) -> dict[str, str]:
     if samples:
         fig, ax = plt.subplots(figsize=(7, 3.2))
         names = list(samples)
-        ax.boxplot([samples[n] for n in names], vert=False, showfliers=False)
+        ax.boxplot([samples[n] for n in names], orientation="horizontal", showfliers=False)
         ax.set_yticks(range(1, len(names) + 1), names)
         ax.set_xlabel("latency per run, ms")
         ax.set_title("Latency distribution (interleaved runs)")

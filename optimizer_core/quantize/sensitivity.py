@@ -81,6 +81,22 @@ def node_errors(
     ftypes = _float_tensor_types(fmodel)
     qtypes = _float_tensor_types(qmodel)
     q_produced = {o for n in qmodel.graph.node for o in n.output}
+    # what the quantized model's consumers read in place of a tensor: its Q -> DQ output when
+    # it has one (the QDQ quantizer may also fold an activation into the producer and give the
+    # producer's pre-activation output the activation's name; the DQ output is clamped again)
+    q_consumers: dict[str, list[onnx.NodeProto]] = {}
+    for n in qmodel.graph.node:
+        for i in n.input:
+            q_consumers.setdefault(i, []).append(n)
+
+    def effective(t: str) -> str:
+        for q in q_consumers.get(t, []):
+            if q.op_type == "QuantizeLinear":
+                for dq in q_consumers.get(q.output[0], []):
+                    if dq.op_type == "DequantizeLinear":
+                        return dq.output[0]
+        return t
+
     producer: dict[str, onnx.NodeProto] = {}
     for node in fmodel.graph.node:
         for o in node.output:
@@ -89,20 +105,24 @@ def node_errors(
     compared = [
         t
         for t, node in producer.items()
-        if ftypes.get(t) in _FLOAT_TYPES and t in q_produced and qtypes.get(t) in _FLOAT_TYPES
+        if ftypes.get(t) in _FLOAT_TYPES
+        and t in q_produced
+        and qtypes.get(effective(t), onnx.TensorProto.FLOAT) in _FLOAT_TYPES
     ]
     if not compared:
         return []
+    q_names = [effective(t) for t in compared]
+    qtypes = {**qtypes, **{e: qtypes.get(e, onnx.TensorProto.FLOAT) for e in q_names}}
     with tempfile.TemporaryDirectory(prefix="graphtrim-sens-") as tmp:
         fdir, qdir = os.path.join(tmp, "f"), os.path.join(tmp, "q")
         os.makedirs(fdir)
         os.makedirs(qdir)
         fs = _session(_with_outputs(fmodel, compared, ftypes), fdir)
-        qs = _session(_with_outputs(qmodel, compared, qtypes), qdir)
+        qs = _session(_with_outputs(qmodel, q_names, qtypes), qdir)
         sums = dict.fromkeys(compared, 0.0)
         for feed in feeds:
             fo = dict(zip(compared, fs.run(compared, feed), strict=True))  # type: ignore[attr-defined]
-            qo = dict(zip(compared, qs.run(compared, feed), strict=True))  # type: ignore[attr-defined]
+            qo = dict(zip(compared, qs.run(q_names, feed), strict=True))  # type: ignore[attr-defined]
             for t in compared:
                 a = np.asarray(fo[t], dtype=np.float64)
                 b = np.asarray(qo[t], dtype=np.float64)

@@ -265,7 +265,59 @@ def fp16_overflow_nodes(src: Path, feeds: Sequence[Feeds]) -> list[str]:
             for name, arr in zip(names, sess.run(names, dict(feed)), strict=True):
                 if arr.size:
                     peak[name] = max(peak[name], float(np.max(np.abs(arr))))
-    return sorted({producer[n] for n, v in peak.items() if not v < FP16_MAX / 2})
+    hot = {n for n, v in peak.items() if not v < FP16_MAX / 2}
+    # the producers of out-of-range values, and their consumers: an fp16 consumer would read
+    # the value after a cast to fp16, which is already inf
+    nodes = {producer[n] for n in hot}
+    nodes |= {node.name for node in model.graph.node if any(i in hot for i in node.input)}
+    return sorted(nodes)
+
+
+def _drop_fp16_round_trips(model: onnx.ModelProto) -> int:
+    """Remove ``Cast(to=fp16) -> Cast(to=fp32)`` pairs on float32 values: the converter puts
+    them between adjacent nodes it keeps in float32, where they only lose precision (or
+    overflow). Consumers read the float32 value directly instead."""
+    graph = model.graph
+    consumers: dict[str, list[onnx.NodeProto]] = {}
+    for node in graph.node:
+        for i in node.input:
+            consumers.setdefault(i, []).append(node)
+    outputs = {o.name for o in graph.output}
+    f16, f32 = onnx.TensorProto.FLOAT16, onnx.TensorProto.FLOAT
+
+    def cast_to(node: onnx.NodeProto) -> int | None:
+        if node.op_type != "Cast" or node.domain not in ("", "ai.onnx"):
+            return None
+        return next((a.i for a in node.attribute if a.name == "to"), None)
+
+    # the converter records the type of every value it leaves in float32
+    producer_type: dict[str, int] = {t.name: t.data_type for t in graph.initializer}
+    for vi in [*graph.value_info, *graph.input, *graph.output]:
+        producer_type[vi.name] = vi.type.tensor_type.elem_type
+    drop: set[int] = set()
+    rename: dict[str, str] = {}
+    for node in graph.node:
+        if cast_to(node) != f16 or producer_type.get(node.input[0]) != f32:
+            continue
+        users = consumers.get(node.output[0], [])
+        if not users or node.output[0] in outputs:
+            continue
+        if all(cast_to(u) == f32 and u.output[0] not in outputs for u in users):
+            drop.add(id(node))
+            for u in users:
+                drop.add(id(u))
+                rename[u.output[0]] = node.input[0]
+    if not drop:
+        return 0
+    kept = [n for n in graph.node if id(n) not in drop]
+    for n in kept:
+        for k, name in enumerate(n.input):
+            if name in rename:
+                n.input[k] = rename[name]
+    copies = [onnx.NodeProto.FromString(n.SerializeToString()) for n in kept]
+    del graph.node[:]
+    graph.node.extend(copies)
+    return len(drop)
 
 
 def _toposort(graph: onnx.GraphProto) -> None:
@@ -315,6 +367,7 @@ def _fp16(src: Path, dst: Path, cfg: QuantizeConfig, excluded: Sequence[str]) ->
         node_block_list=list(excluded),
     )
     _toposort(converted.graph)
+    _drop_fp16_round_trips(converted)
     big = converted.ByteSize() > 1_500_000_000 if converted.ByteSize() >= 0 else True
     onnx.save(
         converted,
@@ -396,8 +449,8 @@ def build_variant(
             raw = work / "raw.onnx"
             _say(progress, f"{variant}: attempt {number}, {len(excluded)} node(s) kept in float")
             advice = _DropPreprocessAdvice()
-            for handler in logging.getLogger().handlers:
-                handler.addFilter(advice)
+            # onnxruntime calls logging.warning(): the root logger's own filter sees the record
+            logging.getLogger().addFilter(advice)
             try:
                 if variant == "int8-dynamic":
                     _int8_dynamic(pre, raw, cfg, excluded)
@@ -412,8 +465,7 @@ def build_variant(
                     f"{variant} conversion failed: {type(exc).__name__}: {exc}"
                 ) from exc
             finally:
-                for handler in logging.getLogger().handlers:
-                    handler.removeFilter(advice)
+                logging.getLogger().removeFilter(advice)
             clean = work / target.name
             _say(progress, f"{variant}: cleaning up after the conversion")
             cleaned = optimize_file(raw, clean, preset="safe", check=True)
