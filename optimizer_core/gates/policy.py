@@ -67,6 +67,28 @@ class SizeThresholds:
 
 
 @dataclasses.dataclass(frozen=True)
+class PromotionPolicy:
+    """How aliases move after registration.
+
+    Every registered variant gets ``<variant><candidate_suffix>``. ``champion_alias`` moves only
+    to a variant that passed its gates, is listed in ``eligible``, and beats the current holder's
+    ``metric`` (``p50_ms`` or ``bytes``, lower is better) by ``margin`` (a fraction). A holder
+    without graphtrim's measurements is compared through the candidate's own baseline run when
+    it is the candidate's source version; otherwise the alias is left alone and the result says
+    why.
+    """
+
+    champion_alias: str | None = "champion"
+    candidate_suffix: str = "-candidate"
+    metric: str = "p50_ms"
+    margin: float = 0.0
+    eligible: tuple[str, ...] = ("int8-static", "int8-dynamic", "fp16", "graph")
+
+    def to_json(self) -> dict[str, Any]:
+        return {**dataclasses.asdict(self), "eligible": list(self.eligible)}
+
+
+@dataclasses.dataclass(frozen=True)
 class VariantPolicy:
     accuracy: AccuracyThresholds | None
     latency: LatencyThresholds | None
@@ -175,6 +197,35 @@ def _check_entry(where: str, entry: Any) -> None:
         _check_section(where, section, body)
 
 
+def _promotion(body: Any, source: str) -> PromotionPolicy:
+    if body is None:
+        return PromotionPolicy()
+    if not isinstance(body, Mapping):
+        raise PolicyError(f"{source}: promotion: expected a mapping")
+    fields = {f.name for f in dataclasses.fields(PromotionPolicy)}
+    unknown = set(body) - fields
+    if unknown:
+        raise PolicyError(
+            f"{source}: promotion: unknown key(s) {', '.join(sorted(unknown))} "
+            f"(known: {', '.join(sorted(fields))})"
+        )
+    kw = dict(body)
+    if kw.get("metric", "p50_ms") not in ("p50_ms", "bytes"):
+        raise PolicyError(f"{source}: promotion.metric: 'p50_ms' or 'bytes'")
+    margin = kw.get("margin", 0.0)
+    if isinstance(margin, bool) or not isinstance(margin, int | float) or not 0 <= margin < 1:
+        raise PolicyError(f"{source}: promotion.margin: a fraction in [0, 1), got {margin!r}")
+    if "eligible" in kw:
+        eligible = kw["eligible"]
+        if not isinstance(eligible, list) or not all(isinstance(v, str) for v in eligible):
+            raise PolicyError(f"{source}: promotion.eligible: a list of variant names")
+        kw["eligible"] = tuple(eligible)
+    alias = kw.get("champion_alias", "champion")
+    if alias is not None and (not isinstance(alias, str) or not alias):
+        raise PolicyError(f"{source}: promotion.champion_alias: a name or null")
+    return PromotionPolicy(**kw)
+
+
 class GatePolicy:
     """Thresholds per variant, each layer overriding the one before, key by key: the field
     defaults, the file's ``defaults``, the built-in per-variant entries (``graph`` must stay
@@ -182,7 +233,7 @@ class GatePolicy:
 
     def __init__(self, document: Mapping[str, Any] | None = None, *, source: str = "built-in"):
         doc = dict(document or {})
-        unknown = set(doc) - {"version", "defaults", "variants"}
+        unknown = set(doc) - {"version", "defaults", "variants", "promotion"}
         if unknown:
             raise PolicyError(f"{source}: unknown top-level key(s) {', '.join(sorted(unknown))}")
         if doc.get("version", 1) != 1:
@@ -195,11 +246,14 @@ class GatePolicy:
         for name, entry in variants.items():
             _check_entry(f"{source}: variants.{name}", entry)
         self.source = source
+        self.promotion = _promotion(doc.get("promotion"), source)
         self.document: dict[str, Any] = {
             "version": 1,
             "defaults": defaults,
             "variants": dict(variants),
         }
+        if doc.get("promotion") is not None:
+            self.document["promotion"] = dict(doc["promotion"])
 
     @classmethod
     def load(cls, path: str | os.PathLike[str] | None) -> GatePolicy:
