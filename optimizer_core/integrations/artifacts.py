@@ -1,0 +1,451 @@
+"""Content-addressed artifact stores: a local directory (the embedded default) and S3.
+
+A stored model lives under ``<prefix>/<model>/<version>/<stage>/<sha256>/`` as ``model.onnx``
+(plus ``model.onnx.data`` when it has external data) and a ``manifest.json`` naming its files,
+their hashes, its parents and the config hash. The sha256 covers every file of the model, so the
+same bytes always land under the same key: a retried stage writes nothing new. The manifest is
+written last and marks the entry complete; a half-written upload is never visible as an entry
+(local files are staged and renamed; S3 objects only appear when their upload completes).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import functools
+import hashlib
+import json
+import os
+import re
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+from optimizer_core.errors import GraphtrimError
+
+MODEL_FILE = "model.onnx"
+DATA_FILE = "model.onnx.data"
+MANIFEST = "manifest.json"
+_SAFE = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+class ArtifactStoreError(GraphtrimError):
+    """The artifact store cannot be reached or refused an operation."""
+
+
+def _safe(part: str) -> str:
+    cleaned = _SAFE.sub("_", str(part)).strip("._") or "_"
+    return cleaned[:200]
+
+
+def model_files(path: str | os.PathLike[str]) -> list[Path]:
+    """The files of a model: the ``.onnx`` and the external data files it references."""
+    import onnx
+
+    p = Path(path)
+    files = [p]
+    proto = onnx.load(str(p), load_external_data=False)
+    seen: set[str] = set()
+    for t in _external_tensors(proto):
+        loc = next((e.value for e in t.external_data if e.key == "location"), "")
+        if loc and loc not in seen:
+            seen.add(loc)
+            files.append(p.parent / loc)
+    return files
+
+
+def _external_tensors(proto: Any) -> list[Any]:
+    import onnx
+
+    out = [t for t in proto.graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL]
+    return out
+
+
+def sha256_files(files: Sequence[Path]) -> str:
+    """One digest over the files' names (relative to the first file's folder) and bytes."""
+    h = hashlib.sha256()
+    base = files[0].parent
+    for f in files:
+        h.update(f.relative_to(base).as_posix().encode() + b"\0")
+        with open(f, "rb") as fh:
+            for block in iter(lambda: fh.read(1 << 20), b""):
+                h.update(block)
+        h.update(b"\0")
+    return h.hexdigest()
+
+
+@dataclasses.dataclass(frozen=True)
+class StoredModel:
+    """Where a stored model lives and what it is."""
+
+    uri: str  # the entry folder: file:///... or s3://bucket/key
+    model_uri: str  # the model file within it
+    sha256: str
+    manifest: dict[str, Any]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"uri": self.uri, "model_uri": self.model_uri, "sha256": self.sha256}
+
+
+class ArtifactStore(Protocol):
+    def put_model(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        model: str,
+        version: str,
+        stage: str,
+        parents: Sequence[str] = (),
+        config_hash: str | None = None,
+        extra: Mapping[str, Any] | None = None,
+    ) -> StoredModel: ...
+
+    def fetch_model(self, uri: str, dest: str | os.PathLike[str]) -> Path: ...
+
+    def put_file(self, path: str | os.PathLike[str], key: str) -> str: ...
+
+
+def _manifest(
+    files: Sequence[Path],
+    sha: str,
+    *,
+    model: str,
+    version: str,
+    stage: str,
+    parents: Sequence[str],
+    config_hash: str | None,
+    extra: Mapping[str, Any] | None,
+) -> dict[str, Any]:
+    names = [MODEL_FILE if i == 0 else f.name for i, f in enumerate(files)]
+    return {
+        "sha256": sha,
+        "model": model,
+        "version": str(version),
+        "stage": stage,
+        "files": {n: f.stat().st_size for n, f in zip(names, files, strict=True)},
+        "parents": list(parents),
+        "config_hash": config_hash,
+        "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        **dict(extra or {}),
+    }
+
+
+def _staged_names(files: Sequence[Path]) -> list[str]:
+    """Names inside an entry: the model is always ``model.onnx``; data files keep their names,
+    which the model references (a model whose data file is not ``model.onnx.data`` is
+    rewritten by the caller before storing)."""
+    return [MODEL_FILE if i == 0 else f.name for i, f in enumerate(files)]
+
+
+def _normalized(path: Path, tmp: Path) -> Path:
+    """``path`` itself when its external data (if any) is ``model.onnx.data``; else a copy in
+    ``tmp`` saved that way, so the stored entry is self-consistent."""
+    files = model_files(path)
+    if len(files) == 1 or (len(files) == 2 and files[1].name == DATA_FILE):
+        return path
+    import onnx
+
+    proto = onnx.load(str(path))
+    out = tmp / MODEL_FILE
+    onnx.save(proto, str(out), save_as_external_data=True, location=DATA_FILE)
+    return out
+
+
+class LocalStore:
+    """A directory on a local or mounted file system."""
+
+    def __init__(self, root: str | os.PathLike[str]):
+        self.root = Path(root).expanduser().resolve()
+
+    def __repr__(self) -> str:
+        return f"LocalStore({self.root})"
+
+    def _entry(self, model: str, version: str, stage: str, sha: str) -> Path:
+        return self.root / _safe(model) / _safe(str(version)) / _safe(stage) / sha
+
+    def put_model(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        model: str,
+        version: str,
+        stage: str,
+        parents: Sequence[str] = (),
+        config_hash: str | None = None,
+        extra: Mapping[str, Any] | None = None,
+    ) -> StoredModel:
+        self.root.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(prefix=".graphtrim-", dir=self.root) as tmp:
+            src = _normalized(Path(path), Path(tmp))
+            files = model_files(src)
+            sha = sha256_files(files)
+            entry = self._entry(model, version, stage, sha)
+            if (entry / MANIFEST).is_file():
+                return self._stored(entry)
+            staging = Path(tmp) / "entry"
+            staging.mkdir()
+            for f, name in zip(files, _staged_names(files), strict=True):
+                shutil.copyfile(f, staging / name)
+            manifest = _manifest(
+                files,
+                sha,
+                model=model,
+                version=version,
+                stage=stage,
+                parents=parents,
+                config_hash=config_hash,
+                extra=extra,
+            )
+            (staging / MANIFEST).write_text(json.dumps(manifest, indent=2))
+            entry.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                os.replace(staging, entry)  # a folder appears whole or not at all
+            except OSError:
+                if not (entry / MANIFEST).is_file():  # not a concurrent writer of the same bytes
+                    shutil.rmtree(entry, ignore_errors=True)
+                    os.replace(staging, entry)
+        return self._stored(entry)
+
+    def _stored(self, entry: Path) -> StoredModel:
+        manifest = json.loads((entry / MANIFEST).read_text())
+        return StoredModel(
+            entry.as_uri(), (entry / MODEL_FILE).as_uri(), manifest["sha256"], manifest
+        )
+
+    def fetch_model(self, uri: str, dest: str | os.PathLike[str]) -> Path:
+        entry = _local_path(uri)
+        if entry.name == MODEL_FILE:
+            entry = entry.parent
+        if not (entry / MANIFEST).is_file():
+            raise ArtifactStoreError(f"{uri}: no complete model entry (manifest missing)")
+        out = Path(dest)
+        out.mkdir(parents=True, exist_ok=True)
+        manifest = json.loads((entry / MANIFEST).read_text())
+        for name in manifest["files"]:
+            shutil.copyfile(entry / name, out / name)
+        return out / MODEL_FILE
+
+    def put_file(self, path: str | os.PathLike[str], key: str) -> str:
+        target = self.root / key
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_name(f".{target.name}.tmp")
+        shutil.copyfile(path, tmp)
+        os.replace(tmp, target)
+        return target.as_uri()
+
+
+def _local_path(uri: str) -> Path:
+    if uri.startswith("file://"):
+        from urllib.parse import unquote, urlparse
+
+        return Path(unquote(urlparse(uri).path))
+    return Path(uri)
+
+
+class S3Store:
+    """An S3 bucket (any S3-compatible endpoint) under a key prefix.
+
+    Uploads use boto3's managed transfer (multipart above ``multipart_threshold``) with retries
+    and exponential backoff on top of botocore's own.
+    """
+
+    def __init__(
+        self,
+        bucket: str,
+        prefix: str = "",
+        *,
+        endpoint_url: str | None = None,
+        client: Any = None,
+        multipart_threshold: int = 64 * 1024 * 1024,
+        attempts: int = 4,
+        backoff: float = 0.5,
+        sleep: Callable[[float], None] = time.sleep,
+    ):
+        self.bucket = bucket
+        self.prefix = prefix.strip("/")
+        self.endpoint_url = (
+            endpoint_url
+            or os.environ.get("AWS_ENDPOINT_URL_S3")
+            or os.environ.get("MLFLOW_S3_ENDPOINT_URL")
+        )
+        self.attempts = attempts
+        self.backoff = backoff
+        self._sleep = sleep
+        self.multipart_threshold = multipart_threshold
+        if client is None:
+            import boto3
+            from botocore.config import Config
+
+            client = boto3.client(
+                "s3",
+                endpoint_url=self.endpoint_url,
+                config=Config(
+                    retries={"max_attempts": 3, "mode": "standard"},
+                    connect_timeout=5,
+                    read_timeout=60,
+                ),
+            )
+        self.client = client
+
+    def __repr__(self) -> str:
+        return f"S3Store(s3://{self.bucket}/{self.prefix}, endpoint={self.endpoint_url})"
+
+    def _key(self, *parts: str) -> str:
+        return "/".join(p for p in (self.prefix, *parts) if p)
+
+    def _retry(self, what: str, fn: Callable[[], Any]) -> Any:
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        last: Exception | None = None
+        for attempt in range(self.attempts):
+            try:
+                return fn()
+            except ClientError as exc:
+                code = exc.response.get("Error", {}).get("Code", "")
+                if code in ("NoSuchBucket", "AccessDenied", "InvalidAccessKeyId", "403", "404"):
+                    raise ArtifactStoreError(
+                        f"S3 {what} failed: {code} (bucket '{self.bucket}', endpoint "
+                        f"{self.endpoint_url or 'AWS'})"
+                    ) from exc
+                last = exc
+            except (BotoCoreError, OSError) as exc:
+                last = exc
+            if attempt + 1 < self.attempts:
+                self._sleep(self.backoff * (2**attempt))
+        raise ArtifactStoreError(
+            f"S3 {what} failed after {self.attempts} attempts (bucket '{self.bucket}', endpoint "
+            f"{self.endpoint_url or 'AWS'}): {last}"
+        ) from last
+
+    def _exists(self, key: str) -> bool:
+        from botocore.exceptions import ClientError
+
+        def head() -> bool:
+            try:
+                self.client.head_object(Bucket=self.bucket, Key=key)
+                return True
+            except ClientError as exc:
+                if exc.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
+                    return False
+                raise
+
+        return bool(self._retry(f"HEAD {key}", head))
+
+    def _upload(self, path: Path, key: str) -> None:
+        from boto3.s3.transfer import TransferConfig
+
+        cfg = TransferConfig(
+            multipart_threshold=self.multipart_threshold, multipart_chunksize=16 << 20
+        )
+        self._retry(
+            f"upload of {key}",
+            lambda: self.client.upload_file(str(path), self.bucket, key, Config=cfg),
+        )
+
+    def put_model(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        model: str,
+        version: str,
+        stage: str,
+        parents: Sequence[str] = (),
+        config_hash: str | None = None,
+        extra: Mapping[str, Any] | None = None,
+    ) -> StoredModel:
+        with tempfile.TemporaryDirectory(prefix="graphtrim-s3-") as tmp:
+            src = _normalized(Path(path), Path(tmp))
+            files = model_files(src)
+            sha = sha256_files(files)
+            base = self._key(_safe(model), _safe(str(version)), _safe(stage), sha)
+            manifest_key = f"{base}/{MANIFEST}"
+            if self._exists(manifest_key):
+                return self._stored(base)
+            for f, name in zip(files, _staged_names(files), strict=True):
+                self._upload(f, f"{base}/{name}")
+            manifest = _manifest(
+                files,
+                sha,
+                model=model,
+                version=version,
+                stage=stage,
+                parents=parents,
+                config_hash=config_hash,
+                extra=extra,
+            )
+            body = json.dumps(manifest, indent=2).encode()
+            self._retry(
+                f"upload of {manifest_key}",
+                lambda: self.client.put_object(Bucket=self.bucket, Key=manifest_key, Body=body),
+            )
+        return StoredModel(
+            f"s3://{self.bucket}/{base}", f"s3://{self.bucket}/{base}/{MODEL_FILE}", sha, manifest
+        )
+
+    def _stored(self, base: str) -> StoredModel:
+        obj = self._retry(
+            f"GET {base}/{MANIFEST}",
+            lambda: self.client.get_object(Bucket=self.bucket, Key=f"{base}/{MANIFEST}"),
+        )
+        manifest = json.loads(obj["Body"].read())
+        return StoredModel(
+            f"s3://{self.bucket}/{base}",
+            f"s3://{self.bucket}/{base}/{MODEL_FILE}",
+            manifest["sha256"],
+            manifest,
+        )
+
+    def fetch_model(self, uri: str, dest: str | os.PathLike[str]) -> Path:
+        bucket, key = split_s3(uri)
+        if key.endswith("/" + MODEL_FILE):
+            key = key[: -len(MODEL_FILE) - 1]
+        obj = self._retry(
+            f"GET {key}/{MANIFEST}",
+            lambda: self.client.get_object(Bucket=bucket, Key=f"{key}/{MANIFEST}"),
+        )
+        manifest = json.loads(obj["Body"].read())
+        out = Path(dest)
+        out.mkdir(parents=True, exist_ok=True)
+        for name in manifest["files"]:
+            self._retry(
+                f"download of {key}/{name}",
+                functools.partial(
+                    self.client.download_file, bucket, f"{key}/{name}", str(out / name)
+                ),
+            )
+        if sha256_files(model_files(out / MODEL_FILE)) != manifest["sha256"]:
+            raise ArtifactStoreError(f"{uri}: downloaded files do not match the manifest's sha256")
+        return out / MODEL_FILE
+
+    def put_file(self, path: str | os.PathLike[str], key: str) -> str:
+        full = self._key(key)
+        self._upload(Path(path), full)
+        return f"s3://{self.bucket}/{full}"
+
+
+def split_s3(uri: str) -> tuple[str, str]:
+    if not uri.startswith("s3://"):
+        raise ArtifactStoreError(f"not an s3:// URI: {uri}")
+    bucket, _, key = uri[5:].partition("/")
+    if len(bucket) < 3:
+        raise ArtifactStoreError(f"{uri}: bucket names have at least 3 characters")
+    return bucket, key.strip("/")
+
+
+def open_store(location: str, *, endpoint_url: str | None = None) -> ArtifactStore:
+    """``s3://bucket/prefix`` -> S3Store; a path or ``file://`` URI -> LocalStore."""
+    if location.startswith("s3://"):
+        bucket, prefix = split_s3(location)
+        return S3Store(bucket, prefix, endpoint_url=endpoint_url)
+    return LocalStore(_local_path(location))
+
+
+def fetch(uri: str, dest: str | os.PathLike[str], *, endpoint_url: str | None = None) -> Path:
+    """Download the model entry at ``uri`` (from either backend) into ``dest``."""
+    if uri.startswith("s3://"):
+        bucket, _ = split_s3(uri)
+        return S3Store(bucket, endpoint_url=endpoint_url).fetch_model(uri, dest)
+    return LocalStore("/").fetch_model(uri, dest)

@@ -1,0 +1,292 @@
+"""The MLflow model registry as graphtrim uses it: resolve sources, register variants with
+lineage, find them again by lineage, and move aliases with an audit trail.
+
+Every call goes through an ``MlflowClient`` bound to one tracking URI. Errors name what is
+missing (model, version, alias) or unreachable (the tracking server) in one line.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import getpass
+import json
+import os
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from optimizer_core.errors import GraphtrimError
+
+TAG = "graphtrim."
+KEY_TAG = TAG + "key"
+VARIANT_TAG = TAG + "variant"
+HISTORY_TAG = TAG + "alias_history."  # registered-model tag, one per alias: JSON list of versions
+
+_MODELS_URI = re.compile(r"^models:/(?P<name>[^/@]+)(?:/(?P<version>\d+)|@(?P<alias>[\w.-]+))$")
+
+
+class RegistryError(GraphtrimError):
+    """The registry cannot be reached, or lacks the model, version or alias asked for."""
+
+
+@dataclasses.dataclass(frozen=True)
+class SourceVersion:
+    name: str
+    version: str
+    model_id: str | None
+    run_id: str | None
+    source: str
+    tags: dict[str, str]
+
+    @property
+    def uri(self) -> str:
+        return f"models:/{self.name}/{self.version}"
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def parse_models_uri(uri: str) -> tuple[str, str | None, str | None]:
+    """``models:/NAME/VERSION`` or ``models:/NAME@ALIAS`` -> (name, version, alias)."""
+    m = _MODELS_URI.match(uri.strip())
+    if not m:
+        raise RegistryError(
+            f"'{uri}' is not a registry model URI: use models:/NAME/VERSION or models:/NAME@ALIAS"
+        )
+    return m.group("name"), m.group("version"), m.group("alias")
+
+
+def _check_reachable(tracking_uri: str, timeout: float = 5.0) -> None:
+    if not tracking_uri.startswith(("http://", "https://")):
+        return
+    import requests
+
+    try:
+        requests.get(tracking_uri.rstrip("/") + "/health", timeout=timeout)
+    except requests.RequestException as exc:
+        raise RegistryError(
+            f"cannot reach the MLflow tracking server at {tracking_uri}: {type(exc).__name__}"
+        ) from exc
+
+
+class Registry:
+    """A thin, typed wrapper over ``MlflowClient`` for one tracking URI."""
+
+    def __init__(self, tracking_uri: str | None = None, *, check: bool = True):
+        import mlflow
+        from mlflow import MlflowClient
+
+        os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+        # a dead server should fail in seconds, not after minutes of client retries
+        os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
+        os.environ.setdefault("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "1")
+        os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "30")
+        self.tracking_uri = tracking_uri or mlflow.get_tracking_uri()
+        if check:
+            _check_reachable(self.tracking_uri)
+        self.client = MlflowClient(tracking_uri=self.tracking_uri, registry_uri=self.tracking_uri)
+
+    # ------------------------------------------------------------------ reading
+
+    def _call(self, what: str, fn: Any, *args: Any, **kw: Any) -> Any:
+        from mlflow.exceptions import MlflowException
+
+        try:
+            return fn(*args, **kw)
+        except MlflowException as exc:
+            code = getattr(exc, "error_code", "")
+            if code in ("RESOURCE_DOES_NOT_EXIST", "NOT_FOUND") or "not found" in str(exc):
+                raise RegistryError(
+                    f"{what}: not found in the registry at {self.tracking_uri}"
+                ) from exc
+            raise RegistryError(f"{what}: {str(exc).splitlines()[0][:300]}") from exc
+        except OSError as exc:
+            raise RegistryError(
+                f"{what}: cannot reach the registry at {self.tracking_uri} ({exc})"
+            ) from exc
+
+    def resolve(self, uri: str) -> SourceVersion:
+        name, version, alias = parse_models_uri(uri)
+        self._call(f"registered model '{name}'", self.client.get_registered_model, name)
+        if alias is not None:
+            mv = self._call(
+                f"alias '{alias}' of registered model '{name}'",
+                self.client.get_model_version_by_alias,
+                name,
+                alias,
+            )
+        else:
+            mv = self._call(
+                f"version {version} of registered model '{name}'",
+                self.client.get_model_version,
+                name,
+                str(version),
+            )
+        return SourceVersion(
+            mv.name,
+            str(mv.version),
+            getattr(mv, "model_id", None),
+            mv.run_id,
+            mv.source,
+            dict(mv.tags or {}),
+        )
+
+    def download(self, source: SourceVersion, dest: str) -> str:
+        import mlflow
+
+        return str(
+            self._call(
+                f"artifacts of {source.uri}",
+                mlflow.artifacts.download_artifacts,
+                artifact_uri=source.uri,
+                dst_path=dest,
+                tracking_uri=self.tracking_uri,
+            )
+        )
+
+    def find_by_key(self, name: str, key: str) -> Any | None:
+        """The version of ``name`` carrying idempotency key ``key``, if one exists."""
+        try:
+            found = self.client.search_model_versions(
+                f"name='{_quote(name)}' and tags.`{KEY_TAG}`='{_quote(key)}'"
+            )
+        except Exception as exc:
+            raise RegistryError(f"searching versions of '{name}': {exc}") from exc
+        versions = sorted(found, key=lambda v: int(v.version))
+        return versions[0] if versions else None
+
+    def search_lineage(self, name: str, **tags: str) -> list[Any]:
+        parts = [f"name='{_quote(name)}'"]
+        parts += [f"tags.`{TAG}{k}`='{_quote(v)}'" for k, v in tags.items()]
+        return list(self.client.search_model_versions(" and ".join(parts)))
+
+    def alias_version(self, name: str, alias: str) -> str | None:
+        from mlflow.exceptions import MlflowException
+
+        try:
+            return str(self.client.get_model_version_by_alias(name, alias).version)
+        except MlflowException:
+            return None
+
+    # ------------------------------------------------------------------ writing
+
+    def ensure_registered_model(self, name: str) -> None:
+        from mlflow.exceptions import MlflowException
+
+        try:
+            self.client.get_registered_model(name)
+        except MlflowException:
+            try:
+                self.client.create_registered_model(name)
+            except MlflowException as exc:
+                if "already exists" not in str(exc).lower():
+                    raise RegistryError(f"creating registered model '{name}': {exc}") from exc
+
+    def register(
+        self, model_uri: str, name: str, *, tags: Mapping[str, str], key: str
+    ) -> tuple[str, bool]:
+        """Register ``model_uri`` as a new version of ``name`` unless a version with ``key``
+        exists; returns (version, created)."""
+        existing = self.find_by_key(name, key)
+        if existing is not None:
+            return str(existing.version), False
+        import mlflow
+
+        self.ensure_registered_model(name)
+        mv = self._call(
+            f"registering {model_uri} as '{name}'",
+            mlflow.register_model,
+            model_uri,
+            name,
+            tags={**tags, KEY_TAG: key},
+        )
+        # two writers racing past the search both created a version: keep the oldest
+        winner = self.find_by_key(name, key)
+        if winner is not None and str(winner.version) != str(mv.version):
+            self.client.delete_model_version(name, str(mv.version))
+            return str(winner.version), False
+        return str(mv.version), True
+
+    def _history(self, name: str, alias: str) -> list[str]:
+        rm = self.client.get_registered_model(name)
+        raw = (rm.tags or {}).get(HISTORY_TAG + alias)
+        try:
+            return [str(v) for v in json.loads(raw)] if raw else []
+        except ValueError:
+            return []
+
+    def move_alias(
+        self, name: str, alias: str, version: str, *, why: str, who: str | None = None
+    ) -> str | None:
+        """Point ``alias`` at ``version``; returns the version it left (None if new). The
+        registered model keeps the alias's history (for rollback); both versions get audit tags."""
+        previous = self.alias_version(name, alias)
+        if previous == str(version):
+            return previous
+        self._call(
+            f"setting alias '{alias}' of '{name}'",
+            self.client.set_registered_model_alias,
+            name,
+            alias,
+            str(version),
+        )
+        history = self._history(name, alias)
+        if previous is not None:
+            history.append(previous)
+        self.client.set_registered_model_tag(name, HISTORY_TAG + alias, json.dumps(history[-50:]))
+        audit = _audit("promote", alias, previous, str(version), why, who)
+        self.client.set_model_version_tag(name, str(version), f"{TAG}audit.{alias}", audit)
+        if previous is not None:
+            self.client.set_model_version_tag(name, previous, f"{TAG}audit.{alias}", audit)
+        return previous
+
+    def rollback(
+        self, name: str, alias: str, *, why: str, who: str | None = None
+    ) -> tuple[str, str]:
+        """Move ``alias`` back to the version it pointed at before; returns (from, to)."""
+        current = self.alias_version(name, alias)
+        if current is None:
+            raise RegistryError(f"registered model '{name}' has no alias '{alias}' to roll back")
+        history = self._history(name, alias)
+        while history and history[-1] == current:
+            history.pop()
+        if not history:
+            raise RegistryError(
+                f"alias '{alias}' of '{name}' has no earlier version on record to roll back to"
+            )
+        target = history.pop()
+        self._call(
+            f"setting alias '{alias}' of '{name}'",
+            self.client.set_registered_model_alias,
+            name,
+            alias,
+            target,
+        )
+        self.client.set_registered_model_tag(name, HISTORY_TAG + alias, json.dumps(history))
+        audit = _audit("rollback", alias, current, target, why, who)
+        self.client.set_model_version_tag(name, current, f"{TAG}audit.{alias}", audit)
+        self.client.set_model_version_tag(name, target, f"{TAG}audit.{alias}", audit)
+        return current, target
+
+
+def _audit(action: str, alias: str, old: str | None, new: str, why: str, who: str | None) -> str:
+    try:
+        user = who or getpass.getuser()
+    except Exception:  # no user database entry (containers)
+        user = who or "unknown"
+    return json.dumps(
+        {
+            "action": action,
+            "alias": alias,
+            "from": old,
+            "to": new,
+            "who": user,
+            "when": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+            "why": why,
+        }
+    )
+
+
+def _quote(value: str) -> str:
+    return str(value).replace("'", "\\'")
