@@ -1,0 +1,1 @@
+"""Pipeline stages: plain functions, URIs in, small result records out (in progress)."""
