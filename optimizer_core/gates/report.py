@@ -13,6 +13,8 @@ import io
 from collections.abc import Mapping
 from typing import Any
 
+from optimizer_core.report import _fmt_bytes
+
 _STATUS_MARK = {"pass": "PASS", "fail": "FAIL", "undecided": "UNDECIDED", "error": "ERROR"}
 
 
@@ -24,15 +26,7 @@ def _fmt(v: Any, spec: str = ".4g") -> str:
     return str(v)
 
 
-def _bytes(n: int | None) -> str:
-    if n is None:
-        return "-"
-    value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if value < 1024 or unit == "GiB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    return f"{n} B"
+_bytes = _fmt_bytes
 
 
 def _gate(variant: Mapping[str, Any], name: str) -> Mapping[str, Any] | None:
