@@ -417,22 +417,28 @@ def build_variant(
         pre_dir.mkdir()
         pre = pre_dir / target.name
         opt = optimize_file(source, pre, preset=cfg.preset, check=True)
-        _name_nodes(pre)
-        if variant == "graph":
-            only = Attempt(1, [], None, {})
-            if accuracy_check is not None:
-                only.accuracy_passed, only.measured = accuracy_check(pre)
-            _publish(pre, target)
+
+        def finish(
+            built: Path, attempts: list[Attempt], cleanup: dict[str, Any] | None
+        ) -> VariantBuild:
+            _publish(built, target)
             return VariantBuild(
                 variant,
                 str(source),
                 str(target),
                 time.perf_counter() - t0,
                 cfg,
-                [only],
+                attempts,
                 opt.to_json(),
-                None,
+                cleanup,
             )
+
+        _name_nodes(pre)
+        if variant == "graph":
+            only = Attempt(1, [], None, {})
+            if accuracy_check is not None:
+                only.accuracy_passed, only.measured = accuracy_check(pre)
+            return finish(pre, [only], None)
 
         excluded = list(cfg.nodes_to_exclude)
         if variant == "fp16":
@@ -493,17 +499,7 @@ def build_variant(
             k = max(1, math.ceil(cfg.fallback_fraction * len(ranked)) * number)
             excluded = sorted(set(excluded) | {e.node for e in positive[:k]})
         assert final is not None
-        _publish(final, target)
-        return VariantBuild(
-            variant,
-            str(source),
-            str(target),
-            time.perf_counter() - t0,
-            cfg,
-            attempts,
-            opt.to_json(),
-            cleanup,
-        )
+        return finish(final, attempts, cleanup)
     finally:
         shutil.rmtree(stage, ignore_errors=True)
 
