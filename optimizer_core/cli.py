@@ -144,6 +144,9 @@ def build_parser() -> argparse.ArgumentParser:
     from optimizer_core import cli_variants
 
     cli_variants.add_parsers(sub)
+    from optimizer_core import cli_pipeline
+
+    cli_pipeline.add_parsers(sub)
     return parser
 
 
@@ -224,7 +227,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="graphtrim: %(levelname)s: %(message)s")
-    from optimizer_core import cli_variants
+    from optimizer_core import cli_pipeline, cli_variants
 
     handler = {
         "optimize": _cmd_optimize,
@@ -234,6 +237,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         "evaluate": cli_variants.cmd_evaluate,
         "variants": cli_variants.cmd_variants,
         "report": cli_variants.cmd_report,
+        "pipeline": cli_pipeline.cmd_pipeline,
+        "promote": cli_pipeline.cmd_promote,
+        "rollback": cli_pipeline.cmd_rollback,
     }[args.command]
     try:
         return handler(args)

@@ -82,3 +82,13 @@ def fingerprint(
         "execution_mode": "sequential",
         "eval_data_sha256": data_digest,
     }
+
+
+def fingerprint_digest(fp: dict[str, Any]) -> str:
+    """A short digest of the hardware and software a measurement ran on: two latency numbers
+    are comparable only when their digests agree. The evaluation data does not enter it."""
+    import hashlib
+    import json
+
+    body = {k: v for k, v in fp.items() if k != "eval_data_sha256"}
+    return hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode()).hexdigest()[:16]

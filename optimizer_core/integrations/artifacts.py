@@ -449,3 +449,22 @@ def fetch(uri: str, dest: str | os.PathLike[str], *, endpoint_url: str | None = 
         bucket, _ = split_s3(uri)
         return S3Store(bucket, endpoint_url=endpoint_url).fetch_model(uri, dest)
     return LocalStore("/").fetch_model(uri, dest)
+
+
+def fetch_file(uri: str, dest: str | os.PathLike[str], *, endpoint_url: str | None = None) -> Path:
+    """A single file (evaluation data, a policy) from a local path, ``file://`` or ``s3://``
+    URI, as a local path: local files are used in place, S3 objects downloaded to ``dest``."""
+    if uri.startswith("s3://"):
+        bucket, key = split_s3(uri)
+        store = S3Store(bucket, endpoint_url=endpoint_url)
+        out = Path(dest)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        store._retry(
+            f"download of {key}",
+            functools.partial(store.client.download_file, bucket, key, str(out)),
+        )
+        return out
+    path = _local_path(uri)
+    if not path.is_file():
+        raise ArtifactStoreError(f"{uri}: no such file")
+    return path

@@ -123,10 +123,13 @@ class Registry:
                 name,
                 str(version),
             )
+        model_id = getattr(mv, "model_id", None)
+        if not model_id and str(mv.source).startswith("models:/m-"):
+            model_id = str(mv.source).removeprefix("models:/").split("/")[0]
         return SourceVersion(
             mv.name,
             str(mv.version),
-            getattr(mv, "model_id", None),
+            model_id,
             mv.run_id,
             mv.source,
             dict(mv.tags or {}),
@@ -168,6 +171,15 @@ class Registry:
             return str(self.client.get_model_version_by_alias(name, alias).version)
         except MlflowException:
             return None
+
+    def version_tags(self, name: str, version: str) -> dict[str, str]:
+        mv = self._call(
+            f"version {version} of registered model '{name}'",
+            self.client.get_model_version,
+            name,
+            str(version),
+        )
+        return dict(mv.tags or {})
 
     # ------------------------------------------------------------------ writing
 

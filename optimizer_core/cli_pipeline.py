@@ -1,0 +1,329 @@
+"""``graphtrim pipeline run|stage``, ``graphtrim promote`` and ``graphtrim rollback``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from optimizer_core.errors import GraphtrimError
+
+STAGES = ("export", "optimize", "quantize", "validate", "register", "promote")
+
+
+def _csv(text: str) -> list[str]:
+    return [t.strip() for t in text.split(",") if t.strip()]
+
+
+def _add_location_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--tracking-uri",
+        default=os.environ.get("MLFLOW_TRACKING_URI"),
+        help="MLflow tracking/registry URI (default: $MLFLOW_TRACKING_URI)",
+    )
+
+
+def _add_pipeline_args(p: argparse.ArgumentParser) -> None:
+    from optimizer_core.graph.presets import PRESETS
+    from optimizer_core.quantize import VARIANTS
+    from optimizer_core.stages.context import DEFAULT_VARIANTS
+
+    _add_location_args(p)
+    p.add_argument(
+        "--artifacts",
+        default=os.environ.get("GRAPHTRIM_ARTIFACTS", "graphtrim-artifacts"),
+        help="artifact store: s3://bucket/prefix or a local folder (default: "
+        "$GRAPHTRIM_ARTIFACTS, else ./graphtrim-artifacts)",
+    )
+    p.add_argument(
+        "--s3-endpoint-url",
+        default=os.environ.get("AWS_ENDPOINT_URL_S3"),
+        help="S3-compatible endpoint (default: $AWS_ENDPOINT_URL_S3; AWS when unset)",
+    )
+    p.add_argument(
+        "--variants",
+        type=_csv,
+        default=list(DEFAULT_VARIANTS),
+        help=f"comma-separated variants to build: {', '.join(VARIANTS)}",
+    )
+    p.add_argument("--preset", default="default", choices=sorted(PRESETS))
+    p.add_argument("--device", default="cpu", choices=("cpu", "gpu"), help="where gates measure")
+    p.add_argument("--tensorrt", action="store_true", help="with --device gpu: TensorRT first")
+    p.add_argument("--policy", metavar="GATES.yaml", help="gate and promotion policy file")
+    p.add_argument(
+        "--calibration", metavar="NPZ", help=".npz calibration data (path, file:// or s3://)"
+    )
+    p.add_argument(
+        "--eval-data",
+        metavar="NPZ",
+        help=".npz evaluation data, optionally with labels (default: the calibration data, "
+        "else seeded random inputs)",
+    )
+    p.add_argument(
+        "--target-name",
+        help="registered model that receives the variants (default: the source model's name)",
+    )
+    p.add_argument("--experiment", default="graphtrim", help="MLflow experiment of the runs")
+    p.add_argument("--no-fallback", action="store_true", help="no sensitivity fallback")
+    p.add_argument("--workdir", help="scratch folder (default: the system's temporary folder)")
+    p.add_argument(
+        "--orchestrator-run-id",
+        help="the orchestrator's run id, recorded in the lineage; a retry with the same id "
+        "logs into the same MLflow run",
+    )
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
+
+
+def add_parsers(sub: Any) -> None:
+    pipe = sub.add_parser(
+        "pipeline",
+        help="run the registry-to-registry pipeline (export .. promote)",
+        description=(
+            "Take a registered model version through export, optimize, quantize, validate, "
+            "register and promote. Every stage is idempotent: re-running for the same source "
+            "version and config registers nothing new."
+        ),
+    )
+    psub = pipe.add_subparsers(dest="pipeline_command", required=True, metavar="SUBCOMMAND")
+    run = psub.add_parser(
+        "run",
+        help="all stages in this process",
+        description=(
+            "Run all stages for --model and print a table of variants, their gates and the "
+            "versions registered. Exit 0 when at least one variant passed its gates and is "
+            "registered, 1 when none did, 2 on bad input (missing model, unreachable registry "
+            "or store, unusable model)."
+        ),
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    run.add_argument(
+        "--model", required=True, help="source: models:/NAME/VERSION or models:/NAME@ALIAS"
+    )
+    _add_pipeline_args(run)
+    run.add_argument("--json", metavar="FILE", help="write every stage's record here")
+
+    st = psub.add_parser(
+        "stage",
+        help="one stage, records in and out as JSON (for orchestrators)",
+        description=(
+            "Run one stage. Inputs are the JSON records of earlier stages (--input NAME=FILE, "
+            "repeatable: export needs --model; optimize needs export; quantize needs export and "
+            "optimize; validate needs export and quantize; register needs optimize and "
+            "validate; promote needs validate and register). The stage's record goes to --output."
+        ),
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    st.add_argument("stage", choices=STAGES)
+    st.add_argument("--model", help="source model URI (export only)")
+    st.add_argument(
+        "--input",
+        action="append",
+        default=[],
+        metavar="STAGE=FILE",
+        help="record of an earlier stage",
+    )
+    st.add_argument("--output", required=True, metavar="FILE", help="where to write this record")
+    _add_pipeline_args(st)
+
+    pr = sub.add_parser(
+        "promote",
+        help="point a registry alias at a version (with audit tags)",
+        description=(
+            "Move ALIAS of the registered model to VERSION. Versions graphtrim registered carry "
+            "their gate results: one that failed a gate is refused unless --force. Both the "
+            "new and the previous version get an audit tag (who, when, why)."
+        ),
+    )
+    pr.add_argument("model", help="models:/NAME/VERSION")
+    pr.add_argument("--alias", default="champion")
+    pr.add_argument("--why", required=True, help="reason, kept in the audit tags")
+    pr.add_argument("--force", action="store_true", help="promote even if gates failed")
+    _add_location_args(pr)
+
+    rb = sub.add_parser(
+        "rollback",
+        help="move an alias back to the version it pointed at before",
+        description=(
+            "Move ALIAS of NAME back to its previous version (graphtrim keeps each alias's "
+            "history on the registered model). Both versions get an audit tag."
+        ),
+    )
+    rb.add_argument("name", help="registered model name")
+    rb.add_argument("--alias", default="champion")
+    rb.add_argument("--why", required=True, help="reason, kept in the audit tags")
+    _add_location_args(rb)
+
+
+def _tracking(args: argparse.Namespace) -> str:
+    if not args.tracking_uri:
+        raise GraphtrimError("no tracking URI: pass --tracking-uri or set MLFLOW_TRACKING_URI")
+    return str(args.tracking_uri)
+
+
+def _context_and_config(args: argparse.Namespace) -> tuple[Any, Any]:
+    import yaml
+
+    from optimizer_core.stages.context import PipelineConfig, StageContext
+
+    started = time.perf_counter()
+
+    def progress(line: str) -> None:
+        print(f"[graphtrim {time.perf_counter() - started:6.1f}s] {line}", file=sys.stderr)
+
+    policy = None
+    if args.policy:
+        from optimizer_core.gates.policy import GatePolicy
+
+        GatePolicy.load(args.policy)  # clear errors for a bad file
+        policy = yaml.safe_load(Path(args.policy).read_text()) or {}
+    ctx = StageContext(
+        tracking_uri=_tracking(args),
+        artifacts=args.artifacts,
+        workdir=args.workdir,
+        s3_endpoint_url=args.s3_endpoint_url,
+        orchestrator_run_id=args.orchestrator_run_id,
+        progress=None if args.quiet else progress,
+    )
+    config = PipelineConfig(
+        variants=tuple(args.variants),
+        preset=args.preset,
+        device=args.device,
+        tensorrt=args.tensorrt,
+        policy=policy,
+        calibration=args.calibration,
+        eval_data=args.eval_data,
+        target_name=args.target_name,
+        experiment=args.experiment,
+        fallback=not args.no_fallback,
+    )
+    return ctx, config
+
+
+def table(records: dict[str, Any]) -> str:
+    """Variants, their gate verdicts, key numbers and the versions registered."""
+    validated = records.get("validate", {})
+    registered = records.get("register", {}).get("registered", {})
+    aliases = records.get("promote", {}).get("aliases", {})
+    champion = records.get("promote", {}).get("champion", {})
+    rows = [("variant", "result", "size", "accuracy", "latency", "speedup", "size", "registered")]
+    for name, s in validated.get("variants", {}).items():
+        g, m = s["gates"], s["metrics"]
+        reg = registered.get(name)
+        where = "-"
+        if reg:
+            where = f"v{reg['version']}" + ("" if reg["created"] else " (existing)")
+            tags = [a for a, rec in aliases.items() if rec["version"] == reg["version"]]
+            if champion.get("moved") and champion.get("version") == reg["version"]:
+                tags.append(str(champion["alias"]))
+            if tags:
+                where += " @" + ",".join(tags)
+        rows.append(
+            (
+                name,
+                "PASS" if s["passed"] else "FAIL",
+                g.get("size", "-"),
+                g.get("accuracy", g.get("build", "-")),
+                g.get("latency", "-"),
+                f"{m['speedup']:.2f}x" if m.get("speedup") else "-",
+                f"{m['size_ratio']:.2f}x" if m.get("size_ratio") else "-",
+                where,
+            )
+        )
+    widths = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    if champion:
+        lines.append("")
+        lines.append(
+            f"{champion.get('alias')}: "
+            + (f"moved to v{champion['version']} " if champion.get("moved") else "unchanged ")
+            + f"({champion.get('reason', '')})"
+        )
+    if validated.get("reports"):
+        lines.append(f"report: {validated['reports'].get('html')}")
+    return "\n".join(lines)
+
+
+def cmd_pipeline(args: argparse.Namespace) -> int:
+    from optimizer_core.stages import pipeline
+
+    ctx, config = _context_and_config(args)
+    if args.pipeline_command == "run":
+        records = pipeline.run_pipeline(ctx, config, args.model)
+        if args.json:
+            _write_json(Path(args.json), records)
+        print(table(records))
+        return 0 if records["register"]["registered"] else 1
+    inputs: dict[str, Any] = {}
+    for item in args.input:
+        name, sep, path = item.partition("=")
+        if not sep or name not in STAGES:
+            raise GraphtrimError(f"--input expects STAGE=FILE with a stage name, got '{item}'")
+        try:
+            inputs[name] = json.loads(Path(path).read_text())
+        except (OSError, ValueError) as exc:
+            raise GraphtrimError(f"--input {item}: cannot read the record ({exc})") from exc
+    if "export" in inputs and "config" in inputs["export"]:
+        # the data hashes resolved by export keep the config hash stable across stages
+        config = config.__class__.from_json({**config.to_json(), **_resolved(inputs["export"])})
+    need = {
+        "export": (),
+        "optimize": ("export",),
+        "quantize": ("export", "optimize"),
+        "validate": ("export", "quantize"),
+        "register": ("optimize", "validate"),
+        "promote": ("validate", "register"),
+    }[args.stage]
+    missing = [n for n in need if n not in inputs]
+    if missing:
+        raise GraphtrimError(
+            f"stage {args.stage} needs --input for {', '.join(f'{m}=FILE' for m in missing)}"
+        )
+    fn = getattr(pipeline, args.stage)
+    if args.stage == "export":
+        if not args.model:
+            raise GraphtrimError("stage export needs --model models:/NAME/VERSION")
+        record = fn(ctx, config, args.model)
+    else:
+        record = fn(ctx, config, *(inputs[n] for n in need))
+    _write_json(Path(args.output), record)
+    return 0
+
+
+def _resolved(export_record: dict[str, Any]) -> dict[str, Any]:
+    cfg = export_record["config"]
+    return {"data_sha256": cfg.get("data_sha256")}
+
+
+def _write_json(path: Path, doc: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(doc, indent=2, default=str))
+    os.replace(tmp, path)
+
+
+def cmd_promote(args: argparse.Namespace) -> int:
+    from optimizer_core.integrations.registry import Registry, parse_models_uri
+    from optimizer_core.stages.promote import promote_version
+
+    name, version, _ = parse_models_uri(args.model)
+    if version is None:
+        raise GraphtrimError(f"promote takes models:/NAME/VERSION, not an alias ({args.model})")
+    result = promote_version(
+        Registry(_tracking(args)), name, version, args.alias, why=args.why, force=args.force
+    )
+    before = f" (was v{result['previous']})" if result["previous"] else ""
+    print(f"{name}@{args.alias} -> v{version}{before}")
+    return 0
+
+
+def cmd_rollback(args: argparse.Namespace) -> int:
+    from optimizer_core.integrations.registry import Registry
+
+    old, new = Registry(_tracking(args)).rollback(args.name, args.alias, why=args.why)
+    print(f"{args.name}@{args.alias}: v{old} -> v{new}")
+    return 0

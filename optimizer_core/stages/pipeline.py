@@ -1,0 +1,646 @@
+"""The pipeline's stages as plain functions: records in, a record out.
+
+``export`` -> ``optimize`` -> ``quantize`` -> ``validate`` -> ``register`` -> ``promote``. Each
+stage fetches what it needs from the artifact store, writes what it makes back under a
+content-addressed key, logs into the pipeline's MLflow run and returns a small JSON record.
+Any orchestrator can place each stage on its own worker; ``run_pipeline`` chains them in one
+process (the CLI, CI and the demo).
+
+Retrying a stage is safe: the artifact keys are content hashes, the MLflow run is found again
+by the orchestrator's run id, and a variant is registered at most once per source version and
+config (its lineage key is looked up before anything is logged).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+from optimizer_core.stages.context import (
+    PipelineConfig,
+    PipelineError,
+    StageContext,
+    library_versions,
+    require,
+)
+
+logger = logging.getLogger("graphtrim.stages")
+
+T = "graphtrim."  # tag prefix of every lineage tag
+
+
+# ---------------------------------------------------------------------------------- MLflow run
+
+
+def _client(ctx: StageContext) -> Any:
+    from mlflow import MlflowClient
+
+    return MlflowClient(tracking_uri=ctx.tracking_uri, registry_uri=ctx.tracking_uri)
+
+
+def _experiment_id(client: Any, name: str) -> str:
+    from mlflow.exceptions import MlflowException
+
+    exp = client.get_experiment_by_name(name)
+    if exp is not None:
+        if exp.lifecycle_stage == "deleted":
+            raise PipelineError(
+                f"MLflow experiment '{name}' is deleted: restore it or choose another name"
+            )
+        return str(exp.experiment_id)
+    try:
+        return str(client.create_experiment(name))
+    except MlflowException:  # created concurrently
+        exp = client.get_experiment_by_name(name)
+        if exp is None:
+            raise
+        return str(exp.experiment_id)
+
+
+def _quote(value: str) -> str:
+    return str(value).replace("'", "\\'")
+
+
+def _open_run(ctx: StageContext, config: PipelineConfig, source: Any) -> str:
+    """The MLflow run of this pipeline run: found again by the orchestrator's run id (a retried
+    export stage logs into the same run), created otherwise."""
+    client = _client(ctx)
+    exp = _experiment_id(client, config.experiment)
+    tags = {
+        T + "source.name": source.name,
+        T + "source.version": source.version,
+        T + "source.uri": source.uri,
+        T + "config_hash": config.config_hash,
+        T + "pipeline": "1",
+    }
+    if ctx.orchestrator_run_id:
+        tags[T + "orchestrator_run_id"] = ctx.orchestrator_run_id
+        found = client.search_runs(
+            [exp],
+            " and ".join(f"tags.`{k}` = '{_quote(v)}'" for k, v in tags.items()),
+            max_results=1,
+        )
+        if found:
+            return str(found[0].info.run_id)
+    run = client.create_run(exp, run_name=f"{source.name}-v{source.version}", tags=tags)
+    run_id = str(run.info.run_id)
+    from mlflow.entities import Param
+
+    params = {
+        "source": source.uri,
+        "variants": ",".join(config.variants),
+        "preset": config.preset,
+        "device": config.device,
+        "config_hash": config.config_hash,
+        "policy_hash": config.gate_policy().digest(),
+    }
+    client.log_batch(run_id, params=[Param(k, str(v)) for k, v in params.items()])
+    client.log_dict(run_id, config.to_json(), "graphtrim/config.json")
+    return run_id
+
+
+@contextlib.contextmanager
+def _stage(ctx: StageContext, run_id: str, name: str, *, last: bool = False) -> Iterator[Any]:
+    """Mark the run RUNNING while the stage works; FAILED (with the error) if it raises."""
+    client = _client(ctx)
+    client.update_run(run_id, status="RUNNING")
+    ctx.say(f"{name}: started")
+    try:
+        yield client
+    except BaseException as exc:
+        with contextlib.suppress(Exception):
+            client.set_tag(run_id, T + "failed_stage", name)
+            client.set_tag(run_id, T + "error", f"{type(exc).__name__}: {exc}"[:5000])
+            client.set_terminated(run_id, status="FAILED")
+        raise
+    client.set_tag(run_id, T + "last_stage", name)
+    if last:
+        client.set_terminated(run_id, status="FINISHED")
+    ctx.say(f"{name}: done")
+
+
+def _log_metrics(client: Any, run_id: str, metrics: Mapping[str, float | int | None]) -> None:
+    import time
+
+    from mlflow.entities import Metric
+
+    now = int(time.time() * 1000)
+    batch = [
+        Metric(_metric_key(k), float(v), now, 0)
+        for k, v in metrics.items()
+        if isinstance(v, (int, float)) and v == v  # drop None and NaN
+    ]
+    for i in range(0, len(batch), 500):
+        client.log_batch(run_id, metrics=batch[i : i + 500])
+
+
+def _metric_key(key: str) -> str:
+    return "".join(c if c.isalnum() or c in "_-./ " else "_" for c in key)
+
+
+# ---------------------------------------------------------------------------------- stages
+
+
+def export(ctx: StageContext, config: PipelineConfig, model_uri: str) -> dict[str, Any]:
+    """Resolve ``models:/NAME/VERSION`` or ``models:/NAME@ALIAS`` and store it as ONNX."""
+    from optimizer_core.integrations.artifacts import model_files
+    from optimizer_core.modelio import read_proto
+    from optimizer_core.stages.export import to_onnx
+
+    config = config.resolved(ctx)
+    registry = ctx.registry()
+    source = registry.resolve(model_uri)
+    store = ctx.store()
+    run_id = _open_run(ctx, config, source)
+    with _stage(ctx, run_id, "export") as client, ctx.scratch("export") as tmp:
+        ctx.say(f"export: downloading {source.uri}")
+        folder = registry.download(source, str(tmp / "download"))
+        onnx_path = tmp / "onnx" / "model.onnx"
+        info = to_onnx(folder, onnx_path, registry=registry.tracking_uri)
+        read_proto(onnx_path)  # the exported file is a valid model before anything refers to it
+        stored = store.put_model(
+            onnx_path,
+            model=source.name,
+            version=source.version,
+            stage="export",
+            parents=[source.uri],
+            extra={"export": info.to_json(), "source": source.to_json()},
+        )
+        client.log_batch(run_id, params=_params({"exporter": info.exporter, "flavor": info.flavor}))
+        client.set_tag(run_id, T + "export.uri", stored.uri)
+        for note in info.notes:
+            logger.warning("export: %s", note)
+        size = sum(p.stat().st_size for p in model_files(onnx_path))
+        _log_metrics(client, run_id, {"export.bytes": size})
+    return {
+        "stage": "export",
+        "run_id": run_id,
+        "source": source.to_json(),
+        "model": stored.to_json(),
+        "export": info.to_json(),
+        "config_hash": config.config_hash,
+        "config": config.to_json(),
+    }
+
+
+def _params(values: Mapping[str, Any]) -> list[Any]:
+    from mlflow.entities import Param
+
+    return [Param(k, str(v)[:6000]) for k, v in values.items()]
+
+
+def _fetch(ctx: StageContext, record: Mapping[str, Any], dest: Path) -> Path:
+    from optimizer_core.integrations.artifacts import fetch
+
+    return fetch(record["model"]["uri"], dest, endpoint_url=ctx.s3_endpoint_url)
+
+
+def optimize(
+    ctx: StageContext, config: PipelineConfig, exported: Mapping[str, Any]
+) -> dict[str, Any]:
+    """Run the graph optimizer (verified against the export) and store the result."""
+    from optimizer_core.graph.presets import PRESETS
+    from optimizer_core.optimize import optimize_file
+
+    require(exported, ("run_id", "source", "model"), "optimize")
+    run_id = exported["run_id"]
+    source = exported["source"]
+    store = ctx.store()
+    with _stage(ctx, run_id, "optimize") as client, ctx.scratch("optimize") as tmp:
+        src = _fetch(ctx, exported, tmp / "in")
+        dst = tmp / "out" / "model.onnx"
+        report = optimize_file(src, dst, preset=config.preset, check=True, progress=ctx.progress)
+        stored = store.put_model(
+            dst,
+            model=source["name"],
+            version=source["version"],
+            stage="optimize",
+            parents=[exported["model"]["sha256"]],
+            config_hash=config.hash_for("preset"),
+            extra={"preset": config.preset},
+        )
+        doc = report.to_json()
+        client.log_dict(run_id, doc, "graphtrim/optimize.json")
+        changed = [
+            name
+            for name, agg in report.log.per_pass().items()
+            if agg["nodes_removed"] or agg["nodes_added"] or agg["rules"]
+        ]
+        _log_metrics(
+            client,
+            run_id,
+            {
+                "nodes_before": report.before.nodes,
+                "nodes_after": report.after.nodes,
+                "optimize.seconds": report.seconds,
+                "optimize.bytes": report.after.file_bytes,
+            },
+        )
+    return {
+        "stage": "optimize",
+        "run_id": run_id,
+        "source": source,
+        "model": stored.to_json(),
+        "preset": config.preset,
+        "passes": list(report.log.passes or PRESETS[config.preset]),
+        "changed": changed,
+        "nodes_before": report.before.nodes,
+        "nodes_after": report.after.nodes,
+    }
+
+
+def _data(ctx: StageContext, config: PipelineConfig, model: Path, tmp: Path) -> tuple[Any, Any]:
+    """(calibration, evaluation) data for ``model``; random inputs when none is configured."""
+    from optimizer_core.data import input_specs, load_npz, random_data
+    from optimizer_core.integrations.artifacts import fetch_file
+
+    specs = input_specs(model)
+    calib = evald = None
+    if config.calibration:
+        path = fetch_file(
+            config.calibration, tmp / "calibration.npz", endpoint_url=ctx.s3_endpoint_url
+        )
+        calib = load_npz(path, specs)
+    if config.eval_data:
+        path = fetch_file(config.eval_data, tmp / "eval.npz", endpoint_url=ctx.s3_endpoint_url)
+        evald = load_npz(path, specs)
+    if evald is None:
+        evald = calib if calib is not None else random_data(specs, batches=8)
+    if calib is None:
+        calib = evald
+    return calib, evald
+
+
+def quantize(
+    ctx: StageContext,
+    config: PipelineConfig,
+    exported: Mapping[str, Any],
+    optimized: Mapping[str, Any],
+) -> dict[str, Any]:
+    """Build every requested variant from the optimized model. A variant that cannot be built
+    is recorded with its error; the others go on."""
+    from optimizer_core.errors import GraphtrimError
+    from optimizer_core.quantize.variants import QuantizeConfig, build_variant
+    from optimizer_core.variants import accuracy_check
+
+    config = config.resolved(ctx)
+    require(exported, ("run_id", "source", "model"), "quantize")
+    require(optimized, ("model",), "quantize")
+    run_id = exported["run_id"]
+    source = exported["source"]
+    store = ctx.store()
+    policy = config.gate_policy()
+    qconfig = QuantizeConfig(preset=config.preset)
+    out: dict[str, Any] = {}
+    with _stage(ctx, run_id, "quantize") as client, ctx.scratch("quantize") as tmp:
+        reference = _fetch(ctx, exported, tmp / "reference")
+        base = _fetch(ctx, optimized, tmp / "optimized")
+        calib, evald = _data(ctx, config, reference, tmp)
+        for variant in config.variants:
+            ctx.say(f"quantize: building {variant}")
+            dst = tmp / "variants" / variant / "model.onnx"
+            try:
+                check = (
+                    accuracy_check(
+                        reference,
+                        evald,
+                        policy,
+                        variant,
+                        device=config.device,
+                        tensorrt=config.tensorrt,
+                    )
+                    if config.fallback
+                    else None
+                )
+                build = build_variant(
+                    base,
+                    dst,
+                    variant,
+                    config=qconfig,
+                    calibration=calib.batches,
+                    accuracy_check=check,
+                    progress=ctx.progress,
+                )
+            except GraphtrimError as exc:
+                logger.warning("quantize: %s could not be built: %s", variant, exc)
+                out[variant] = {"model": None, "error": f"{type(exc).__name__}: {exc}"}
+                client.set_tag(run_id, f"{T}build_error.{variant}", str(exc)[:5000])
+                continue
+            doc = build.to_json()
+            stored = store.put_model(
+                dst,
+                model=source["name"],
+                version=source["version"],
+                stage=f"variant-{variant}",
+                parents=[optimized["model"]["sha256"]],
+                config_hash=config.config_hash,
+                extra={"variant": variant},
+            )
+            client.log_dict(run_id, doc, f"graphtrim/build-{variant}.json")
+            out[variant] = {
+                "model": stored.to_json(),
+                "attempts": len(build.attempts),
+                "excluded": build.excluded,
+                "accuracy_passed": build.accuracy_passed,
+            }
+    return {"stage": "quantize", "run_id": run_id, "source": source, "variants": out}
+
+
+def _summary(result: Any) -> dict[str, Any]:
+    """The numbers of one variant's gates that lineage tags and promotion need."""
+    metrics: dict[str, Any] = {}
+    gates: dict[str, str] = {}
+    reasons: list[str] = []
+    for g in result.gates:
+        gates[g.gate] = g.status
+        reasons += [f"{g.gate}: {r}" for r in g.reasons]
+        m = g.measured
+        if g.gate == "latency" and m:
+            metrics.update(
+                p50_ms=m.get("p50_ms"),
+                p95_ms=m.get("p95_ms"),
+                speedup=m.get("speedup_p50"),
+                reference_p50_ms=(m.get("baseline") or {}).get("p50_ms"),
+            )
+        elif g.gate == "accuracy" and m:
+            metrics.update(
+                max_abs_error=m.get("max_abs_error"),
+                cosine=m.get("cosine"),
+                top1_agreement=m.get("top1_agreement"),
+                metric_drop=m.get("metric_drop"),
+            )
+        elif g.gate == "size" and m:
+            metrics.update(bytes=m.get("bytes"), size_ratio=m.get("ratio"))
+    if result.model is not None:
+        metrics.setdefault("bytes", result.model.bytes)
+        metrics["nodes"] = result.model.nodes
+    return {"passed": result.passed, "gates": gates, "metrics": metrics, "reasons": reasons}
+
+
+def validate(
+    ctx: StageContext,
+    config: PipelineConfig,
+    exported: Mapping[str, Any],
+    quantized: Mapping[str, Any],
+) -> dict[str, Any]:
+    """Judge every variant against the exported (unoptimized) model on ``config.device`` and
+    write the reports. A variant that was not built fails its ``build`` gate."""
+    from optimizer_core.gates.evaluate import GateResult, VariantResult, evaluate
+    from optimizer_core.gates.fingerprint import fingerprint_digest
+    from optimizer_core.integrations.artifacts import _safe
+
+    require(exported, ("run_id", "source", "model"), "validate")
+    require(quantized, ("variants",), "validate")
+    run_id = exported["run_id"]
+    source = exported["source"]
+    store = ctx.store()
+    with _stage(ctx, run_id, "validate") as client, ctx.scratch("validate") as tmp:
+        reference = _fetch(ctx, exported, tmp / "reference")
+        _, evald = _data(ctx, config, reference, tmp)
+        paths: dict[str, Path] = {}
+        for variant, rec in quantized["variants"].items():
+            if rec.get("model"):
+                paths[variant] = _fetch(ctx, rec, tmp / "variants" / variant)
+        evaluation = evaluate(
+            reference,
+            paths,
+            policy=config.gate_policy(),
+            data=evald,
+            device=config.device,
+            tensorrt=config.tensorrt,
+            progress=ctx.progress,
+        )
+        for variant, rec in quantized["variants"].items():
+            if not rec.get("model"):
+                evaluation.variants.append(
+                    VariantResult(
+                        variant,
+                        None,
+                        [GateResult("build", "error", {}, {}, [rec.get("error", "")])],
+                    )
+                )
+        reports = evaluation.write(tmp / "reports", stem="evaluation")
+        prefix = "/".join(
+            (
+                _safe(source["name"]),
+                _safe(source["version"]),
+                "reports",
+                config.config_hash[:16],
+                run_id,
+            )
+        )
+        uris = {
+            kind: store.put_file(path, f"{prefix}/{path.name}") for kind, path in reports.items()
+        }
+        client.log_artifacts(run_id, str(tmp / "reports"), "graphtrim/reports")
+        variants = {v.name: _summary(v) for v in evaluation.variants}
+        for v in evaluation.variants:
+            if v.name in quantized["variants"] and quantized["variants"][v.name].get("model"):
+                variants[v.name]["model"] = quantized["variants"][v.name]["model"]
+        metrics: dict[str, Any] = {}
+        for name, s in variants.items():
+            metrics[f"{name}.passed"] = 1 if s["passed"] else 0
+            metrics.update({f"{name}.{k}": v for k, v in s["metrics"].items()})
+        _log_metrics(client, run_id, metrics)
+        fp = evaluation.fingerprint
+    return {
+        "stage": "validate",
+        "run_id": run_id,
+        "source": source,
+        "device": config.device,
+        "passed": [n for n, s in variants.items() if s["passed"]],
+        "variants": variants,
+        "reference": {"bytes": evaluation.reference.bytes, "nodes": evaluation.reference.nodes},
+        "fingerprint": fingerprint_digest(fp),
+        "policy_hash": evaluation.policy_hash,
+        "reports": uris,
+    }
+
+
+def lineage_key(source: Mapping[str, Any], variant: str, config_hash: str) -> str:
+    """The idempotency key of one variant of one source version under one config."""
+    text = f"{source['name']}\n{source['version']}\n{variant}\n{config_hash}"
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _signature(path: Path) -> Any:
+    """An MLflow tensor signature from the ONNX model's inputs and outputs (symbolic dims -1)."""
+    import numpy as np
+    import onnx
+    from mlflow.models import ModelSignature
+    from mlflow.types import Schema, TensorSpec
+
+    proto = onnx.load(str(path), load_external_data=False)
+
+    def specs(values: Any) -> Any:
+        out: list[Any] = []
+        for v in values:
+            t = v.type.tensor_type
+            dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(t.elem_type))
+            shape = tuple(d.dim_value if d.HasField("dim_value") else -1 for d in t.shape.dim)
+            out.append(TensorSpec(dtype, shape, v.name))
+        return Schema(out)
+
+    inits = {i.name for i in proto.graph.initializer}
+    return ModelSignature(
+        specs([i for i in proto.graph.input if i.name not in inits]), specs(proto.graph.output)
+    )
+
+
+def _pip_requirements() -> list[str]:
+    v = library_versions()
+    return [f"onnx=={v['onnx']}", f"onnxruntime=={v['onnxruntime']}"]
+
+
+def _logged_model(experiment_id: str, key: str) -> Any | None:
+    """A READY logged model of an earlier attempt with lineage key ``key``."""
+    import mlflow
+
+    found = mlflow.search_logged_models(
+        experiment_ids=[experiment_id],
+        filter_string=f"tags.`{T}key` = '{key}'",
+        output_format="list",
+    )
+    ready = [m for m in found if str(getattr(m, "status", "")).upper().endswith("READY")]
+    return ready[0] if ready else None
+
+
+def register(
+    ctx: StageContext,
+    config: PipelineConfig,
+    optimized: Mapping[str, Any],
+    validated: Mapping[str, Any],
+) -> dict[str, Any]:
+    """Log every variant that passed its gates as an MLflow ONNX model and register it, with
+    lineage tags, as a new version of the target model. Variants that failed are recorded in
+    the run, never registered. A variant registered before (same lineage key) is reported,
+    not registered again."""
+    import mlflow
+    import onnx
+
+    from optimizer_core.integrations.registry import KEY_TAG
+
+    config = config.resolved(ctx)
+    require(validated, ("run_id", "source", "variants"), "register")
+    run_id = validated["run_id"]
+    source = validated["source"]
+    target = config.target_name or source["name"]
+    registry = ctx.registry()
+    versions = json.dumps(library_versions(), sort_keys=True)
+    registered: dict[str, Any] = {}
+    failed: dict[str, list[str]] = {}
+    with _stage(ctx, run_id, "register") as client, ctx.scratch("register") as tmp:
+        experiment_id = client.get_run(run_id).info.experiment_id
+        for variant, summary in validated["variants"].items():
+            if not summary["passed"]:
+                failed[variant] = summary["reasons"] or ["failed"]
+                client.set_tag(run_id, f"{T}failed.{variant}", "; ".join(failed[variant])[:5000])
+                continue
+            key = lineage_key(source, variant, config.config_hash)
+            existing = registry.find_by_key(target, key)
+            if existing is not None:
+                ctx.say(f"register: {variant} is already version {existing.version} of {target}")
+                registered[variant] = {
+                    "name": target,
+                    "version": str(existing.version),
+                    "created": False,
+                }
+                continue
+            tags = {
+                T + "source.name": source["name"],
+                T + "source.version": str(source["version"]),
+                T + "source.model_id": str(source.get("model_id") or ""),
+                T + "source.run_id": str(source.get("run_id") or ""),
+                T + "variant": variant,
+                T + "preset": config.preset,
+                T + "passes": ",".join(optimized.get("passes", [])),
+                T + "config_hash": config.config_hash,
+                T + "gates": json.dumps(summary["gates"], sort_keys=True),
+                T + "metrics": json.dumps(
+                    {k: v for k, v in summary["metrics"].items() if v is not None}, sort_keys=True
+                ),
+                T + "fingerprint": validated.get("fingerprint", ""),
+                T + "device": validated.get("device", config.device),
+                T + "versions": versions,
+                T + "pipeline_run_id": run_id,
+                T + "orchestrator_run_id": ctx.orchestrator_run_id or "",
+                T + "artifact": summary["model"]["uri"],
+                T + "sha256": summary["model"]["sha256"],
+            }
+            logged = _logged_model(experiment_id, key)
+            if logged is None:
+                ctx.say(f"register: logging {variant}")
+                path = _fetch(ctx, summary, tmp / variant)
+                mlflow.set_tracking_uri(ctx.tracking_uri)
+                mlflow.set_registry_uri(ctx.tracking_uri)
+                with mlflow.start_run(run_id=run_id):
+                    info = mlflow.onnx.log_model(
+                        onnx.load(str(path)),
+                        name=variant,
+                        signature=_signature(path),
+                        pip_requirements=_pip_requirements(),
+                        tags={**tags, KEY_TAG: key},
+                    )
+                client.update_run(run_id, status="RUNNING")
+                model_uri = info.model_uri
+            else:
+                model_uri = f"models:/{logged.model_id}"
+            version, created = registry.register(model_uri, target, tags=tags, key=key)
+            ctx.say(f"register: {variant} -> {target} version {version}")
+            registered[variant] = {"name": target, "version": version, "created": created}
+        client.log_dict(
+            run_id, {"registered": registered, "failed": failed}, "graphtrim/registered.json"
+        )
+    return {
+        "stage": "register",
+        "run_id": run_id,
+        "source": source,
+        "target": target,
+        "registered": registered,
+        "failed": failed,
+    }
+
+
+def promote(
+    ctx: StageContext,
+    config: PipelineConfig,
+    validated: Mapping[str, Any],
+    registered: Mapping[str, Any],
+) -> dict[str, Any]:
+    """Move aliases by the policy's ``promotion`` section (see :mod:`.promote`)."""
+    from optimizer_core.stages.promote import apply_policy
+
+    require(registered, ("run_id", "target", "registered"), "promote")
+    run_id = registered["run_id"]
+    with _stage(ctx, run_id, "promote", last=True) as client:
+        result = apply_policy(
+            ctx.registry(),
+            config.gate_policy().promotion,
+            target=registered["target"],
+            source=registered["source"],
+            validated=validated,
+            registered=registered["registered"],
+            why=f"graphtrim pipeline run {run_id}",
+        )
+        client.log_dict(run_id, result, "graphtrim/promotion.json")
+        champion = result.get("champion") or {}
+        client.set_tag(run_id, T + "champion", json.dumps(champion, sort_keys=True)[:5000])
+    return {"stage": "promote", "run_id": run_id, **result}
+
+
+def run_pipeline(ctx: StageContext, config: PipelineConfig, model_uri: str) -> dict[str, Any]:
+    """All stages in order, in this process; returns every stage's record."""
+    config = config.resolved(ctx)
+    records: dict[str, Any] = {}
+    records["export"] = export(ctx, config, model_uri)
+    records["optimize"] = optimize(ctx, config, records["export"])
+    records["quantize"] = quantize(ctx, config, records["export"], records["optimize"])
+    records["validate"] = validate(ctx, config, records["export"], records["quantize"])
+    records["register"] = register(ctx, config, records["optimize"], records["validate"])
+    records["promote"] = promote(ctx, config, records["validate"], records["register"])
+    return records

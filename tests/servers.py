@@ -1,0 +1,123 @@
+"""Real servers for integration tests: an MLflow tracking server and an S3 endpoint (moto).
+
+Each binds 127.0.0.1 on a free port, keeps its state in a temporary folder, and is stopped by
+PID when the fixture ends.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import requests
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _bin(name: str) -> str:
+    return str(Path(sys.executable).with_name(name))
+
+
+def _wait(url: str, proc: subprocess.Popen[bytes], log: Path, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
+        try:
+            if requests.get(url, timeout=2).status_code < 500:
+                return
+        except requests.RequestException:
+            pass
+        time.sleep(0.3)
+    raise RuntimeError(f"server at {url} not healthy after {timeout} s:\n{log.read_text()[-3000:]}")
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=5)
+
+
+def _env(home: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(
+        MLFLOW_DISABLE_TELEMETRY="true",
+        HOME=str(home),
+        XDG_CACHE_HOME=str(home / "cache"),
+        AWS_ACCESS_KEY_ID="testing",
+        AWS_SECRET_ACCESS_KEY="testing",
+        AWS_DEFAULT_REGION="us-east-1",
+    )
+    return env
+
+
+@contextlib.contextmanager
+def mlflow_server(folder: Path) -> Iterator[str]:
+    """``mlflow server`` on SQLite with proxied local artifacts; yields its URL."""
+    folder.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    log = folder / "mlflow-server.log"
+    cmd = [
+        _bin("mlflow"),
+        "server",
+        "--backend-store-uri",
+        f"sqlite:///{folder / 'mlflow.db'}",
+        "--artifacts-destination",
+        str(folder / "artifacts"),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--workers",
+        "1",
+    ]
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            cmd, stdout=out, stderr=subprocess.STDOUT, env=_env(folder), start_new_session=True
+        )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _wait(url + "/health", proc, log, timeout=120)
+        yield url
+    finally:
+        _stop(proc)
+
+
+@contextlib.contextmanager
+def moto_server(folder: Path) -> Iterator[str]:
+    """An S3 endpoint (moto's server); yields its URL."""
+    folder.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    log = folder / "moto.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            [_bin("moto_server"), "-H", "127.0.0.1", "-p", str(port)],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=_env(folder),
+            start_new_session=True,
+        )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _wait(url + "/moto-api/", proc, log, timeout=30)
+        yield url
+    finally:
+        _stop(proc)
