@@ -53,6 +53,13 @@ def model_files(path: str | os.PathLike[str]) -> list[Path]:
         loc = next((e.value for e in t.external_data if e.key == "location"), "")
         if loc and loc not in seen:
             seen.add(loc)
+            target = (p.parent / loc).resolve()
+            if Path(loc).is_absolute() or not target.is_relative_to(p.parent.resolve()):
+                raise ArtifactStoreError(
+                    f"{p}: external data location '{loc}' points outside the model's folder"
+                )
+            if not target.is_file():
+                raise ArtifactStoreError(f"{p}: external data file '{loc}' is missing")
             files.append(p.parent / loc)
     return files
 
@@ -297,15 +304,25 @@ class S3Store:
         return "/".join(p for p in (self.prefix, *parts) if p)
 
     def _retry(self, what: str, fn: Callable[[], Any]) -> Any:
+        from boto3.exceptions import S3UploadFailedError
         from botocore.exceptions import BotoCoreError, ClientError
 
+        final = ("NoSuchBucket", "AccessDenied", "InvalidAccessKeyId", "403", "404")
         last: Exception | None = None
         for attempt in range(self.attempts):
             try:
                 return fn()
             except ClientError as exc:
                 code = exc.response.get("Error", {}).get("Code", "")
-                if code in ("NoSuchBucket", "AccessDenied", "InvalidAccessKeyId", "403", "404"):
+                if code in final:
+                    raise ArtifactStoreError(
+                        f"S3 {what} failed: {code} (bucket '{self.bucket}', endpoint "
+                        f"{self.endpoint_url or 'AWS'})"
+                    ) from exc
+                last = exc
+            except S3UploadFailedError as exc:  # the managed transfer wraps the client error
+                code = next((c for c in final if f"({c})" in str(exc)), None)
+                if code is not None:
                     raise ArtifactStoreError(
                         f"S3 {what} failed: {code} (bucket '{self.bucket}', endpoint "
                         f"{self.endpoint_url or 'AWS'})"

@@ -196,22 +196,32 @@ class Registry:
                     raise RegistryError(f"creating registered model '{name}': {exc}") from exc
 
     def register(
-        self, model_uri: str, name: str, *, tags: Mapping[str, str], key: str
+        self,
+        model_uri: str,
+        name: str,
+        *,
+        tags: Mapping[str, str],
+        key: str,
+        run_id: str | None = None,
     ) -> tuple[str, bool]:
-        """Register ``model_uri`` as a new version of ``name`` unless a version with ``key``
-        exists; returns (version, created)."""
+        """Register ``model_uri`` (``models:/<model_id>`` of a logged model) as a new version
+        of ``name`` unless a version with ``key`` exists; returns (version, created)."""
         existing = self.find_by_key(name, key)
         if existing is not None:
             return str(existing.version), False
-        import mlflow
-
         self.ensure_registered_model(name)
+        model_id = None
+        if model_uri.startswith("models:/m-"):
+            model_id = model_uri.removeprefix("models:/").split("/")[0]
         mv = self._call(
             f"registering {model_uri} as '{name}'",
-            mlflow.register_model,
-            model_uri,
+            self.client.create_model_version,
             name,
+            model_uri,
+            run_id=run_id,
             tags={**tags, KEY_TAG: key},
+            model_id=model_id,
+            await_creation_for=300,
         )
         # two writers racing past the search both created a version: keep the oldest
         winner = self.find_by_key(name, key)

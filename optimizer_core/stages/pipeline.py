@@ -497,17 +497,39 @@ def _pip_requirements() -> list[str]:
     return [f"onnx=={v['onnx']}", f"onnxruntime=={v['onnxruntime']}"]
 
 
-def _logged_model(experiment_id: str, key: str) -> Any | None:
+def _logged_model(client: Any, experiment_id: str, key: str) -> Any | None:
     """A READY logged model of an earlier attempt with lineage key ``key``."""
-    import mlflow
-
-    found = mlflow.search_logged_models(
-        experiment_ids=[experiment_id],
-        filter_string=f"tags.`{T}key` = '{key}'",
-        output_format="list",
+    found = client.search_logged_models(
+        experiment_ids=[experiment_id], filter_string=f"tags.`{T}key` = '{key}'"
     )
     ready = [m for m in found if str(getattr(m, "status", "")).upper().endswith("READY")]
     return ready[0] if ready else None
+
+
+@contextlib.contextmanager
+def _fluent(tracking_uri: str) -> Iterator[None]:
+    """MLflow's fluent API (``log_model`` needs it) pointed at ``tracking_uri`` for the block,
+    the process's previous URIs restored afterwards."""
+    import os
+
+    import mlflow
+    from mlflow.tracking._model_registry import utils as registry_utils
+    from mlflow.tracking._tracking_service import utils as tracking_utils
+
+    # set_*_uri also export environment variables: restore those exactly, unset included
+    env = {k: os.environ.get(k) for k in ("MLFLOW_TRACKING_URI", "MLFLOW_REGISTRY_URI")}
+    saved = (tracking_utils._tracking_uri, registry_utils._registry_uri)
+    mlflow.set_tracking_uri(tracking_uri)
+    mlflow.set_registry_uri(tracking_uri)
+    try:
+        yield
+    finally:
+        tracking_utils._tracking_uri, registry_utils._registry_uri = saved
+        for k, v in env.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def register(
@@ -572,13 +594,11 @@ def register(
                 T + "artifact": summary["model"]["uri"],
                 T + "sha256": summary["model"]["sha256"],
             }
-            logged = _logged_model(experiment_id, key)
+            logged = _logged_model(client, experiment_id, key)
             if logged is None:
                 ctx.say(f"register: logging {variant}")
                 path = _fetch(ctx, summary, tmp / variant)
-                mlflow.set_tracking_uri(ctx.tracking_uri)
-                mlflow.set_registry_uri(ctx.tracking_uri)
-                with mlflow.start_run(run_id=run_id):
+                with _fluent(ctx.tracking_uri), mlflow.start_run(run_id=run_id):
                     info = mlflow.onnx.log_model(
                         onnx.load(str(path)),
                         name=variant,
@@ -590,7 +610,9 @@ def register(
                 model_uri = info.model_uri
             else:
                 model_uri = f"models:/{logged.model_id}"
-            version, created = registry.register(model_uri, target, tags=tags, key=key)
+            version, created = registry.register(
+                model_uri, target, tags=tags, key=key, run_id=run_id
+            )
             ctx.say(f"register: {variant} -> {target} version {version}")
             registered[variant] = {"name": target, "version": version, "created": created}
         client.log_dict(

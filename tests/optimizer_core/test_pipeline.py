@@ -1,0 +1,652 @@
+"""The pipeline stages against a real MLflow tracking server (SQLite) and a real S3 endpoint
+(moto's server), plus the embedded mode (SQLite tracking URI, local artifacts)."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+
+from optimizer_core.cli import main
+from optimizer_core.examples.digits import DigitsTask, make_digits_task
+from optimizer_core.integrations.artifacts import ArtifactStoreError
+from optimizer_core.integrations.registry import Registry, RegistryError
+from optimizer_core.stages import pipeline
+from optimizer_core.stages.context import PipelineConfig, StageContext
+from optimizer_core.stages.export import ExportError
+from tests.servers import free_port, mlflow_server, moto_server
+
+pytestmark = [pytest.mark.xdist_group("mlflow"), pytest.mark.slow]
+
+mlflow = pytest.importorskip("mlflow")
+boto3 = pytest.importorskip("boto3")
+
+BUCKET = "graphtrim-models"
+
+
+@pytest.fixture(scope="module")
+def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    root = tmp_path_factory.mktemp("servers")
+    saved = {k: os.environ.get(k) for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")}
+    os.environ.update(AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing")
+    os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
+    try:
+        with mlflow_server(root / "mlflow") as url, moto_server(root / "s3") as s3:
+            boto3.client("s3", endpoint_url=s3).create_bucket(Bucket=BUCKET)
+            yield {"mlflow": url, "s3": s3}
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+@pytest.fixture(scope="module")
+def digits(tmp_path_factory: pytest.TempPathFactory) -> DigitsTask:
+    return make_digits_task(tmp_path_factory.mktemp("digits"), epochs=4)
+
+
+def _log_onnx(tracking: str, path: Path, name: str) -> str:
+    mlflow.set_tracking_uri(tracking)
+    with mlflow.start_run():
+        info = mlflow.onnx.log_model(
+            onnx.load(str(path)), name="model", registered_model_name=name, pip_requirements=[]
+        )
+    return str(info.registered_model_version)
+
+
+def _ctx(servers: dict[str, str], tmp_path: Path, **kw: Any) -> StageContext:
+    return StageContext(
+        servers["mlflow"],
+        f"s3://{BUCKET}/pipeline",
+        workdir=str(tmp_path / "work"),
+        s3_endpoint_url=servers["s3"],
+        **kw,
+    )
+
+
+def _config(digits: DigitsTask, **kw: Any) -> PipelineConfig:
+    return PipelineConfig(calibration=str(digits.calibration), eval_data=str(digits.eval), **kw)
+
+
+def _versions(tracking: str, name: str) -> list[Any]:
+    from mlflow import MlflowClient
+
+    return list(MlflowClient(tracking, tracking).search_model_versions(f"name='{name}'"))
+
+
+def _predict(model: Any, x: np.ndarray) -> np.ndarray:
+    out = model.predict({"image": x})
+    if isinstance(out, dict):
+        return np.asarray(next(iter(out.values())))
+    return np.asarray(out)
+
+
+# ---------------------------------------------------------------------------- onnx flavor
+
+
+@pytest.fixture(scope="module")
+def digits_run(
+    servers: dict[str, str], digits: DigitsTask, tmp_path_factory: pytest.TempPathFactory
+) -> dict[str, Any]:
+    _log_onnx(servers["mlflow"], digits.model, "digits")
+    reg = Registry(servers["mlflow"])
+    reg.client.set_registered_model_alias("digits", "champion", "1")
+    tmp = tmp_path_factory.mktemp("digits-run")
+    policy = {"promotion": {"metric": "bytes", "margin": 0.5}}
+    config = _config(digits, policy=policy)
+    t0 = time.perf_counter()
+    records = pipeline.run_pipeline(_ctx(servers, tmp), config, "models:/digits/1")
+    records["_seconds"] = time.perf_counter() - t0
+    records["_config"] = config
+    return records
+
+
+def test_run_registers_passing_variants_with_lineage(
+    servers: dict[str, str], digits_run: dict[str, Any]
+) -> None:
+    reg = digits_run["register"]["registered"]
+    validated = digits_run["validate"]["variants"]
+    assert "int8-static" in reg and "graph" in reg, validated
+    # every passing variant is registered, no failed one is
+    assert set(reg) == {v for v, s in validated.items() if s["passed"]}
+    for variant, summary in validated.items():
+        if not summary["passed"]:
+            assert variant in digits_run["register"]["failed"]
+    config = PipelineConfig.from_json(digits_run["export"]["config"])
+    # the data files' content enters the hash
+    assert set(config.data_sha256 or {}) == {"calibration", "eval_data"}
+    client = mlflow.MlflowClient(servers["mlflow"], servers["mlflow"])
+    for variant, rec in reg.items():
+        found = client.search_model_versions(
+            "name='digits' and tags.`graphtrim.source.name`='digits' and "
+            f"tags.`graphtrim.source.version`='1' and tags.`graphtrim.variant`='{variant}'"
+        )
+        assert [str(v.version) for v in found] == [rec["version"]]
+        tags = found[0].tags
+        assert tags["graphtrim.config_hash"] == config.config_hash
+        assert tags["graphtrim.preset"] == "default"
+        assert "dead-code" in tags["graphtrim.passes"].split(",")
+        assert tags["graphtrim.source.run_id"] == digits_run["export"]["source"]["run_id"]
+        assert tags["graphtrim.source.model_id"].startswith("m-")
+        assert tags["graphtrim.pipeline_run_id"] == digits_run["export"]["run_id"]
+        assert json.loads(tags["graphtrim.gates"]) == {
+            "size": "pass",
+            "accuracy": "pass",
+            "latency": "pass",
+        }
+        assert json.loads(tags["graphtrim.metrics"])["bytes"] > 0
+        assert len(tags["graphtrim.fingerprint"]) == 16
+        versions = json.loads(tags["graphtrim.versions"])
+        assert versions["onnxruntime"] == ort.__version__
+        assert tags["graphtrim.artifact"].startswith(f"s3://{BUCKET}/pipeline/digits/1/variant-")
+
+
+def test_registered_variants_load_with_pyfunc_and_match_the_source(
+    servers: dict[str, str], digits: DigitsTask, digits_run: dict[str, Any]
+) -> None:
+    mlflow.set_tracking_uri(servers["mlflow"])
+    data = np.load(digits.eval)
+    x = data["image"][:64].astype(np.float32)
+    labels = data["labels"][:64]
+    source = _predict(mlflow.pyfunc.load_model("models:/digits/1"), x)
+    reg = digits_run["register"]["registered"]
+    graph = _predict(mlflow.pyfunc.load_model(f"models:/digits/{reg['graph']['version']}"), x)
+    np.testing.assert_allclose(graph, source, rtol=1e-4, atol=1e-5)
+    static = _predict(
+        mlflow.pyfunc.load_model(f"models:/digits/{reg['int8-static']['version']}"), x
+    )
+    # the int8 gate's own criteria: top-1 agreement and accuracy within the policy's drop
+    assert np.mean(static.argmax(1) == source.argmax(1)) >= 0.95
+    assert np.mean(static.argmax(1) == labels) >= np.mean(source.argmax(1) == labels) - 0.05
+
+
+def test_artifacts_are_content_addressed_in_s3(
+    servers: dict[str, str], digits_run: dict[str, Any]
+) -> None:
+    s3 = boto3.client("s3", endpoint_url=servers["s3"])
+    keys = {
+        o["Key"]
+        for page in s3.get_paginator("list_objects_v2").paginate(Bucket=BUCKET, Prefix="pipeline/")
+        for o in page.get("Contents", [])
+    }
+    for stage in ("export", "optimize"):
+        sha = digits_run[stage]["model"]["sha256"]
+        assert f"pipeline/digits/1/{stage}/{sha}/model.onnx" in keys
+        assert f"pipeline/digits/1/{stage}/{sha}/manifest.json" in keys
+    manifest = json.loads(
+        s3.get_object(
+            Bucket=BUCKET,
+            Key=f"pipeline/digits/1/optimize/{digits_run['optimize']['model']['sha256']}/manifest.json",
+        )["Body"].read()
+    )
+    assert manifest["parents"] == [digits_run["export"]["model"]["sha256"]]
+    assert manifest["config_hash"]
+    assert any(k.endswith("/evaluation.html") for k in keys)
+
+
+def test_pipeline_run_in_mlflow_holds_params_metrics_and_reports(
+    servers: dict[str, str], digits_run: dict[str, Any]
+) -> None:
+    client = mlflow.MlflowClient(servers["mlflow"])
+    run = client.get_run(digits_run["export"]["run_id"])
+    assert run.info.status == "FINISHED"
+    assert run.data.params["variants"] == "graph,int8-dynamic,int8-static"
+    assert run.data.params["exporter"] == "none"
+    m = run.data.metrics
+    assert m["nodes_after"] <= m["nodes_before"]
+    assert "int8-static.speedup" in m and "int8-static.max_abs_error" in m
+    arts = {a.path for a in client.list_artifacts(run.info.run_id, "graphtrim/reports")}
+    assert {"graphtrim/reports/evaluation.html", "graphtrim/reports/evaluation.json"} <= arts
+    failed = [v for v, s in digits_run["validate"]["variants"].items() if not s["passed"]]
+    for variant in failed:
+        assert f"graphtrim.failed.{variant}" in run.data.tags
+
+
+def test_rerun_registers_nothing_new(
+    servers: dict[str, str], digits: DigitsTask, digits_run: dict[str, Any], tmp_path: Path
+) -> None:
+    before = len(_versions(servers["mlflow"], "digits"))
+    again = pipeline.run_pipeline(
+        _ctx(servers, tmp_path), digits_run["_config"], "models:/digits/1"
+    )
+    assert len(_versions(servers["mlflow"], "digits")) == before
+    first = digits_run["register"]["registered"]
+    for variant, rec in again["register"]["registered"].items():
+        assert rec["created"] is False
+        assert rec["version"] == first[variant]["version"]
+    # the artifacts were found, not written again
+    assert again["optimize"]["model"]["sha256"] == digits_run["optimize"]["model"]["sha256"]
+
+
+def test_promotion_candidate_aliases_and_champion_by_margin(
+    servers: dict[str, str], digits_run: dict[str, Any]
+) -> None:
+    reg = Registry(servers["mlflow"])
+    registered = digits_run["register"]["registered"]
+    for variant, rec in registered.items():
+        assert reg.alias_version("digits", f"{variant}-candidate") == rec["version"]
+    champion = digits_run["promote"]["champion"]
+    # bytes, margin 0.5: int8-static is ~0.28x the source's size; the graph variant is not
+    assert champion["moved"] is True, champion
+    assert champion["variant"] == "int8-static"
+    assert reg.alias_version("digits", "champion") == registered["int8-static"]["version"]
+    audit = json.loads(reg.version_tags("digits", "1")["graphtrim.audit.champion"])
+    assert audit["from"] == "1" and audit["to"] == registered["int8-static"]["version"]
+    assert audit["who"] and audit["when"] and "pipeline run" in audit["why"]
+
+
+def test_rollback_moves_champion_back_with_audit(
+    servers: dict[str, str], digits_run: dict[str, Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    reg = Registry(servers["mlflow"])
+    current = reg.alias_version("digits", "champion")
+    assert current != "1"
+    code = main(
+        [
+            "rollback",
+            "digits",
+            "--alias",
+            "champion",
+            "--why",
+            "latency regression in canary",
+            "--tracking-uri",
+            servers["mlflow"],
+        ]
+    )
+    assert code == 0, capsys.readouterr().err
+    assert reg.alias_version("digits", "champion") == "1"
+    for version in ("1", current):
+        audit = json.loads(reg.version_tags("digits", str(version))["graphtrim.audit.champion"])
+        assert audit["action"] == "rollback"
+        assert audit["why"] == "latency regression in canary"
+    # nothing earlier on record: a second rollback is a clear error, alias unchanged
+    assert main(["rollback", "digits", "--why", "x", "--tracking-uri", servers["mlflow"]]) == 2
+    assert "no earlier version" in capsys.readouterr().err
+    assert reg.alias_version("digits", "champion") == "1"
+
+
+def test_champion_stays_when_not_better_by_the_margin(
+    servers: dict[str, str], digits: DigitsTask, digits_run: dict[str, Any], tmp_path: Path
+) -> None:
+    reg = Registry(servers["mlflow"])
+    holder = reg.alias_version("digits", "champion")
+    # a config with a huge margin: another config hash, so new versions are registered
+    policy = {"promotion": {"metric": "bytes", "margin": 0.9}}
+    records = pipeline.run_pipeline(
+        _ctx(servers, tmp_path),
+        _config(digits, policy=policy, variants=("int8-static",)),
+        "models:/digits/1",
+    )
+    champion = records["promote"]["champion"]
+    assert champion["moved"] is False
+    assert "not better by the margin" in champion["reason"]
+    assert reg.alias_version("digits", "champion") == holder
+
+
+def test_candidate_failing_gates_leaves_champion_untouched(
+    servers: dict[str, str], digits: DigitsTask, digits_run: dict[str, Any], tmp_path: Path
+) -> None:
+    reg = Registry(servers["mlflow"])
+    holder = reg.alias_version("digits", "champion")
+    before = len(_versions(servers["mlflow"], "digits"))
+    impossible = {"size": {"max_ratio": 0.01}}  # nothing can pass
+    policy = {"variants": {"graph": impossible, "int8-static": impossible}}
+    records = pipeline.run_pipeline(
+        _ctx(servers, tmp_path),
+        _config(digits, policy=policy, variants=("graph", "int8-static")),
+        "models:/digits/1",
+    )
+    assert records["register"]["registered"] == {}
+    assert set(records["register"]["failed"]) == {"graph", "int8-static"}
+    assert records["promote"]["champion"]["moved"] is False
+    assert "passed its gates" in records["promote"]["champion"]["reason"]
+    assert reg.alias_version("digits", "champion") == holder
+    assert len(_versions(servers["mlflow"], "digits")) == before
+
+
+def test_manual_promote_refuses_a_version_that_failed_gates(
+    servers: dict[str, str], digits_run: dict[str, Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    reg = Registry(servers["mlflow"])
+    version = digits_run["register"]["registered"]["graph"]["version"]
+    uri = f"models:/digits/{version}"
+    base = ["--tracking-uri", servers["mlflow"], "--alias", "staging", "--why", "manual test"]
+    reg.client.set_model_version_tag(
+        "digits", version, "graphtrim.gates", json.dumps({"latency": "undecided"})
+    )
+    try:
+        assert main(["promote", uri, *base]) == 2
+        assert "did not pass its gates" in capsys.readouterr().err
+        assert reg.alias_version("digits", "staging") is None
+        assert main(["promote", uri, *base, "--force"]) == 0
+        assert reg.alias_version("digits", "staging") == version
+    finally:
+        reg.client.set_model_version_tag(
+            "digits", version, "graphtrim.gates", json.dumps({"size": "pass"})
+        )
+
+
+# ---------------------------------------------------------------------------- idempotency
+
+
+def test_fault_between_log_and_register_ends_with_one_version_per_variant(
+    servers: dict[str, str],
+    digits: DigitsTask,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    _log_onnx(servers["mlflow"], digits.model, "digits-fault")
+    config = _config(digits, variants=("graph", "int8-static"))
+    calls = {"n": 0}
+    real = Registry.register
+
+    def crash_once(self: Registry, *args: Any, **kw: Any) -> Any:
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise RegistryError("injected: registry unavailable after logging")
+        return real(self, *args, **kw)
+
+    monkeypatch.setattr(Registry, "register", crash_once)
+    ctx = _ctx(servers, tmp_path, orchestrator_run_id="manual__fault-1")
+    with pytest.raises(RegistryError, match="injected"):
+        pipeline.run_pipeline(ctx, config, "models:/digits-fault/1")
+    client = mlflow.MlflowClient(servers["mlflow"], servers["mlflow"])
+    assert [v.version for v in _versions(servers["mlflow"], "digits-fault")] == ["1"]
+    runs = client.search_runs(
+        [client.get_experiment_by_name("graphtrim").experiment_id],
+        "tags.`graphtrim.orchestrator_run_id` = 'manual__fault-1'",
+    )
+    assert len(runs) == 1 and runs[0].info.status == "FAILED"
+    assert runs[0].data.tags["graphtrim.failed_stage"] == "register"
+
+    # the retry (same orchestrator run id) logs into the same run and registers each once
+    records = pipeline.run_pipeline(ctx, config, "models:/digits-fault/1")
+    assert records["export"]["run_id"] == runs[0].info.run_id
+    versions = _versions(servers["mlflow"], "digits-fault")
+    by_variant: dict[str, int] = {}
+    for v in versions:
+        if "graphtrim.variant" in v.tags:
+            by_variant[v.tags["graphtrim.variant"]] = (
+                by_variant.get(v.tags["graphtrim.variant"], 0) + 1
+            )
+    assert by_variant == {v: 1 for v in records["register"]["registered"]}
+    assert "graph" in by_variant
+    # the model logged before the crash was reused, not logged twice
+    exp = client.get_experiment_by_name("graphtrim").experiment_id
+    key = pipeline.lineage_key(
+        records["export"]["source"], "graph", config.resolved(ctx).config_hash
+    )
+    logged = mlflow.search_logged_models(
+        experiment_ids=[exp], filter_string=f"tags.`graphtrim.key` = '{key}'", output_format="list"
+    )
+    assert len(logged) == 1
+
+
+# ---------------------------------------------------------------------------- pytorch flavor
+
+
+def _mlp() -> Any:
+    import torch
+
+    torch.manual_seed(0)
+    return torch.nn.Sequential(
+        torch.nn.Linear(8, 32),
+        torch.nn.ReLU(),
+        torch.nn.Linear(32, 32),
+        torch.nn.ReLU(),
+        torch.nn.Linear(32, 4),
+    ).eval()
+
+
+@pytest.mark.parametrize("fmt", ["pt2", "pickle"])
+def test_pytorch_flavor_exports_with_dynamic_batch_and_registers(
+    servers: dict[str, str], tmp_path: Path, fmt: str
+) -> None:
+    import torch
+
+    model = _mlp()
+    example = np.random.default_rng(0).standard_normal((2, 8)).astype(np.float32)
+    name = f"mlp-{fmt}"
+    mlflow.set_tracking_uri(servers["mlflow"])
+    with mlflow.start_run():
+        mlflow.pytorch.log_model(
+            model,
+            name="model",
+            input_example=example,
+            serialization_format=fmt,
+            registered_model_name=name,
+            pip_requirements=[],
+        )
+    records = pipeline.run_pipeline(
+        _ctx(servers, tmp_path), PipelineConfig(variants=("graph",)), f"models:/{name}/1"
+    )
+    export = records["export"]["export"]
+    assert export["flavor"] == ("pytorch-pt2" if fmt == "pt2" else "pytorch-pickle")
+    assert export["exporter"] in ("dynamo", "torchscript")
+    if fmt == "pickle":
+        assert any("pickled" in n for n in export["notes"])
+    version = records["register"]["registered"]["graph"]["version"]
+    # dynamic batch: the registered ONNX model takes any batch size and matches torch
+    loaded = mlflow.pyfunc.load_model(f"models:/{name}/{version}")
+    x = np.random.default_rng(1).standard_normal((5, 8)).astype(np.float32)
+    with torch.no_grad():
+        expected = model(torch.from_numpy(x)).numpy()
+    inputs = loaded.metadata.get_input_schema().input_names()
+    out = loaded.predict({inputs[0]: x})
+    got = np.asarray(next(iter(out.values())) if isinstance(out, dict) else out)
+    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5)
+    tags = Registry(servers["mlflow"]).version_tags(name, version)
+    assert tags["graphtrim.source.version"] == "1"
+
+
+def test_pytorch_model_without_signature_or_example_is_refused(
+    servers: dict[str, str], tmp_path: Path
+) -> None:
+    mlflow.set_tracking_uri(servers["mlflow"])
+    with mlflow.start_run():
+        mlflow.pytorch.log_model(
+            _mlp(),
+            name="model",
+            serialization_format="pickle",
+            registered_model_name="mlp-nosig",
+            pip_requirements=[],
+        )
+    with pytest.raises(ExportError, match="neither a tensor signature nor an input example"):
+        pipeline.run_pipeline(
+            _ctx(servers, tmp_path), PipelineConfig(variants=("graph",)), "models:/mlp-nosig/1"
+        )
+    assert [v.version for v in _versions(servers["mlflow"], "mlp-nosig")] == ["1"]
+
+
+# ---------------------------------------------------------------------------- bad input
+
+
+@pytest.mark.parametrize(
+    ("uri", "match"),
+    [
+        ("models:/no-such-model/1", "registered model 'no-such-model'"),
+        ("models:/digits/999", "version 999 of registered model 'digits'"),
+        ("models:/digits@no-such-alias", "alias 'no-such-alias'"),
+        ("runs:/abc/model", "not a registry model URI"),
+    ],
+)
+def test_missing_model_version_or_alias_is_a_clear_error(
+    servers: dict[str, str], digits_run: dict[str, Any], tmp_path: Path, uri: str, match: str
+) -> None:
+    before = len(_versions(servers["mlflow"], "digits"))
+    with pytest.raises(RegistryError, match=match):
+        pipeline.run_pipeline(_ctx(servers, tmp_path), PipelineConfig(variants=("graph",)), uri)
+    assert len(_versions(servers["mlflow"], "digits")) == before
+
+
+def test_unreachable_mlflow_is_a_clear_error(tmp_path: Path) -> None:
+    ctx = StageContext(f"http://127.0.0.1:{free_port()}", str(tmp_path / "art"))
+    t0 = time.perf_counter()
+    with pytest.raises(RegistryError, match="cannot reach the MLflow tracking server"):
+        pipeline.run_pipeline(ctx, PipelineConfig(variants=("graph",)), "models:/digits/1")
+    assert time.perf_counter() - t0 < 30
+    assert not (tmp_path / "art").exists()
+
+
+def test_s3_down_is_a_clear_error_and_registers_nothing(
+    servers: dict[str, str], digits_run: dict[str, Any], tmp_path: Path
+) -> None:
+    before = len(_versions(servers["mlflow"], "digits"))
+    dead = f"http://127.0.0.1:{free_port()}"
+    ctx = StageContext(
+        servers["mlflow"], f"s3://{BUCKET}/x", workdir=str(tmp_path), s3_endpoint_url=dead
+    )
+    with pytest.raises(ArtifactStoreError, match=dead.replace(".", r"\.")):
+        pipeline.run_pipeline(ctx, PipelineConfig(variants=("graph",)), "models:/digits/1")
+    assert len(_versions(servers["mlflow"], "digits")) == before
+    missing = StageContext(
+        servers["mlflow"], "s3://no-such-bucket/x", s3_endpoint_url=servers["s3"]
+    )
+    with pytest.raises(ArtifactStoreError, match="NoSuchBucket"):
+        pipeline.run_pipeline(missing, PipelineConfig(variants=("graph",)), "models:/digits/1")
+
+
+def test_bad_config_is_refused_before_any_work() -> None:
+    from optimizer_core.stages.context import PipelineError
+
+    with pytest.raises(PipelineError, match="unknown variant"):
+        PipelineConfig(variants=("int3",))
+    with pytest.raises(PipelineError, match="unknown preset"):
+        PipelineConfig(preset="turbo")
+    with pytest.raises(Exception, match="unknown top-level"):
+        PipelineConfig(policy={"gates": {}})
+
+
+# ---------------------------------------------------------------------------- embedded + CLI
+
+
+def test_embedded_mode_cli_run_and_rerun(
+    digits: DigitsTask, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    tracking = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    mlflow.set_tracking_uri(tracking)
+    exp = mlflow.create_experiment("sources", artifact_location=(tmp_path / "mlruns").as_uri())
+    with mlflow.start_run(experiment_id=exp):
+        mlflow.onnx.log_model(
+            onnx.load(str(digits.model)),
+            name="model",
+            registered_model_name="digits-local",
+            pip_requirements=[],
+        )
+    args = [
+        "pipeline",
+        "run",
+        "--model",
+        "models:/digits-local/1",
+        "--tracking-uri",
+        tracking,
+        "--artifacts",
+        str(tmp_path / "artifacts"),
+        "--variants",
+        "graph,int8-static",
+        "--calibration",
+        str(digits.calibration),
+        "--eval-data",
+        str(digits.eval),
+        "--json",
+        str(tmp_path / "records.json"),
+        "-q",
+    ]
+    assert main(args) == 0, capsys.readouterr().err
+    out = capsys.readouterr().out
+    assert "int8-static" in out and "PASS" in out and "champion" in out
+    records = json.loads((tmp_path / "records.json").read_text())
+    versions = {v: r["version"] for v, r in records["register"]["registered"].items()}
+    assert set(versions) == {"graph", "int8-static"}
+    assert (tmp_path / "artifacts" / "digits-local" / "1" / "export").is_dir()
+    # the unset champion went to the best variant
+    assert records["promote"]["champion"]["moved"] is True
+    assert main(args) == 0
+    assert "(existing)" in capsys.readouterr().out
+    again = json.loads((tmp_path / "records.json").read_text())
+    assert {v: r["version"] for v, r in again["register"]["registered"].items()} == versions
+    assert len(_versions(tracking, "digits-local")) == 3
+
+
+def test_stage_by_stage_cli_equals_one_run(
+    digits: DigitsTask, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """What an orchestrator does: one process per stage, records passed as JSON files."""
+    tracking = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    mlflow.set_tracking_uri(tracking)
+    exp = mlflow.create_experiment("sources", artifact_location=(tmp_path / "mlruns").as_uri())
+    with mlflow.start_run(experiment_id=exp):
+        mlflow.onnx.log_model(
+            onnx.load(str(digits.model)),
+            name="model",
+            registered_model_name="digits-staged",
+            pip_requirements=[],
+        )
+    common = [
+        "--tracking-uri",
+        tracking,
+        "--artifacts",
+        str(tmp_path / "artifacts"),
+        "--variants",
+        "graph",
+        "--eval-data",
+        str(digits.eval),
+        "-q",
+    ]
+    rec = tmp_path / "records"
+    needs = {
+        "export": [],
+        "optimize": ["export"],
+        "quantize": ["export", "optimize"],
+        "validate": ["export", "quantize"],
+        "register": ["optimize", "validate"],
+        "promote": ["validate", "register"],
+    }
+    for stage, inputs in needs.items():
+        extra = ["--model", "models:/digits-staged/1"] if stage == "export" else []
+        for name in inputs:
+            extra += ["--input", f"{name}={rec / (name + '.json')}"]
+        code = main(
+            ["pipeline", "stage", stage, *extra, "--output", str(rec / f"{stage}.json"), *common]
+        )
+        assert code == 0, (stage, capsys.readouterr().err)
+    registered = json.loads((rec / "register.json").read_text())["registered"]
+    assert registered["graph"]["created"] is True
+    # the same pipeline in one process finds that version: the config hashes agree
+    assert main(["pipeline", "run", "--model", "models:/digits-staged/1", *common]) == 0
+    assert "(existing)" in capsys.readouterr().out
+    assert len(_versions(tracking, "digits-staged")) == 2
+    # a stage without the records it needs is a clear error
+    assert (
+        main(["pipeline", "stage", "register", "--output", str(tmp_path / "x.json"), *common]) == 2
+    )
+    assert "needs --input" in capsys.readouterr().err
+
+
+def test_cli_missing_model_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    tracking = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    code = main(
+        [
+            "pipeline",
+            "run",
+            "--model",
+            "models:/nothing/1",
+            "--tracking-uri",
+            tracking,
+            "--artifacts",
+            str(tmp_path / "a"),
+            "-q",
+        ]
+    )
+    assert code == 2
+    assert "registered model 'nothing'" in capsys.readouterr().err
