@@ -101,6 +101,11 @@ def load_npz(
         raise DataError(f"{p}: not a readable .npz file ({exc})") from exc
     names = [s[0] for s in specs]
     missing = [n for n in names if n not in arrays]
+    others = [k for k in arrays if k != label_key]
+    if len(names) == 1 and missing and len(others) == 1:
+        # one input, one array: the exporter's input name need not match the data's key
+        arrays[names[0]] = arrays.pop(others[0])
+        missing = []
     if missing:
         raise DataError(
             f"{p}: no array for model input(s) {', '.join(missing)} (has {', '.join(sorted(arrays))})"

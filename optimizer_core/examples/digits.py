@@ -21,6 +21,7 @@ class DigitsTask:
     calibration: Path
     eval: Path
     torch_accuracy: float
+    module: Any = None  # the trained torch module
 
 
 def _data(seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -95,4 +96,4 @@ def make_digits_task(folder: str | Path, *, epochs: int = 12, seed: int = 0) -> 
     np.savez(out / "calibration.npz", image=xtr[:256])
     np.savez(out / "eval.npz", image=xte, labels=yte)
     np.savez(out / "train.npz", image=xtr, labels=ytr)
-    return DigitsTask(path, out / "calibration.npz", out / "eval.npz", acc)
+    return DigitsTask(path, out / "calibration.npz", out / "eval.npz", acc, model)

@@ -65,18 +65,41 @@ def model_files(path: str | os.PathLike[str]) -> list[Path]:
 
 
 def _external_tensors(proto: Any) -> list[Any]:
+    """Every tensor of the model stored outside it: initializers and tensor attributes, in
+    the main graph, in subgraphs (If / Loop / Scan bodies) and in functions."""
     import onnx
 
-    out = [t for t in proto.graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL]
-    return out
+    out: list[Any] = []
+
+    def graph(g: Any) -> None:
+        out.extend(g.initializer)
+        out.extend(s.values for s in g.sparse_initializer)
+        nodes(g.node)
+
+    def nodes(ns: Any) -> None:
+        for n in ns:
+            for a in n.attribute:
+                if a.HasField("t"):
+                    out.append(a.t)
+                out.extend(a.tensors)
+                if a.HasField("g"):
+                    graph(a.g)
+                for sub in a.graphs:
+                    graph(sub)
+
+    graph(proto.graph)
+    for f in proto.functions:
+        nodes(f.node)
+    return [t for t in out if t.data_location == onnx.TensorProto.EXTERNAL]
 
 
-def sha256_files(files: Sequence[Path]) -> str:
-    """One digest over the files' names (relative to the first file's folder) and bytes."""
+def sha256_files(files: Sequence[Path], names: Sequence[str] | None = None) -> str:
+    """One digest over the files' names inside an entry and their bytes. The names default to
+    the entry's (``model.onnx`` for the first file, the data files' own names), so the same
+    model has the same digest whatever its file is called."""
     h = hashlib.sha256()
-    base = files[0].parent
-    for f in files:
-        h.update(f.relative_to(base).as_posix().encode() + b"\0")
+    for f, name in zip(files, names or _staged_names(files), strict=True):
+        h.update(name.encode() + b"\0")
         with open(f, "rb") as fh:
             for block in iter(lambda: fh.read(1 << 20), b""):
                 h.update(block)
@@ -151,7 +174,7 @@ def _normalized(path: Path, tmp: Path) -> Path:
     """``path`` itself when its external data (if any) is ``model.onnx.data``; else a copy in
     ``tmp`` saved that way, so the stored entry is self-consistent."""
     files = model_files(path)
-    if len(files) == 1 or (len(files) == 2 and files[1].name == DATA_FILE):
+    if len(files) == 1 or (len(files) == 2 and files[1] == path.parent / DATA_FILE):
         return path
     import onnx
 
@@ -426,14 +449,16 @@ class S3Store:
         manifest = json.loads(obj["Body"].read())
         out = Path(dest)
         out.mkdir(parents=True, exist_ok=True)
-        for name in manifest["files"]:
+        names = list(manifest["files"])
+        for name in names:
             self._retry(
                 f"download of {key}/{name}",
                 functools.partial(
                     self.client.download_file, bucket, f"{key}/{name}", str(out / name)
                 ),
             )
-        if sha256_files(model_files(out / MODEL_FILE)) != manifest["sha256"]:
+        # hashed before anything parses the files: tampered bytes are this error, not a crash
+        if sha256_files([out / n for n in names], names) != manifest["sha256"]:
             raise ArtifactStoreError(f"{uri}: downloaded files do not match the manifest's sha256")
         return out / MODEL_FILE
 

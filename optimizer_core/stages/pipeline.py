@@ -43,7 +43,20 @@ def _client(ctx: StageContext) -> Any:
     return MlflowClient(tracking_uri=ctx.tracking_uri, registry_uri=ctx.tracking_uri)
 
 
-def _experiment_id(client: Any, name: str) -> str:
+def _artifact_location(ctx: StageContext) -> str | None:
+    """Where a new experiment keeps its MLflow artifacts. A tracking server decides for
+    itself; an embedded (database) tracking URI would otherwise write ``./mlruns`` wherever
+    the process happens to run, so its artifacts go beside graphtrim's own."""
+    if ctx.tracking_uri.startswith(("http://", "https://", "databricks")):
+        return None
+    if ctx.artifacts.startswith("s3://"):
+        return ctx.artifacts.rstrip("/") + "/mlflow-artifacts"
+    from optimizer_core.integrations.artifacts import _local_path
+
+    return (_local_path(ctx.artifacts).resolve() / "mlflow-artifacts").as_uri()
+
+
+def _experiment_id(client: Any, name: str, artifact_location: str | None = None) -> str:
     from mlflow.exceptions import MlflowException
 
     exp = client.get_experiment_by_name(name)
@@ -54,7 +67,7 @@ def _experiment_id(client: Any, name: str) -> str:
             )
         return str(exp.experiment_id)
     try:
-        return str(client.create_experiment(name))
+        return str(client.create_experiment(name, artifact_location=artifact_location))
     except MlflowException:  # created concurrently
         exp = client.get_experiment_by_name(name)
         if exp is None:
@@ -70,7 +83,7 @@ def _open_run(ctx: StageContext, config: PipelineConfig, source: Any) -> str:
     """The MLflow run of this pipeline run: found again by the orchestrator's run id (a retried
     export stage logs into the same run), created otherwise."""
     client = _client(ctx)
-    exp = _experiment_id(client, config.experiment)
+    exp = _experiment_id(client, config.experiment, _artifact_location(ctx))
     tags = {
         T + "source.name": source.name,
         T + "source.version": source.version,
@@ -506,30 +519,49 @@ def _logged_model(client: Any, experiment_id: str, key: str) -> Any | None:
     return ready[0] if ready else None
 
 
-@contextlib.contextmanager
-def _fluent(tracking_uri: str) -> Iterator[None]:
-    """MLflow's fluent API (``log_model`` needs it) pointed at ``tracking_uri`` for the block,
-    the process's previous URIs restored afterwards."""
-    import os
+def _log_onnx(
+    client: Any,
+    experiment_id: str,
+    run_id: str,
+    name: str,
+    path: Path,
+    tags: Mapping[str, str],
+    scratch: Path,
+) -> str:
+    """Log the ONNX file at ``path`` as an MLflow model (onnx + pyfunc flavors) of ``run_id``
+    through ``client`` alone (no process-wide MLflow state); returns ``models:/<model_id>``.
+    The logged model is READY only once its files are uploaded; FAILED if anything breaks."""
+    import mlflow.onnx
+    import onnx
+    from mlflow.entities import LoggedModelOutput, LoggedModelStatus
+    from mlflow.models import Model
 
-    import mlflow
-    from mlflow.tracking._model_registry import utils as registry_utils
-    from mlflow.tracking._tracking_service import utils as tracking_utils
-
-    # set_*_uri also export environment variables: restore those exactly, unset included
-    env = {k: os.environ.get(k) for k in ("MLFLOW_TRACKING_URI", "MLFLOW_REGISTRY_URI")}
-    saved = (tracking_utils._tracking_uri, registry_utils._registry_uri)
-    mlflow.set_tracking_uri(tracking_uri)
-    mlflow.set_registry_uri(tracking_uri)
+    logged = client.create_logged_model(
+        experiment_id, name=name, source_run_id=run_id, tags=dict(tags), model_type="onnx"
+    )
     try:
-        yield
-    finally:
-        tracking_utils._tracking_uri, registry_utils._registry_uri = saved
-        for k, v in env.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+        local = scratch / f"mlflow-{name}"
+        meta = Model(
+            artifact_path=logged.artifact_location,
+            model_uuid=logged.model_id,
+            run_id=run_id,
+            model_id=logged.model_id,
+        )
+        mlflow.onnx.save_model(
+            onnx.load(str(path)),
+            str(local),
+            mlflow_model=meta,
+            signature=_signature(path),
+            pip_requirements=_pip_requirements(),
+        )
+        client.log_model_artifacts(logged.model_id, str(local))
+        client.log_outputs(run_id, [LoggedModelOutput(logged.model_id, step=0)])
+        client.finalize_logged_model(logged.model_id, LoggedModelStatus.READY)
+    except BaseException:
+        with contextlib.suppress(Exception):
+            client.finalize_logged_model(logged.model_id, LoggedModelStatus.FAILED)
+        raise
+    return f"models:/{logged.model_id}"
 
 
 def register(
@@ -542,9 +574,6 @@ def register(
     lineage tags, as a new version of the target model. Variants that failed are recorded in
     the run, never registered. A variant registered before (same lineage key) is reported,
     not registered again."""
-    import mlflow
-    import onnx
-
     from optimizer_core.integrations.registry import KEY_TAG
 
     config = config.resolved(ctx)
@@ -598,16 +627,9 @@ def register(
             if logged is None:
                 ctx.say(f"register: logging {variant}")
                 path = _fetch(ctx, summary, tmp / variant)
-                with _fluent(ctx.tracking_uri), mlflow.start_run(run_id=run_id):
-                    info = mlflow.onnx.log_model(
-                        onnx.load(str(path)),
-                        name=variant,
-                        signature=_signature(path),
-                        pip_requirements=_pip_requirements(),
-                        tags={**tags, KEY_TAG: key},
-                    )
-                client.update_run(run_id, status="RUNNING")
-                model_uri = info.model_uri
+                model_uri = _log_onnx(
+                    client, experiment_id, run_id, variant, path, {**tags, KEY_TAG: key}, tmp
+                )
             else:
                 model_uri = f"models:/{logged.model_id}"
             version, created = registry.register(

@@ -533,7 +533,10 @@ def test_digest_is_stable_and_follows_the_values(tmp_path, fixed_batch_model):
 @pytest.mark.parametrize(
     "arrays, message",
     [
-        ({"image": _rows(8)}, r"no array for model input\(s\) x \(has image\)"),
+        (
+            {"image": _rows(8), "mask": _rows(8)},
+            r"no array for model input\(s\) x \(has image, mask\)",
+        ),
         (
             {"x": _rows(8).astype(np.float64)},
             r"array 'x' is float64, the model wants tensor\(float\)",
@@ -548,6 +551,14 @@ def test_bad_npz_is_a_data_error(tmp_path, fixed_batch_model, arrays, message):
     path = _npz(tmp_path / "d.npz", **arrays)
     with pytest.raises(DataError, match=message):
         load_npz(path, fixed_batch_model)
+
+
+def test_single_input_takes_the_single_array_whatever_its_name(tmp_path, fixed_batch_model):
+    x = _rows(8)
+    data = load_npz(_npz(tmp_path / "d.npz", image=x, labels=np.arange(8)), fixed_batch_model)
+    assert list(data.batches[0]) == ["x"]
+    np.testing.assert_array_equal(np.concatenate([b["x"] for b in data.batches]), x)
+    assert data.labels is not None
 
 
 def test_not_a_zip_file_is_a_data_error(tmp_path, fixed_batch_model):
