@@ -501,6 +501,30 @@ def test_pytorch_model_without_signature_or_example_is_refused(
     assert [v.version for v in _versions(servers["mlflow"], "mlp-nosig")] == ["1"]
 
 
+def test_pytorch_model_with_a_column_signature_is_refused(
+    servers: dict[str, str], tmp_path: Path
+) -> None:
+    import pandas as pd
+    from mlflow.models import infer_signature
+
+    frame = pd.DataFrame({f"f{i}": np.zeros(2, np.float32) for i in range(8)})
+    mlflow.set_tracking_uri(servers["mlflow"])
+    with mlflow.start_run():
+        mlflow.pytorch.log_model(
+            _mlp(),
+            name="model",
+            serialization_format="pickle",
+            signature=infer_signature(frame),
+            registered_model_name="mlp-columns",
+            pip_requirements=[],
+        )
+    with pytest.raises(ExportError, match=r"is a column .* not a tensor"):
+        pipeline.run_pipeline(
+            _ctx(servers, tmp_path), PipelineConfig(variants=("graph",)), "models:/mlp-columns/1"
+        )
+    assert [v.version for v in _versions(servers["mlflow"], "mlp-columns")] == ["1"]
+
+
 # ---------------------------------------------------------------------------- bad input
 
 
