@@ -17,7 +17,7 @@ import contextlib
 import hashlib
 import json
 import logging
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -220,6 +220,7 @@ def optimize(
     from optimizer_core.graph.presets import PRESETS
     from optimizer_core.optimize import optimize_file
 
+    config = config.resolved(ctx)
     require(exported, ("run_id", "source", "model"), "optimize")
     run_id = exported["run_id"]
     source = exported["source"]
@@ -294,9 +295,11 @@ def quantize(
     config: PipelineConfig,
     exported: Mapping[str, Any],
     optimized: Mapping[str, Any],
+    only: Sequence[str] | None = None,
 ) -> dict[str, Any]:
-    """Build every requested variant from the optimized model. A variant that cannot be built
-    is recorded with its error; the others go on."""
+    """Build every requested variant (or the ``only`` ones: an orchestrator maps one task per
+    variant) from the optimized model. A variant that cannot be built is recorded with its
+    error; the others go on."""
     from optimizer_core.errors import GraphtrimError
     from optimizer_core.quantize.variants import QuantizeConfig, build_variant
     from optimizer_core.variants import accuracy_check
@@ -314,7 +317,14 @@ def quantize(
         reference = _fetch(ctx, exported, tmp / "reference")
         base = _fetch(ctx, optimized, tmp / "optimized")
         calib, evald = _data(ctx, config, reference, tmp)
-        for variant in config.variants:
+        wanted = list(only) if only is not None else list(config.variants)
+        stray = [v for v in wanted if v not in config.variants]
+        if stray:
+            raise PipelineError(
+                f"quantize: {', '.join(stray)} not among the config's variants "
+                f"({', '.join(config.variants)})"
+            )
+        for variant in wanted:
             ctx.say(f"quantize: building {variant}")
             dst = tmp / "variants" / variant / "model.onnx"
             try:
@@ -407,6 +417,7 @@ def validate(
     from optimizer_core.gates.fingerprint import fingerprint_digest
     from optimizer_core.integrations.artifacts import _safe
 
+    config = config.resolved(ctx)
     require(exported, ("run_id", "source", "model"), "validate")
     require(quantized, ("variants",), "validate")
     run_id = exported["run_id"]
@@ -437,7 +448,12 @@ def validate(
                         [GateResult("build", "error", {}, {}, [rec.get("error", "")])],
                     )
                 )
-        reports = evaluation.write(tmp / "reports", stem="evaluation")
+        names = list(quantized["variants"])
+        # one task per variant writes its own reports beside the others'
+        stem = (
+            "evaluation" if set(names) == set(config.variants) else f"evaluation-{'-'.join(names)}"
+        )
+        reports = evaluation.write(tmp / "reports", stem=stem)
         prefix = "/".join(
             (
                 _safe(source["name"]),
@@ -473,6 +489,27 @@ def validate(
         "policy_hash": evaluation.policy_hash,
         "reports": uris,
     }
+
+
+def merge_validated(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """One validate record from several (one per mapped variant task) of the same run."""
+    if not records:
+        raise PipelineError("no validate records to merge")
+    runs = {r["run_id"] for r in records}
+    if len(runs) != 1:
+        raise PipelineError(
+            f"validate records of different pipeline runs: {', '.join(sorted(runs))}"
+        )
+    merged = dict(records[0])
+    merged["variants"] = {}
+    merged["reports"] = {}
+    for r in records:
+        merged["variants"].update(r["variants"])
+        for kind, uri in r.get("reports", {}).items():
+            merged["reports"].setdefault(kind, uri)
+        merged.setdefault("all_reports", []).append(r.get("reports", {}))
+    merged["passed"] = [n for n, s in merged["variants"].items() if s["passed"]]
+    return merged
 
 
 def lineage_key(source: Mapping[str, Any], variant: str, config_hash: str) -> str:

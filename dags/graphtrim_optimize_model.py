@@ -1,0 +1,154 @@
+"""graphtrim: optimize one registered model version.
+
+export -> optimize -> quantize[variant] -> gate[variant] -> register -> promote -> summary, each
+its own task; one mapped quantize / gate pair per variant. Two DAGs: ``graphtrim_optimize_model``
+gates on CPU workers, ``graphtrim_optimize_model_gpu`` builds and gates variants on GPU workers
+(Celery queue ``gpu``, a GPU pod on Kubernetes) under the ``graphtrim_gpu`` pool.
+
+Trigger with ``conf``: ``{"model_name": "...", "version": "3"}`` (or ``"alias": "..."``), and
+optionally ``variants``, ``preset``, ``policy`` (a gate policy document), ``calibration`` /
+``eval_data`` (.npz URIs), ``target_name``, ``artifacts``.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+from typing import Any
+
+from airflow.sdk import DAG, Param, task
+
+from operators.airflow.operators import (
+    GraphOptimizeOperator,
+    MlflowAliasPromoteOperator,
+    MlflowModelExportOperator,
+    MlflowVariantRegisterOperator,
+    ModelGateOperator,
+    ModelQuantizeOperator,
+)
+
+VARIANTS = ["graph", "int8-dynamic", "int8-static", "fp16"]
+GPU_POOL = os.environ.get("GRAPHTRIM_GPU_POOL", "graphtrim_gpu")
+
+
+def _params() -> dict[str, Param]:
+    return {
+        "model_name": Param("", type="string", description="registered model to optimize"),
+        "version": Param(None, type=["null", "string"], description="version (or use alias)"),
+        "alias": Param(None, type=["null", "string"], description="alias, e.g. champion"),
+        "variants": Param(
+            ["graph", "int8-dynamic", "int8-static"],
+            type="array",
+            items={"type": "string", "enum": VARIANTS},
+            description="variants to build",
+        ),
+        "preset": Param("default", type="string", enum=["default", "safe", "minimal"]),
+        "policy": Param(None, type=["null", "object"], description="gate policy document"),
+        "calibration": Param(None, type=["null", "string"], description=".npz calibration data"),
+        "eval_data": Param(None, type=["null", "string"], description=".npz evaluation data"),
+        "target_name": Param(None, type=["null", "string"], description="registered model to fill"),
+        "artifacts": Param(
+            os.environ.get("GRAPHTRIM_ARTIFACTS", ""),
+            type="string",
+            description="artifact store: s3://bucket/prefix or a folder",
+        ),
+    }
+
+
+def optimize_dag(dag_id: str, device: str) -> DAG:
+    placed: dict[str, Any] = {"device": device}
+    if device == "gpu":
+        placed["pool"] = GPU_POOL
+    with DAG(
+        dag_id,
+        description=f"graphtrim: export, optimize, build and gate variants ({device}), register",
+        schedule=None,
+        start_date=dt.datetime(2026, 1, 1),
+        catchup=False,
+        params=_params(),
+        default_args={
+            "retries": 2,
+            "retry_delay": dt.timedelta(seconds=20),
+            "retry_exponential_backoff": 2.0,
+        },
+        max_active_runs=4,
+        tags=["graphtrim"],
+    ) as dag:
+
+        @task(multiple_outputs=True)
+        def plan(params: dict[str, Any] | None = None) -> dict[str, Any]:
+            """The source URI and the pipeline config from the run's params (checked here, so a
+            bad request fails before any work)."""
+            from optimizer_core.stages.context import PipelineConfig
+
+            p = params or {}
+            name = p.get("model_name")
+            if not name:
+                raise ValueError("conf needs model_name")
+            if bool(p.get("version")) == bool(p.get("alias")):
+                raise ValueError("conf needs exactly one of version or alias")
+            uri = (
+                f"models:/{name}/{p['version']}"
+                if p.get("version")
+                else f"models:/{name}@{p['alias']}"
+            )
+            config = PipelineConfig(
+                variants=tuple(p["variants"]),
+                preset=p["preset"],
+                device=device,
+                policy=p.get("policy"),
+                calibration=p.get("calibration"),
+                eval_data=p.get("eval_data"),
+                target_name=p.get("target_name"),
+            )
+            return {
+                "model_uri": uri,
+                "config": config.to_json(),
+                "variants": list(config.variants),
+                "artifacts": p.get("artifacts") or None,
+            }
+
+        @task
+        def variants(names: list[str]) -> list[str]:
+            """The variants to map the quantize / gate pairs over."""
+            return list(names)
+
+        p = plan()
+        common: dict[str, Any] = {"config": p["config"], "artifacts": p["artifacts"]}
+        export = MlflowModelExportOperator(task_id="export", model_uri=p["model_uri"], **common)
+        optimize = GraphOptimizeOperator(task_id="optimize", exported=export.output, **common)
+        quantize = ModelQuantizeOperator.partial(
+            task_id="quantize",
+            exported=export.output,
+            optimized=optimize.output,
+            **common,
+            **placed,
+        ).expand(variant=variants(p["variants"]))
+        gate = ModelGateOperator.partial(
+            task_id="gate", exported=export.output, **common, **placed
+        ).expand(quantized=quantize.output)
+        register = MlflowVariantRegisterOperator(
+            task_id="register", optimized=optimize.output, validated=gate.output, **common
+        )
+        promote = MlflowAliasPromoteOperator(
+            task_id="promote", validated=gate.output, registered=register.output, **common
+        )
+
+        @task
+        def summary(validated: Any, registered: dict[str, Any], promoted: dict[str, Any]) -> str:
+            """The variant table (gate verdicts, registered versions, aliases), in the log and
+            as this task's XCom."""
+            from optimizer_core.cli_pipeline import table
+            from optimizer_core.stages.pipeline import merge_validated
+
+            merged = merge_validated([dict(validated[i]) for i in range(len(validated))])
+            text = table({"validate": merged, "register": registered, "promote": promoted})
+            print(text)
+            return text
+
+        summary(gate.output, register.output, promote.output)
+    return dag
+
+
+cpu_dag = optimize_dag("graphtrim_optimize_model", "cpu")
+gpu_dag = optimize_dag("graphtrim_optimize_model_gpu", "gpu")

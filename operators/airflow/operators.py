@@ -1,0 +1,245 @@
+"""One operator per pipeline stage. Each templates its inputs, places itself on a CPU or GPU
+worker, and delegates to ``optimizer_core.stages.pipeline``; its XCom is the stage's small JSON
+record (URIs, versions, verdicts), never a model.
+
+Placement: ``device="gpu"`` sends the task to the Celery queue ``gpu_queue`` (default ``gpu``)
+and, for the KubernetesExecutor, adds a ``pod_override`` asking for ``gpus`` ``nvidia.com/gpu``
+on the ``base`` container; ``device="cpu"`` uses ``cpu_queue`` when given, else the default
+queue. The stage itself runs on the device its pipeline config names.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from airflow.sdk import BaseOperator
+
+from operators.airflow.hooks import ArtifactStoreHook, MlflowRegistryHook
+from optimizer_core.errors import GraphtrimError
+
+DEVICES = ("cpu", "gpu")
+
+
+def placement(
+    device: str, *, gpu_queue: str = "gpu", cpu_queue: str | None = None, gpus: int = 1
+) -> dict[str, Any]:
+    """The operator arguments that put a task on a ``device`` worker."""
+    if device not in DEVICES:
+        raise ValueError(f"device must be one of {', '.join(DEVICES)}, not {device!r}")
+    if device == "cpu":
+        return {"queue": cpu_queue} if cpu_queue else {}
+    out: dict[str, Any] = {"queue": gpu_queue}
+    try:
+        from kubernetes.client import models as k8s
+    except ImportError:  # no KubernetesExecutor without the client: the queue is enough
+        return out
+    out["executor_config"] = {
+        "pod_override": k8s.V1Pod(
+            spec=k8s.V1PodSpec(
+                containers=[
+                    k8s.V1Container(
+                        name="base",
+                        resources=k8s.V1ResourceRequirements(
+                            limits={"nvidia.com/gpu": str(gpus)},
+                            requests={"nvidia.com/gpu": str(gpus)},
+                        ),
+                    )
+                ]
+            )
+        )
+    }
+    return out
+
+
+class GraphtrimStageOperator(BaseOperator):
+    """Shared plumbing: connections, artifact location, config, placement."""
+
+    template_fields: Sequence[str] = ("config", "artifacts")
+    ui_color = "#e8f4ea"
+
+    def __init__(
+        self,
+        *,
+        config: Mapping[str, Any] | None = None,
+        artifacts: str | None = None,
+        mlflow_conn_id: str = MlflowRegistryHook.default_conn_name,
+        aws_conn_id: str | None = ArtifactStoreHook.default_conn_name,
+        device: str = "cpu",
+        gpu_queue: str = "gpu",
+        cpu_queue: str | None = None,
+        gpus: int = 1,
+        workdir: str | None = None,
+        **kwargs: Any,
+    ):
+        for key, value in placement(
+            device, gpu_queue=gpu_queue, cpu_queue=cpu_queue, gpus=gpus
+        ).items():
+            kwargs.setdefault(key, value)
+        super().__init__(**kwargs)
+        self.config = config
+        self.artifacts = artifacts
+        self.mlflow_conn_id = mlflow_conn_id
+        self.aws_conn_id = aws_conn_id
+        self.device = device
+        self.workdir = workdir
+
+    def stage_context(self, context: Any) -> Any:
+        from optimizer_core.stages.context import StageContext
+
+        artifacts = self.artifacts or os.environ.get("GRAPHTRIM_ARTIFACTS")
+        if not artifacts:
+            raise GraphtrimError(
+                f"{self.task_id}: no artifact store: pass artifacts= (s3://bucket/prefix or a "
+                "folder) or set $GRAPHTRIM_ARTIFACTS"
+            )
+        endpoint = None
+        if str(artifacts).startswith("s3://"):
+            endpoint = ArtifactStoreHook(self.aws_conn_id).endpoint_url()
+        dag_run = context.get("dag_run")
+        run_id = getattr(dag_run, "run_id", None) or context.get("run_id")
+        return StageContext(
+            tracking_uri=MlflowRegistryHook(self.mlflow_conn_id).tracking_uri(),
+            artifacts=str(artifacts),
+            workdir=self.workdir,
+            s3_endpoint_url=endpoint,
+            orchestrator_run_id=f"airflow:{self.dag_id}:{run_id}" if run_id else None,
+            progress=self.log.info,
+        )
+
+    def pipeline_config(self) -> Any:
+        from optimizer_core.stages.context import PipelineConfig
+
+        return PipelineConfig.from_json(dict(self.config or {}))
+
+
+def _records(value: Any) -> list[dict[str, Any]]:
+    """A record, or the records of a mapped upstream (a lazy XCom sequence), as a list."""
+    if isinstance(value, Mapping):
+        return [dict(value)]
+    # index, not iterate: iterating a lazy XCom sequence probes one past its end
+    return [dict(value[i]) for i in range(len(value)) if value[i]]
+
+
+class MlflowModelExportOperator(GraphtrimStageOperator):
+    """Resolve ``model_uri`` (``models:/NAME/VERSION`` or ``models:/NAME@ALIAS``) and store it as
+    ONNX. XCom: the export record (source, run id, model URI, exporter, resolved config)."""
+
+    template_fields = (*GraphtrimStageOperator.template_fields, "model_uri")
+
+    def __init__(self, *, model_uri: str, **kwargs: Any):
+        super().__init__(**kwargs)
+        self.model_uri = model_uri
+
+    def execute(self, context: Any) -> dict[str, Any]:
+        from optimizer_core.stages import pipeline
+
+        return pipeline.export(self.stage_context(context), self.pipeline_config(), self.model_uri)
+
+
+class GraphOptimizeOperator(GraphtrimStageOperator):
+    """Optimize the exported model's graph (verified). XCom: the optimize record."""
+
+    template_fields = (*GraphtrimStageOperator.template_fields, "exported")
+
+    def __init__(self, *, exported: Any, **kwargs: Any):
+        super().__init__(**kwargs)
+        self.exported = exported
+
+    def execute(self, context: Any) -> dict[str, Any]:
+        from optimizer_core.stages import pipeline
+
+        return pipeline.optimize(
+            self.stage_context(context), self.pipeline_config(), dict(self.exported)
+        )
+
+
+class ModelQuantizeOperator(GraphtrimStageOperator):
+    """Build one variant (``variant``; map it over the config's variants) or all of them."""
+
+    template_fields = (
+        *GraphtrimStageOperator.template_fields,
+        "exported",
+        "optimized",
+        "variant",
+    )
+
+    def __init__(self, *, exported: Any, optimized: Any, variant: str | None = None, **kwargs: Any):
+        super().__init__(**kwargs)
+        self.exported = exported
+        self.optimized = optimized
+        self.variant = variant
+
+    def execute(self, context: Any) -> dict[str, Any]:
+        from optimizer_core.stages import pipeline
+
+        return pipeline.quantize(
+            self.stage_context(context),
+            self.pipeline_config(),
+            dict(self.exported),
+            dict(self.optimized),
+            only=[self.variant] if self.variant else None,
+        )
+
+
+class ModelGateOperator(GraphtrimStageOperator):
+    """Run the accuracy, latency and size gates on the variant(s) of a quantize record, on the
+    worker class this task is placed on. XCom: the validate record."""
+
+    template_fields = (*GraphtrimStageOperator.template_fields, "exported", "quantized")
+
+    def __init__(self, *, exported: Any, quantized: Any, **kwargs: Any):
+        super().__init__(**kwargs)
+        self.exported = exported
+        self.quantized = quantized
+
+    def execute(self, context: Any) -> dict[str, Any]:
+        from optimizer_core.stages import pipeline
+
+        return pipeline.validate(
+            self.stage_context(context),
+            self.pipeline_config(),
+            dict(self.exported),
+            dict(self.quantized),
+        )
+
+
+class MlflowVariantRegisterOperator(GraphtrimStageOperator):
+    """Register every variant that passed its gates (one or many validate records) with lineage;
+    a variant registered before for the same source and config is reported, not registered
+    again. XCom: the register record."""
+
+    template_fields = (*GraphtrimStageOperator.template_fields, "optimized", "validated")
+
+    def __init__(self, *, optimized: Any, validated: Any, **kwargs: Any):
+        super().__init__(**kwargs)
+        self.optimized = optimized
+        self.validated = validated
+
+    def execute(self, context: Any) -> dict[str, Any]:
+        from optimizer_core.stages import pipeline
+
+        merged = pipeline.merge_validated(_records(self.validated))
+        return pipeline.register(
+            self.stage_context(context), self.pipeline_config(), dict(self.optimized), merged
+        )
+
+
+class MlflowAliasPromoteOperator(GraphtrimStageOperator):
+    """Move aliases by the policy's promotion section. XCom: the promote record."""
+
+    template_fields = (*GraphtrimStageOperator.template_fields, "validated", "registered")
+
+    def __init__(self, *, validated: Any, registered: Any, **kwargs: Any):
+        super().__init__(**kwargs)
+        self.validated = validated
+        self.registered = registered
+
+    def execute(self, context: Any) -> dict[str, Any]:
+        from optimizer_core.stages import pipeline
+
+        merged = pipeline.merge_validated(_records(self.validated))
+        return pipeline.promote(
+            self.stage_context(context), self.pipeline_config(), merged, dict(self.registered)
+        )
