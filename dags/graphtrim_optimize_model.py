@@ -25,6 +25,7 @@ from operators.airflow.operators import (
     MlflowVariantRegisterOperator,
     ModelGateOperator,
     ModelQuantizeOperator,
+    placement,
 )
 
 VARIANTS = ["graph", "int8-dynamic", "int8-static", "fp16"]
@@ -56,7 +57,8 @@ def _params() -> dict[str, Param]:
 
 
 def optimize_dag(dag_id: str, device: str) -> DAG:
-    placed: dict[str, Any] = {"device": device}
+    # spelled out for the mapped tasks: their queue and pod are read before any operator exists
+    placed: dict[str, Any] = {"device": device, **placement(device)}
     if device == "gpu":
         placed["pool"] = GPU_POOL
     with DAG(

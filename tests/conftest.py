@@ -1,5 +1,90 @@
 from __future__ import annotations
 
 import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from optimizer_core.examples.digits import DigitsTask, make_digits_task
+
+REPO = Path(__file__).resolve().parents[1]
 
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+# Airflow reads its home on import and would otherwise create ~/airflow: every test process
+# (each xdist worker) gets its own, with the repository's DAGs and no examples.
+os.environ["AIRFLOW_HOME"] = tempfile.mkdtemp(prefix="graphtrim-airflow-")
+os.environ["AIRFLOW__CORE__DAGS_FOLDER"] = str(REPO / "dags")
+os.environ["AIRFLOW__CORE__LOAD_EXAMPLES"] = "False"
+os.environ.setdefault("AIRFLOW__CORE__DAGBAG_IMPORT_ERROR_TRACEBACKS", "True")
+
+BUCKET = "graphtrim-models"
+
+
+@pytest.fixture(scope="session")
+def digits_task(tmp_path_factory: pytest.TempPathFactory) -> DigitsTask:
+    """The digits CNN (trained in seconds) with its calibration and evaluation data.
+
+    Trained once per test run: the first xdist worker to get here trains into a folder shared
+    by all workers (under a file lock); the others reuse it.
+    """
+    from filelock import FileLock
+
+    base = tmp_path_factory.getbasetemp()
+    # under xdist every worker has its own base temp inside the run's folder
+    shared = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "digits-task"
+    shared.mkdir(parents=True, exist_ok=True)
+    done = shared / "done"
+    with FileLock(str(shared / ".lock")):
+        if not done.exists():
+            task = make_digits_task(shared)
+            done.write_text(str(task.torch_accuracy))
+    return DigitsTask(
+        model=shared / "digits_cnn.onnx",
+        calibration=shared / "calibration.npz",
+        eval=shared / "eval.npz",
+        torch_accuracy=float(done.read_text()),
+    )
+
+
+@pytest.fixture(scope="session")
+def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    """A real MLflow tracking server (SQLite) and a real S3 endpoint (moto) on 127.0.0.1, with
+    the bucket ``graphtrim-models``; stopped by PID at the end of the session."""
+    import boto3
+
+    from tests.servers import mlflow_server, moto_server
+
+    root = tmp_path_factory.mktemp("servers")
+    saved = {k: os.environ.get(k) for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")}
+    os.environ.update(AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing")
+    os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
+    try:
+        with mlflow_server(root / "mlflow") as url, moto_server(root / "s3") as s3:
+            boto3.client("s3", endpoint_url=s3).create_bucket(Bucket=BUCKET)
+            yield {"mlflow": url, "s3": s3}
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+@pytest.fixture(scope="session")
+def airflow_db() -> str:
+    """This process's Airflow metadata database (SQLite), migrated."""
+    import subprocess
+    import sys
+
+    home = os.environ["AIRFLOW_HOME"]
+    if not (Path(home) / ".migrated").exists():
+        subprocess.run(
+            [str(Path(sys.executable).with_name("airflow")), "db", "migrate"],
+            check=True,
+            capture_output=True,
+            env=dict(os.environ),
+        )
+        (Path(home) / ".migrated").write_text("ok")
+    return home

@@ -4,9 +4,7 @@
 from __future__ import annotations
 
 import json
-import os
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,32 +20,13 @@ from optimizer_core.integrations.registry import Registry, RegistryError
 from optimizer_core.stages import pipeline
 from optimizer_core.stages.context import PipelineConfig, StageContext
 from optimizer_core.stages.export import ExportError
-from tests.servers import free_port, mlflow_server, moto_server
+from tests.conftest import BUCKET
+from tests.servers import free_port
 
 pytestmark = [pytest.mark.xdist_group("mlflow"), pytest.mark.slow]
 
 mlflow = pytest.importorskip("mlflow")
 boto3 = pytest.importorskip("boto3")
-
-BUCKET = "graphtrim-models"
-
-
-@pytest.fixture(scope="module")
-def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
-    root = tmp_path_factory.mktemp("servers")
-    saved = {k: os.environ.get(k) for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")}
-    os.environ.update(AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing")
-    os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
-    try:
-        with mlflow_server(root / "mlflow") as url, moto_server(root / "s3") as s3:
-            boto3.client("s3", endpoint_url=s3).create_bucket(Bucket=BUCKET)
-            yield {"mlflow": url, "s3": s3}
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 @pytest.fixture(scope="module")

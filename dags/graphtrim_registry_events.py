@@ -1,0 +1,60 @@
+"""graphtrim: optimize every new version of a watched registered model, as it appears.
+
+Scheduled on an Asset fed by an ``AssetWatcher`` whose trigger polls the MLflow registry
+(``MlflowNewModelVersionTrigger``): models tagged ``graphtrim.optimize = true`` (the tag is
+``$GRAPHTRIM_WATCH_TAG``) fire one event per new version, and each event triggers one
+``graphtrim_optimize_model`` run for it.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+from typing import Any
+
+from airflow.providers.standard.operators.trigger_dagrun import TriggerDagRunOperator
+from airflow.sdk import DAG, Asset, AssetWatcher, task
+
+from operators.airflow.triggers import MlflowNewModelVersionTrigger
+
+registry = Asset(
+    "graphtrim-mlflow-registry",
+    watchers=[
+        AssetWatcher(
+            name="graphtrim_new_model_versions",
+            trigger=MlflowNewModelVersionTrigger(
+                watcher="graphtrim_registry_events",
+                watch_tag=os.environ.get("GRAPHTRIM_WATCH_TAG", "graphtrim.optimize"),
+                mlflow_conn_id="mlflow_default",
+                poll_interval=float(os.environ.get("GRAPHTRIM_WATCH_INTERVAL", "60")),
+            ),
+        )
+    ],
+)
+
+with DAG(
+    "graphtrim_registry_events",
+    description="graphtrim: one optimize run per new version of a watched registered model",
+    schedule=[registry],
+    start_date=dt.datetime(2026, 1, 1),
+    catchup=False,
+    default_args={"retries": 2, "retry_delay": dt.timedelta(seconds=20)},
+    tags=["graphtrim"],
+) as dag:
+
+    @task
+    def versions(triggering_asset_events: Any = None) -> list[dict[str, Any]]:
+        """The conf of one optimize run per version in the events that started this run."""
+        out: list[dict[str, Any]] = []
+        for events in (triggering_asset_events or {}).values():
+            for event in events:
+                payload = (event.extra or {}).get("payload") or event.extra or {}
+                if payload.get("name") and payload.get("version"):
+                    conf = {"model_name": payload["name"], "version": str(payload["version"])}
+                    if conf not in out:
+                        out.append(conf)
+        return out
+
+    TriggerDagRunOperator.partial(
+        task_id="optimize", trigger_dag_id="graphtrim_optimize_model"
+    ).expand(conf=versions())

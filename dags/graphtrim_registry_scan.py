@@ -1,0 +1,67 @@
+"""graphtrim: find registered versions that still lack optimized variants, and optimize them.
+
+Hourly, every registered model tagged ``graphtrim.optimize = true`` (``$GRAPHTRIM_WATCH_TAG``)
+is checked: its newest ``versions_per_model`` versions that graphtrim did not produce and that
+have no variant registered under the current config hash get one ``graphtrim_optimize_model``
+run each, at most ``max_runs`` per scan. Per-model settings come from the registered model's
+tags ``graphtrim.variants`` (comma-separated), ``graphtrim.calibration`` and
+``graphtrim.eval_data`` (.npz URIs). GPU work is capped by the optimize DAG's pool.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+from typing import Any
+
+from airflow.providers.standard.operators.trigger_dagrun import TriggerDagRunOperator
+from airflow.sdk import DAG, Param, task
+
+with DAG(
+    "graphtrim_registry_scan",
+    description="graphtrim: optimize registered versions that lack variants for the current config",
+    schedule="@hourly",
+    start_date=dt.datetime(2026, 1, 1),
+    catchup=False,
+    max_active_runs=1,
+    params={
+        "max_runs": Param(10, type="integer", minimum=1, description="fan-out cap per scan"),
+        "versions_per_model": Param(1, type="integer", minimum=1),
+        "watch_tag": Param(
+            os.environ.get("GRAPHTRIM_WATCH_TAG", "graphtrim.optimize"), type="string"
+        ),
+        "artifacts": Param(os.environ.get("GRAPHTRIM_ARTIFACTS", ""), type="string"),
+    },
+    default_args={"retries": 2, "retry_delay": dt.timedelta(seconds=30)},
+    tags=["graphtrim"],
+) as dag:
+
+    @task
+    def candidates(params: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+        from operators.airflow.hooks import ArtifactStoreHook, MlflowRegistryHook
+        from optimizer_core.stages.context import StageContext
+        from optimizer_core.stages.scan import unoptimized_versions
+
+        p = params or {}
+        artifacts = p.get("artifacts") or None
+        ctx = StageContext(
+            tracking_uri=MlflowRegistryHook().tracking_uri(),
+            artifacts=artifacts or ".",
+            s3_endpoint_url=ArtifactStoreHook().endpoint_url()
+            if str(artifacts or "").startswith("s3://")
+            else None,
+        )
+        found = unoptimized_versions(
+            ctx,
+            watch_tag=p["watch_tag"],
+            versions_per_model=int(p["versions_per_model"]),
+            limit=int(p["max_runs"]),
+        )
+        for conf in found:
+            if artifacts:
+                conf["artifacts"] = artifacts
+        return found
+
+    TriggerDagRunOperator.partial(
+        task_id="optimize", trigger_dag_id="graphtrim_optimize_model"
+    ).expand(conf=candidates())

@@ -1,0 +1,83 @@
+"""Which registered versions still need a pipeline run under the current config.
+
+A version is done when a pipeline run for it with the same config hash finished (whatever its
+gates decided: a version whose variants all failed is not retried every scan) or is running
+now, or when a variant of it with that config hash is registered.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from optimizer_core.stages.context import DEFAULT_VARIANTS, PipelineConfig, StageContext
+
+T = "graphtrim."
+
+
+def _config_for(tags: dict[str, str]) -> PipelineConfig:
+    variants = tuple(v.strip() for v in tags.get(T + "variants", "").split(",") if v.strip())
+    return PipelineConfig(
+        variants=variants or DEFAULT_VARIANTS,
+        calibration=tags.get(T + "calibration") or None,
+        eval_data=tags.get(T + "eval_data") or None,
+    )
+
+
+def _done(client: Any, name: str, version: str, config_hash: str, experiment: str) -> bool:
+    registered = client.search_model_versions(
+        f"tags.`{T}source.name` = '{name}' and tags.`{T}source.version` = '{version}' and "
+        f"tags.`{T}config_hash` = '{config_hash}'"
+    )
+    if registered:
+        return True
+    exp = client.get_experiment_by_name(experiment)
+    if exp is None:
+        return False
+    runs = client.search_runs(
+        [exp.experiment_id],
+        f"tags.`{T}source.name` = '{name}' and tags.`{T}source.version` = '{version}' and "
+        f"tags.`{T}config_hash` = '{config_hash}'",
+    )
+    return any(r.info.status in ("FINISHED", "RUNNING") for r in runs)
+
+
+def unoptimized_versions(
+    ctx: StageContext,
+    *,
+    watch_tag: str = "graphtrim.optimize",
+    versions_per_model: int = 1,
+    limit: int = 10,
+) -> list[dict[str, Any]]:
+    """Optimize-DAG confs for the newest source versions of watched models that are not done,
+    at most ``limit``."""
+    registry = ctx.registry()
+    client = registry.client
+    out: list[dict[str, Any]] = []
+    for rm in client.search_registered_models(filter_string=f"tags.`{watch_tag}` = 'true'"):
+        tags = dict(rm.tags or {})
+        config = _config_for(tags).resolved(ctx)
+        sources = sorted(
+            (
+                v
+                for v in client.search_model_versions(f"name='{rm.name}'")
+                if T + "variant" not in (v.tags or {})
+            ),
+            key=lambda v: int(v.version),
+            reverse=True,
+        )[:versions_per_model]
+        for v in sources:
+            if _done(client, rm.name, str(v.version), config.config_hash, config.experiment):
+                continue
+            conf: dict[str, Any] = {
+                "model_name": rm.name,
+                "version": str(v.version),
+                "variants": list(config.variants),
+            }
+            if config.calibration:
+                conf["calibration"] = config.calibration
+            if config.eval_data:
+                conf["eval_data"] = config.eval_data
+            out.append(conf)
+            if len(out) >= limit:
+                return out
+    return out

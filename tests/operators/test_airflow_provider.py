@@ -1,0 +1,213 @@
+"""The Airflow provider: discovery, connections, placement, and the optimize DAG run through
+Airflow (``dag.test``) against a real MLflow server and moto's S3 server."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from optimizer_core.examples.digits import DigitsTask
+from tests.conftest import BUCKET, REPO
+
+
+def test_provider_entry_point_and_info_match_airflow_schema() -> None:
+    import jsonschema
+    from airflow import __file__ as airflow_init
+
+    eps = metadata.entry_points(group="apache_airflow_provider")
+    ours = [ep for ep in eps if ep.value == "operators.airflow:get_provider_info"]
+    assert ours, [ep.value for ep in eps]
+    info = ours[0].load()()
+    schema = json.loads((Path(airflow_init).parent / "provider_info.schema.json").read_text())
+    jsonschema.validate(info, schema)
+    hook = info["connection-types"][0]["hook-class-name"]
+    module, _, name = hook.rpartition(".")
+    assert getattr(__import__(module, fromlist=[name]), name).conn_type == "graphtrim_mlflow"
+
+
+@pytest.fixture
+def conn_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    def set_conn(conn_id: str, doc: dict[str, Any]) -> None:
+        monkeypatch.setenv(f"AIRFLOW_CONN_{conn_id.upper()}", json.dumps(doc))
+
+    yield set_conn
+
+
+def test_mlflow_hook_reads_the_connection_and_exports_the_token(
+    conn_env: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from operators.airflow.hooks import MlflowRegistryHook
+
+    monkeypatch.delenv("MLFLOW_TRACKING_TOKEN", raising=False)
+    conn_env(
+        "mlflow_prod",
+        {
+            "conn_type": "graphtrim_mlflow",
+            "host": "mlflow.internal",
+            "port": 5000,
+            "password": "t0k",
+        },
+    )
+    assert MlflowRegistryHook("mlflow_prod").tracking_uri() == "http://mlflow.internal:5000"
+    assert os.environ["MLFLOW_TRACKING_TOKEN"] == "t0k"
+    conn_env("mlflow_local", {"conn_type": "graphtrim_mlflow", "host": "sqlite:////tmp/x.db"})
+    assert MlflowRegistryHook("mlflow_local").tracking_uri() == "sqlite:////tmp/x.db"
+
+
+def test_mlflow_hook_without_connection(monkeypatch: pytest.MonkeyPatch) -> None:
+    from operators.airflow.hooks import MlflowRegistryHook
+    from optimizer_core.errors import GraphtrimError
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://from-env:5000")
+    assert MlflowRegistryHook("absent_conn").tracking_uri() == "http://from-env:5000"
+    monkeypatch.delenv("MLFLOW_TRACKING_URI")
+    with pytest.raises(GraphtrimError, match="no Airflow connection 'absent_conn'"):
+        MlflowRegistryHook("absent_conn").tracking_uri()
+
+
+def test_artifact_hook_uses_the_standard_aws_connection(
+    conn_env: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from operators.airflow.hooks import ArtifactStoreHook
+
+    for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        monkeypatch.delenv(k, raising=False)
+    conn_env(
+        "minio",
+        {
+            "conn_type": "aws",
+            "login": "AKIA",
+            "password": "secret",
+            "extra": {"service_config": {"s3": {"endpoint_url": "http://minio:9000"}}},
+        },
+    )
+    assert ArtifactStoreHook("minio").endpoint_url() == "http://minio:9000"
+    assert os.environ["AWS_ACCESS_KEY_ID"] == "AKIA"
+    assert os.environ["AWS_SECRET_ACCESS_KEY"] == "secret"
+
+
+def test_placement() -> None:
+    from operators.airflow.operators import ModelGateOperator, placement
+
+    assert placement("cpu") == {}
+    assert placement("cpu", cpu_queue="cpu") == {"queue": "cpu"}
+    gpu = placement("gpu", gpu_queue="a100", gpus=2)
+    assert gpu["queue"] == "a100"
+    limits = gpu["executor_config"]["pod_override"].spec.containers[0].resources.limits
+    assert limits == {"nvidia.com/gpu": "2"}
+    with pytest.raises(ValueError, match="device must be one of"):
+        placement("tpu")
+    op = ModelGateOperator(task_id="g", exported={}, quantized={}, device="gpu")
+    assert op.queue == "gpu" and "pod_override" in op.executor_config
+
+
+# ---------------------------------------------------------------------------- end to end
+
+
+def _register_source(tracking: str, path: Path, name: str) -> str:
+    import mlflow
+    import onnx
+
+    mlflow.set_tracking_uri(tracking)
+    with mlflow.start_run():
+        info = mlflow.onnx.log_model(
+            onnx.load(str(path)), name="model", registered_model_name=name, pip_requirements=[]
+        )
+    return str(info.registered_model_version)
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("mlflow")
+def test_optimize_dag_through_airflow_with_mlflow_server_and_s3(
+    servers: dict[str, str],
+    airflow_db: str,
+    digits_task: DigitsTask,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import mlflow
+    from airflow.dag_processing.dagbag import DagBag
+
+    version = _register_source(servers["mlflow"], digits_task.model, "digits-airflow")
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_MLFLOW_DEFAULT",
+        json.dumps({"conn_type": "graphtrim_mlflow", "host": servers["mlflow"]}),
+    )
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_AWS_DEFAULT",
+        json.dumps(
+            {
+                "conn_type": "aws",
+                "login": "testing",
+                "password": "testing",
+                "extra": {"endpoint_url": servers["s3"], "region_name": "us-east-1"},
+            }
+        ),
+    )
+    bag = DagBag(str(REPO / "dags"))
+    dag = bag.dags["graphtrim_optimize_model"]
+    policy = {
+        "variants": {
+            v: {"latency": {"min_speedup": 0.5, "runs": 60, "warmup": 10}}
+            for v in ("graph", "int8-static")
+        },
+        "promotion": {"metric": "bytes"},
+    }
+    conf = {
+        "model_name": "digits-airflow",
+        "version": version,
+        "variants": ["graph", "int8-static"],
+        "policy": policy,
+        "calibration": str(digits_task.calibration),
+        "eval_data": str(digits_task.eval),
+        "artifacts": f"s3://{BUCKET}/airflow",
+    }
+    run = dag.test(run_conf=conf)
+    assert str(run.state) in ("success", "DagRunState.SUCCESS"), run.state
+    tis = {(ti.task_id, ti.map_index): str(ti.state) for ti in run.get_task_instances()}
+    # every stage ran as its own task instance; one quantize and one gate per variant
+    expected = {
+        ("plan", -1),
+        ("variants", -1),
+        ("export", -1),
+        ("optimize", -1),
+        ("quantize", 0),
+        ("quantize", 1),
+        ("gate", 0),
+        ("gate", 1),
+        ("register", -1),
+        ("promote", -1),
+        ("summary", -1),
+    }
+    assert set(tis) == expected
+    assert all(s.endswith("success") for s in tis.values()), tis
+
+    client = mlflow.MlflowClient(servers["mlflow"], servers["mlflow"])
+    found = client.search_model_versions(
+        "name='digits-airflow' and tags.`graphtrim.source.version`='" + version + "'"
+    )
+    by_variant = {v.tags["graphtrim.variant"]: v for v in found}
+    assert set(by_variant) == {"graph", "int8-static"}
+    for v in by_variant.values():
+        assert v.tags["graphtrim.orchestrator_run_id"] == (
+            f"airflow:graphtrim_optimize_model:{run.run_id}"
+        )
+        assert v.tags["graphtrim.artifact"].startswith(f"s3://{BUCKET}/airflow/digits-airflow/")
+    champion = client.get_model_version_by_alias("digits-airflow", "champion")
+    assert champion.version == by_variant["int8-static"].version
+    assert (
+        client.get_model_version_by_alias("digits-airflow", "graph-candidate").version
+        == by_variant["graph"].version
+    )
+
+    # a second run of the DAG registers nothing new
+    before = len(client.search_model_versions("name='digits-airflow'"))
+    again = dag.test(run_conf=conf)
+    assert str(again.state).endswith("success")
+    assert len(client.search_model_versions("name='digits-airflow'")) == before
