@@ -26,6 +26,7 @@ from collections.abc import Callable
 from typing import Any
 
 from airflow.plugins_manager import AirflowPlugin
+from fastapi import FastAPI, HTTPException, Request
 
 logger = logging.getLogger("graphtrim.webhook")
 
@@ -76,9 +77,7 @@ def create_app(
     trigger: TriggerFn | None = None,
     max_age: float | None = None,
     clock: Callable[[], float] = time.time,
-) -> Any:
-    from fastapi import FastAPI, HTTPException, Request
-
+) -> FastAPI:
     secret = secret if secret is not None else os.environ.get("GRAPHTRIM_WEBHOOK_SECRET")
     dag = dag_id or os.environ.get("GRAPHTRIM_WEBHOOK_DAG", "graphtrim_optimize_model")
     window = (
