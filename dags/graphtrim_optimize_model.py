@@ -138,15 +138,13 @@ def optimize_dag(dag_id: str, device: str) -> DAG:
 
         @task
         def summary(validated: Any, registered: dict[str, Any], promoted: dict[str, Any]) -> str:
-            """The variant table (gate verdicts, registered versions, aliases), in the log and
-            as this task's XCom."""
+            """The variant table (gate verdicts, registered versions, aliases) as this task's
+            XCom (Airflow logs it too)."""
             from optimizer_core.cli_pipeline import table
             from optimizer_core.stages.pipeline import merge_validated
 
             merged = merge_validated([dict(validated[i]) for i in range(len(validated))])
-            text = table({"validate": merged, "register": registered, "promote": promoted})
-            print(text)
-            return text
+            return table({"validate": merged, "register": registered, "promote": promoted})
 
         summary(gate.output, register.output, promote.output)
     return dag

@@ -217,7 +217,8 @@ def table(records: dict[str, Any]) -> str:
         if reg:
             where = f"v{reg['version']}" + ("" if reg["created"] else " (existing)")
             tags = [a for a, rec in aliases.items() if rec["version"] == reg["version"]]
-            if champion.get("moved") and champion.get("version") == reg["version"]:
+            holder = champion.get("version") if champion.get("moved") else champion.get("holder")
+            if champion.get("alias") and holder == reg["version"]:
                 tags.append(str(champion["alias"]))
             if tags:
                 where += " @" + ",".join(tags)
@@ -243,7 +244,10 @@ def table(records: dict[str, Any]) -> str:
             + (f"moved to v{champion['version']} " if champion.get("moved") else "unchanged ")
             + f"({champion.get('reason', '')})"
         )
-    if validated.get("reports"):
+    every = [r.get("html") for r in validated.get("all_reports", []) if r.get("html")]
+    if len(every) > 1:
+        lines.append(f"reports ({len(every)}, one per variant): {every[0].rsplit('/', 1)[0]}/")
+    elif validated.get("reports"):
         lines.append(f"report: {validated['reports'].get('html')}")
     return "\n".join(lines)
 

@@ -1,5 +1,6 @@
 """graphtrim's Apache Airflow provider: hooks, operators, a deferrable sensor, triggers and a
-plugin receiving MLflow webhooks. Each operator is one pipeline stage of ``optimizer_core``."""
+plugin receiving MLflow webhooks (the ``airflow.plugins`` entry point). Each
+operator is one pipeline stage of ``optimizer_core``."""
 
 from __future__ import annotations
 
@@ -16,8 +17,5 @@ def get_provider_info() -> dict[str, Any]:
                 "connection-type": "graphtrim_mlflow",
                 "hook-class-name": "operators.airflow.hooks.MlflowRegistryHook",
             }
-        ],
-        "plugins": [
-            {"name": "graphtrim", "plugin-class": "operators.airflow.plugin.GraphtrimPlugin"}
         ],
     }
