@@ -177,14 +177,18 @@ class MlflowNewModelVersionTrigger(BaseEventTrigger):
         return {**first, "model_uri": f"models:/{first['name']}/{first['version']}"}
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
-        uri = await asyncio.to_thread(_resolve_uri, self.tracking_uri, self.mlflow_conn_id)
-        client = _client(uri)
+        client = None
         while True:
+            event = None
             try:
+                if client is None:  # resolved in the loop: a missing connection is retried
+                    uri = await asyncio.to_thread(
+                        _resolve_uri, self.tracking_uri, self.mlflow_conn_id
+                    )
+                    client = _client(uri)
                 event = await asyncio.to_thread(self._claim, client)
             except Exception as exc:
-                self.log.warning("polling %s: %s", uri, exc)
-                event = None
+                self.log.warning("polling the MLflow registry: %s", exc)
             if event is not None:
                 yield TriggerEvent(event)
                 continue  # more may be pending: no sleep between them
