@@ -81,28 +81,34 @@ def optimize_dag(dag_id: str, device: str) -> DAG:
         def plan(params: dict[str, Any] | None = None) -> dict[str, Any]:
             """The source URI and the pipeline config from the run's params (checked here, so a
             bad request fails before any work)."""
+            from airflow.sdk.exceptions import AirflowFailException
+
+            from optimizer_core.errors import GraphtrimError
             from optimizer_core.stages.context import PipelineConfig
 
             p = params or {}
             name = p.get("model_name")
-            if not name:
-                raise ValueError("conf needs model_name")
+            if not name:  # a bad request: no retry will mend it
+                raise AirflowFailException("conf needs model_name")
             if bool(p.get("version")) == bool(p.get("alias")):
-                raise ValueError("conf needs exactly one of version or alias")
+                raise AirflowFailException("conf needs exactly one of version or alias")
             uri = (
                 f"models:/{name}/{p['version']}"
                 if p.get("version")
                 else f"models:/{name}@{p['alias']}"
             )
-            config = PipelineConfig(
-                variants=tuple(p["variants"]),
-                preset=p["preset"],
-                device=device,
-                policy=p.get("policy"),
-                calibration=p.get("calibration"),
-                eval_data=p.get("eval_data"),
-                target_name=p.get("target_name"),
-            )
+            try:
+                config = PipelineConfig(
+                    variants=tuple(p["variants"]),
+                    preset=p["preset"],
+                    device=device,
+                    policy=p.get("policy"),
+                    calibration=p.get("calibration"),
+                    eval_data=p.get("eval_data"),
+                    target_name=p.get("target_name"),
+                )
+            except GraphtrimError as exc:
+                raise AirflowFailException(str(exc)) from exc
             return {
                 "model_uri": uri,
                 "config": config.to_json(),

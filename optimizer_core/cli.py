@@ -147,6 +147,7 @@ def build_parser() -> argparse.ArgumentParser:
     from optimizer_core import cli_pipeline
 
     cli_pipeline.add_parsers(sub)
+    cli_pipeline.add_trigger_parser(sub)
     return parser
 
 
@@ -240,6 +241,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "pipeline": cli_pipeline.cmd_pipeline,
         "promote": cli_pipeline.cmd_promote,
         "rollback": cli_pipeline.cmd_rollback,
+        "trigger": cli_pipeline.cmd_trigger,
     }[args.command]
     try:
         return handler(args)

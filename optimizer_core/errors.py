@@ -6,11 +6,26 @@ Orchestrator adapters let these propagate; the CLI maps them to exit codes.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 
 class GraphtrimError(Exception):
-    """Root of every error graphtrim raises on purpose."""
+    """Root of every error graphtrim raises on purpose.
+
+    ``transient`` says whether trying again may succeed (a service unreachable or answering
+    5xx): orchestrators retry those and fail the others at once (a missing model version will
+    not appear by retrying)."""
+
+    transient: bool = False
+
+
+E = TypeVar("E", bound=GraphtrimError)
+
+
+def transient(exc: E) -> E:
+    """Mark ``exc`` as worth a retry."""
+    exc.transient = True
+    return exc
 
 
 class InvalidModelError(GraphtrimError):

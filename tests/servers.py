@@ -121,3 +121,31 @@ def moto_server(folder: Path) -> Iterator[str]:
         yield url
     finally:
         _stop(proc)
+
+
+def register_onnx(
+    tracking: str, path: Path, name: str, *, artifact_dir: Path | None = None, **tags: str
+) -> str:
+    """Log the ONNX file at ``path`` as an MLflow model, register it as a new version of
+    ``name`` (with registered-model ``tags``) and return the version. For an embedded
+    (database) tracking URI, ``artifact_dir`` keeps the MLflow artifacts out of the cwd."""
+    import mlflow
+    import onnx
+
+    client = mlflow.MlflowClient(tracking, tracking)
+    experiment = None
+    if artifact_dir is not None:
+        found = client.get_experiment_by_name("sources")
+        experiment = (
+            found.experiment_id
+            if found is not None
+            else client.create_experiment("sources", artifact_location=artifact_dir.as_uri())
+        )
+    mlflow.set_tracking_uri(tracking)
+    with mlflow.start_run(experiment_id=experiment):
+        info = mlflow.onnx.log_model(
+            onnx.load(str(path)), name="model", registered_model_name=name, pip_requirements=[]
+        )
+    for key, value in tags.items():
+        client.set_registered_model_tag(name, key, value)
+    return str(info.registered_model_version)

@@ -108,6 +108,18 @@ class GraphtrimStageOperator(BaseOperator):
             progress=self.log.info,
         )
 
+    def delegate(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        """Run a stage; an error that a retry cannot fix (a missing model version, a bad
+        config, an unusable model) fails the task at once instead of using up its retries."""
+        from airflow.sdk.exceptions import AirflowFailException
+
+        try:
+            return fn(*args, **kwargs)
+        except GraphtrimError as exc:
+            if exc.transient:
+                raise
+            raise AirflowFailException(f"{type(exc).__name__}: {exc}") from exc
+
     def pipeline_config(self) -> Any:
         from optimizer_core.stages.context import PipelineConfig
 
@@ -135,7 +147,9 @@ class MlflowModelExportOperator(GraphtrimStageOperator):
     def execute(self, context: Any) -> dict[str, Any]:
         from optimizer_core.stages import pipeline
 
-        return pipeline.export(self.stage_context(context), self.pipeline_config(), self.model_uri)
+        return self.delegate(
+            pipeline.export, self.stage_context(context), self.pipeline_config(), self.model_uri
+        )
 
 
 class GraphOptimizeOperator(GraphtrimStageOperator):
@@ -150,8 +164,11 @@ class GraphOptimizeOperator(GraphtrimStageOperator):
     def execute(self, context: Any) -> dict[str, Any]:
         from optimizer_core.stages import pipeline
 
-        return pipeline.optimize(
-            self.stage_context(context), self.pipeline_config(), dict(self.exported)
+        return self.delegate(
+            pipeline.optimize,
+            self.stage_context(context),
+            self.pipeline_config(),
+            dict(self.exported),
         )
 
 
@@ -174,7 +191,8 @@ class ModelQuantizeOperator(GraphtrimStageOperator):
     def execute(self, context: Any) -> dict[str, Any]:
         from optimizer_core.stages import pipeline
 
-        return pipeline.quantize(
+        return self.delegate(
+            pipeline.quantize,
             self.stage_context(context),
             self.pipeline_config(),
             dict(self.exported),
@@ -197,7 +215,8 @@ class ModelGateOperator(GraphtrimStageOperator):
     def execute(self, context: Any) -> dict[str, Any]:
         from optimizer_core.stages import pipeline
 
-        return pipeline.validate(
+        return self.delegate(
+            pipeline.validate,
             self.stage_context(context),
             self.pipeline_config(),
             dict(self.exported),
@@ -221,8 +240,12 @@ class MlflowVariantRegisterOperator(GraphtrimStageOperator):
         from optimizer_core.stages import pipeline
 
         merged = pipeline.merge_validated(_records(self.validated))
-        return pipeline.register(
-            self.stage_context(context), self.pipeline_config(), dict(self.optimized), merged
+        return self.delegate(
+            pipeline.register,
+            self.stage_context(context),
+            self.pipeline_config(),
+            dict(self.optimized),
+            merged,
         )
 
 
@@ -240,6 +263,10 @@ class MlflowAliasPromoteOperator(GraphtrimStageOperator):
         from optimizer_core.stages import pipeline
 
         merged = pipeline.merge_validated(_records(self.validated))
-        return pipeline.promote(
-            self.stage_context(context), self.pipeline_config(), merged, dict(self.registered)
+        return self.delegate(
+            pipeline.promote,
+            self.stage_context(context),
+            self.pipeline_config(),
+            merged,
+            dict(self.registered),
         )

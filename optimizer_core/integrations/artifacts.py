@@ -24,7 +24,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
-from optimizer_core.errors import GraphtrimError
+from optimizer_core.errors import GraphtrimError, transient
 
 MODEL_FILE = "model.onnx"
 DATA_FILE = "model.onnx.data"
@@ -355,9 +355,11 @@ class S3Store:
                 last = exc
             if attempt + 1 < self.attempts:
                 self._sleep(self.backoff * (2**attempt))
-        raise ArtifactStoreError(
-            f"S3 {what} failed after {self.attempts} attempts (bucket '{self.bucket}', endpoint "
-            f"{self.endpoint_url or 'AWS'}): {last}"
+        raise transient(
+            ArtifactStoreError(
+                f"S3 {what} failed after {self.attempts} attempts (bucket '{self.bucket}', "
+                f"endpoint {self.endpoint_url or 'AWS'}): {last}"
+            )
         ) from last
 
     def _exists(self, key: str) -> bool:

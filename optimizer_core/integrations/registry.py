@@ -16,7 +16,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from optimizer_core.errors import GraphtrimError
+from optimizer_core.errors import GraphtrimError, transient
 
 TAG = "graphtrim."
 KEY_TAG = TAG + "key"
@@ -65,8 +65,10 @@ def _check_reachable(tracking_uri: str, timeout: float = 5.0) -> None:
     try:
         requests.get(tracking_uri.rstrip("/") + "/health", timeout=timeout)
     except requests.RequestException as exc:
-        raise RegistryError(
-            f"cannot reach the MLflow tracking server at {tracking_uri}: {type(exc).__name__}"
+        raise transient(
+            RegistryError(
+                f"cannot reach the MLflow tracking server at {tracking_uri}: {type(exc).__name__}"
+            )
         ) from exc
 
 
@@ -100,10 +102,10 @@ class Registry:
                 raise RegistryError(
                     f"{what}: not found in the registry at {self.tracking_uri}"
                 ) from exc
-            raise RegistryError(f"{what}: {str(exc).splitlines()[0][:300]}") from exc
+            raise transient(RegistryError(f"{what}: {str(exc).splitlines()[0][:300]}")) from exc
         except OSError as exc:
-            raise RegistryError(
-                f"{what}: cannot reach the registry at {self.tracking_uri} ({exc})"
+            raise transient(
+                RegistryError(f"{what}: cannot reach the registry at {self.tracking_uri} ({exc})")
             ) from exc
 
     def resolve(self, uri: str) -> SourceVersion:

@@ -19,27 +19,18 @@ import requests
 
 from optimizer_core.examples.digits import DigitsTask
 from tests.conftest import REPO
-from tests.servers import free_port
+from tests.servers import free_port, register_onnx
 
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture
-def standalone(tmp_path: Path, digits_task: DigitsTask) -> Iterator[dict[str, Any]]:
-    import mlflow
-    import onnx
-
+@pytest.fixture(scope="module")
+def standalone(
+    tmp_path_factory: pytest.TempPathFactory, digits_task: DigitsTask
+) -> Iterator[dict[str, Any]]:
+    tmp_path = tmp_path_factory.mktemp("standalone")
     tracking = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    client = mlflow.MlflowClient(tracking, tracking)
-    exp = client.create_experiment("src", artifact_location=(tmp_path / "mlruns").as_uri())
-    mlflow.set_tracking_uri(tracking)
-    with mlflow.start_run(experiment_id=exp):
-        mlflow.onnx.log_model(
-            onnx.load(str(digits_task.model)),
-            name="model",
-            registered_model_name="digits-api",
-            pip_requirements=[],
-        )
+    register_onnx(tracking, digits_task.model, "digits-api", artifact_dir=tmp_path / "mlruns")
     port = free_port()
     home = tmp_path / "airflow"
     home.mkdir()
@@ -150,3 +141,109 @@ def test_trigger_optimize_dag_over_rest_api(standalone: dict[str, Any]) -> None:
     found = client.search_model_versions("name='digits-api' and tags.`graphtrim.variant` = 'graph'")
     assert len(found) == 1
     assert found[0].tags["graphtrim.orchestrator_run_id"] == f"airflow:{dag}:{run_id}"
+
+
+# ---------------------------------------------------------------------------- graphtrim trigger
+
+
+def _trigger(
+    standalone: dict[str, Any],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    *args: str,
+    user: str | None = None,
+    password: str | None = None,
+) -> tuple[int, str, str]:
+    from optimizer_core.cli import main
+
+    for key in (
+        "GRAPHTRIM_AIRFLOW_TOKEN",
+        "GRAPHTRIM_AIRFLOW_USERNAME",
+        "GRAPHTRIM_AIRFLOW_PASSWORD",
+    ):
+        monkeypatch.delenv(key, raising=False)
+    if user is not None:
+        monkeypatch.setenv("GRAPHTRIM_AIRFLOW_USERNAME", user)
+    if password is not None:
+        monkeypatch.setenv("GRAPHTRIM_AIRFLOW_PASSWORD", password)
+    monkeypatch.setenv("GRAPHTRIM_AIRFLOW_URL", standalone["url"])
+    code = main(["trigger", "--model", "digits-api", *args])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_cli_trigger_waits_and_reports_success(
+    standalone: dict[str, Any], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    policy = standalone["log"].parent / "gates.yaml"
+    policy.write_text(
+        "variants:\n  graph: {latency: {min_speedup: 0.5, runs: 60}}\n"
+        "  int8-dynamic: {latency: {min_speedup: 0.01, runs: 60}}\n"
+    )
+    code, out, err = _trigger(
+        standalone,
+        monkeypatch,
+        capsys,
+        "--version",
+        "1",
+        "--variants",
+        "graph,int8-dynamic",
+        "--policy",
+        str(policy),
+        "--wait",
+        "--poll",
+        "2",
+        "--timeout",
+        "420",
+        user=standalone["user"],
+        password=standalone["password"],
+    )
+    assert code == 0, out + err
+    assert "triggered graphtrim_optimize_model run " in out
+    assert "int8-dynamic" in out and "PASS" in out  # the summary table
+    assert "register=success" in out
+
+
+def test_cli_trigger_failed_run_exits_1_fast(
+    standalone: dict[str, Any], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    t0 = time.monotonic()
+    code, out, err = _trigger(
+        standalone,
+        monkeypatch,
+        capsys,
+        "--version",
+        "99",
+        "--variants",
+        "graph",
+        "--wait",
+        "--poll",
+        "2",
+        "--timeout",
+        "300",
+        user=standalone["user"],
+        password=standalone["password"],
+    )
+    assert code == 1, out + err
+    assert "failed" in err and "export" in err
+    assert "export=failed" in out
+    # a missing version is not retried: the run fails without waiting out the retry delays
+    assert time.monotonic() - t0 < 120
+
+
+def test_cli_trigger_refused_credentials_are_a_clear_error(
+    standalone: dict[str, Any], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, _, err = _trigger(
+        standalone, monkeypatch, capsys, "--version", "1", user="admin", password="wrong"
+    )
+    assert code == 2
+    assert "refused the credentials of user 'admin'" in err
+    code, _, err = _trigger(standalone, monkeypatch, capsys, "--version", "1")
+    assert code == 2
+    assert "needs credentials" in err and "GRAPHTRIM_AIRFLOW_USERNAME" in err
+    monkeypatch.setenv("GRAPHTRIM_AIRFLOW_URL", f"http://127.0.0.1:{free_port()}")
+    from optimizer_core.cli import main
+
+    assert main(["trigger", "--model", "m", "--version", "1"]) == 2
+    assert "cannot reach the Airflow API" in capsys.readouterr().err

@@ -17,23 +17,9 @@ from typing import Any
 import pytest
 
 from optimizer_core.examples.digits import DigitsTask
+from tests.servers import register_onnx
 
 pytestmark = [pytest.mark.xdist_group("mlflow"), pytest.mark.slow]
-
-
-def _register(tracking: str, path: Path, name: str, **tags: str) -> str:
-    import mlflow
-    import onnx
-
-    mlflow.set_tracking_uri(tracking)
-    with mlflow.start_run():
-        info = mlflow.onnx.log_model(
-            onnx.load(str(path)), name="model", registered_model_name=name, pip_requirements=[]
-        )
-    client = mlflow.MlflowClient(tracking, tracking)
-    for k, v in tags.items():
-        client.set_registered_model_tag(name, k, v)
-    return str(info.registered_model_version)
 
 
 async def _events(trigger: Any, wait: float) -> list[dict[str, Any]]:
@@ -55,8 +41,8 @@ def test_new_version_trigger_fires_once_per_version(
     from operators.airflow.triggers import MlflowNewModelVersionTrigger
 
     name = f"watched-{uuid.uuid4().hex[:6]}"
-    _register(servers["mlflow"], digits_task.model, name, **{"graphtrim.optimize": "true"})
-    _register(servers["mlflow"], digits_task.model, f"{name}-unwatched")
+    register_onnx(servers["mlflow"], digits_task.model, name, **{"graphtrim.optimize": "true"})
+    register_onnx(servers["mlflow"], digits_task.model, f"{name}-unwatched")
 
     def trigger() -> MlflowNewModelVersionTrigger:
         return MlflowNewModelVersionTrigger(
@@ -65,8 +51,8 @@ def test_new_version_trigger_fires_once_per_version(
 
     # first sight: what exists is not new
     assert [e for e in asyncio.run(_events(trigger(), 3)) if e["name"] == name] == []
-    v2 = _register(servers["mlflow"], digits_task.model, name)
-    _register(servers["mlflow"], digits_task.model, f"{name}-unwatched")
+    v2 = register_onnx(servers["mlflow"], digits_task.model, name)
+    register_onnx(servers["mlflow"], digits_task.model, f"{name}-unwatched")
     fired = [e for e in asyncio.run(_events(trigger(), 4)) if e["name"].startswith(name)]
     assert fired == [{"name": name, "version": v2, "model_uri": f"models:/{name}/{v2}"}]
     # a restarted trigger (new instance, same watcher) does not fire it again
@@ -91,7 +77,7 @@ def test_sensor_defers_then_completes(
         json.dumps({"conn_type": "graphtrim_mlflow", "host": servers["mlflow"]}),
     )
     name = f"sensed-{uuid.uuid4().hex[:6]}"
-    _register(servers["mlflow"], digits_task.model, name)
+    register_onnx(servers["mlflow"], digits_task.model, name)
     sensor = MlflowModelVersionSensor(task_id="wait", model_name=name, version="2", timeout=60)
     with pytest.raises(TaskDeferred) as deferred:
         sensor.execute({})
@@ -99,7 +85,7 @@ def test_sensor_defers_then_completes(
     assert isinstance(trig, MlflowModelVersionTrigger)
     trig.poll_interval = 0.2
     assert asyncio.run(_events(trig, 1.5)) == []  # version 2 does not exist yet
-    _register(servers["mlflow"], digits_task.model, name)
+    register_onnx(servers["mlflow"], digits_task.model, name)
     events = asyncio.run(_events(trig, 10))
     assert events == [{"status": "found", "name": name, "version": "2"}]
     assert sensor.execute_complete({}, events[0]) == {"name": name, "version": "2"}
@@ -231,7 +217,7 @@ def test_registry_scan_finds_versions_without_variants(
         "graphtrim.variants": "graph",
         "graphtrim.eval_data": str(digits_task.eval),
     }
-    v1 = _register(servers["mlflow"], digits_task.model, name, **tags)
+    v1 = register_onnx(servers["mlflow"], digits_task.model, name, **tags)
     ctx = StageContext(servers["mlflow"], str(tmp_path / "artifacts"))
     found = [c for c in unoptimized_versions(ctx, limit=100) if c["model_name"] == name]
     assert found == [
@@ -247,7 +233,7 @@ def test_registry_scan_finds_versions_without_variants(
     pipeline.run_pipeline(ctx, config, f"models:/{name}/{v1}")
     assert [c for c in unoptimized_versions(ctx, limit=100) if c["model_name"] == name] == []
     # a new source version is found; the variants graphtrim registered are not sources
-    v_new = _register(servers["mlflow"], digits_task.model, name)
+    v_new = register_onnx(servers["mlflow"], digits_task.model, name)
     found = [c for c in unoptimized_versions(ctx, limit=100) if c["model_name"] == name]
     assert [c["version"] for c in found] == [v_new]
     assert unoptimized_versions(ctx, limit=1) and len(unoptimized_versions(ctx, limit=1)) == 1

@@ -14,6 +14,7 @@ import pytest
 
 from optimizer_core.examples.digits import DigitsTask
 from tests.conftest import BUCKET, REPO
+from tests.servers import register_onnx
 
 
 def test_provider_entry_point_and_info_match_airflow_schema() -> None:
@@ -110,18 +111,6 @@ def test_placement() -> None:
 # ---------------------------------------------------------------------------- end to end
 
 
-def _register_source(tracking: str, path: Path, name: str) -> str:
-    import mlflow
-    import onnx
-
-    mlflow.set_tracking_uri(tracking)
-    with mlflow.start_run():
-        info = mlflow.onnx.log_model(
-            onnx.load(str(path)), name="model", registered_model_name=name, pip_requirements=[]
-        )
-    return str(info.registered_model_version)
-
-
 @pytest.mark.slow
 @pytest.mark.xdist_group("mlflow")
 def test_optimize_dag_through_airflow_with_mlflow_server_and_s3(
@@ -134,7 +123,7 @@ def test_optimize_dag_through_airflow_with_mlflow_server_and_s3(
     import mlflow
     from airflow.dag_processing.dagbag import DagBag
 
-    version = _register_source(servers["mlflow"], digits_task.model, "digits-airflow")
+    version = register_onnx(servers["mlflow"], digits_task.model, "digits-airflow")
     monkeypatch.setenv(
         "AIRFLOW_CONN_MLFLOW_DEFAULT",
         json.dumps({"conn_type": "graphtrim_mlflow", "host": servers["mlflow"]}),

@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import onnx
 import onnxruntime as ort
 import pytest
 
@@ -21,7 +20,7 @@ from optimizer_core.stages import pipeline
 from optimizer_core.stages.context import PipelineConfig, StageContext
 from optimizer_core.stages.export import ExportError
 from tests.conftest import BUCKET
-from tests.servers import free_port
+from tests.servers import free_port, register_onnx
 
 pytestmark = [pytest.mark.xdist_group("mlflow"), pytest.mark.slow]
 
@@ -32,15 +31,6 @@ boto3 = pytest.importorskip("boto3")
 @pytest.fixture(scope="module")
 def digits(digits_task: DigitsTask) -> DigitsTask:
     return digits_task
-
-
-def _log_onnx(tracking: str, path: Path, name: str) -> str:
-    mlflow.set_tracking_uri(tracking)
-    with mlflow.start_run():
-        info = mlflow.onnx.log_model(
-            onnx.load(str(path)), name="model", registered_model_name=name, pip_requirements=[]
-        )
-    return str(info.registered_model_version)
 
 
 def _ctx(servers: dict[str, str], tmp_path: Path, **kw: Any) -> StageContext:
@@ -108,7 +98,7 @@ def _predict(model: Any, x: np.ndarray) -> np.ndarray:
 def digits_run(
     servers: dict[str, str], digits: DigitsTask, tmp_path_factory: pytest.TempPathFactory
 ) -> dict[str, Any]:
-    _log_onnx(servers["mlflow"], digits.model, "digits")
+    register_onnx(servers["mlflow"], digits.model, "digits")
     reg = Registry(servers["mlflow"])
     reg.client.set_registered_model_alias("digits", "champion", "1")
     tmp = tmp_path_factory.mktemp("digits-run")
@@ -355,7 +345,7 @@ def test_fault_between_log_and_register_ends_with_one_version_per_variant(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    _log_onnx(servers["mlflow"], digits.model, "digits-fault")
+    register_onnx(servers["mlflow"], digits.model, "digits-fault")
     config = _config(digits, variants=("graph", "int8-static"))
     calls = {"n": 0}
     real = Registry.register
@@ -570,15 +560,7 @@ def test_embedded_mode_cli_run_and_rerun(
     digits: DigitsTask, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     tracking = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    mlflow.set_tracking_uri(tracking)
-    exp = mlflow.create_experiment("sources", artifact_location=(tmp_path / "mlruns").as_uri())
-    with mlflow.start_run(experiment_id=exp):
-        mlflow.onnx.log_model(
-            onnx.load(str(digits.model)),
-            name="model",
-            registered_model_name="digits-local",
-            pip_requirements=[],
-        )
+    register_onnx(tracking, digits.model, "digits-local", artifact_dir=tmp_path / "mlruns")
     args = [
         "pipeline",
         "run",
@@ -621,15 +603,7 @@ def test_stage_by_stage_cli_equals_one_run(
 ) -> None:
     """What an orchestrator does: one process per stage, records passed as JSON files."""
     tracking = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    mlflow.set_tracking_uri(tracking)
-    exp = mlflow.create_experiment("sources", artifact_location=(tmp_path / "mlruns").as_uri())
-    with mlflow.start_run(experiment_id=exp):
-        mlflow.onnx.log_model(
-            onnx.load(str(digits.model)),
-            name="model",
-            registered_model_name="digits-staged",
-            pip_requirements=[],
-        )
+    register_onnx(tracking, digits.model, "digits-staged", artifact_dir=tmp_path / "mlruns")
     common = [
         "--tracking-uri",
         tracking,
