@@ -1,0 +1,52 @@
+# graphtrim images. Two targets:
+#   runtime (default): the graphtrim CLI as entry point; what the MLflow server of
+#            helm/graphtrim and the Kubeflow components run.
+#   airflow: apache/airflow with graphtrim installed (Airflow's own entry point), for the
+#            official Airflow chart with helm/airflow-values.yaml.
+# GPU=true switches onnxruntime to onnxruntime-gpu and torch to a CUDA build.
+#
+#   docker build -t graphtrim:0.1.0 .
+#   docker build --build-arg GPU=true -t graphtrim:0.1.0-gpu .
+#   docker build --target airflow -t graphtrim:0.1.0-airflow .
+
+ARG PYTHON_VERSION=3.11
+ARG AIRFLOW_VERSION=3.3.2
+
+FROM python:${PYTHON_VERSION}-slim AS runtime
+ARG GPU=false
+ARG TORCH_VERSION=2.13.0
+ARG CUDA_INDEX=https://download.pytorch.org/whl/cu128
+ARG CPU_INDEX=https://download.pytorch.org/whl/cpu
+ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 MLFLOW_DISABLE_TELEMETRY=true
+RUN groupadd --gid 10001 graphtrim \
+ && useradd --uid 10001 --gid 10001 --create-home --shell /usr/sbin/nologin graphtrim
+WORKDIR /opt/graphtrim
+COPY pyproject.toml constraints.txt README.md ./
+COPY optimizer_core ./optimizer_core
+COPY operators ./operators
+COPY dags ./dags
+# torch first, pinned, from the index of the build's kind: later ranges resolve to it
+RUN if [ "$GPU" = "true" ]; then INDEX="$CUDA_INDEX"; else INDEX="$CPU_INDEX"; fi \
+ && pip install "torch==${TORCH_VERSION}" --index-url "$INDEX" --extra-index-url https://pypi.org/simple \
+ && pip install -c constraints.txt ".[pipeline]" \
+ && if [ "$GPU" = "true" ]; then \
+      ORT="$(pip show onnxruntime | sed -n 's/^Version: //p')" \
+      && pip uninstall -y onnxruntime && pip install "onnxruntime-gpu==${ORT}"; \
+    fi \
+ && graphtrim --version
+USER 10001:10001
+ENTRYPOINT ["graphtrim"]
+CMD ["--help"]
+
+FROM apache/airflow:${AIRFLOW_VERSION}-python${PYTHON_VERSION} AS airflow
+ARG TORCH_VERSION=2.13.0
+ENV MLFLOW_DISABLE_TELEMETRY=true AIRFLOW__CORE__DAGS_FOLDER=/opt/graphtrim/dags
+USER root
+COPY --chown=airflow:root pyproject.toml constraints.txt README.md /opt/graphtrim/
+COPY --chown=airflow:root optimizer_core /opt/graphtrim/optimizer_core
+COPY --chown=airflow:root operators /opt/graphtrim/operators
+COPY --chown=airflow:root dags /opt/graphtrim/dags
+USER airflow
+RUN pip install --no-cache-dir "torch==${TORCH_VERSION}" --index-url https://download.pytorch.org/whl/cpu \
+ && pip install --no-cache-dir -c /opt/graphtrim/constraints.txt "/opt/graphtrim[pipeline,airflow]"
