@@ -12,6 +12,7 @@ import logging
 import sys
 import time
 from collections.abc import Sequence
+from typing import Any
 
 from optimizer_core import __version__
 from optimizer_core.errors import GraphtrimError, InvalidModelError, PassFailure, VerificationError
@@ -148,7 +149,28 @@ def build_parser() -> argparse.ArgumentParser:
 
     cli_pipeline.add_parsers(sub)
     cli_pipeline.add_trigger_parser(sub)
+    EXTENSIONS.clear()
+    EXTENSIONS.update(_extensions(sub))
     return parser
+
+
+EXTENSIONS: dict[str, Any] = {}
+
+
+def _extensions(sub: Any) -> dict[str, Any]:
+    """Commands contributed by installed adapters (entry point group ``graphtrim.commands``):
+    the core names no orchestrator, an adapter adds its own commands."""
+    from importlib import metadata
+
+    handlers: dict[str, Any] = {}
+    for ep in metadata.entry_points(group="graphtrim.commands"):
+        try:
+            register = ep.load()
+        except ImportError as exc:  # its optional dependency is absent: the command is too
+            logging.getLogger("graphtrim").debug("command %s unavailable: %s", ep.name, exc)
+            continue
+        handlers.update(register(sub))
+    return handlers
 
 
 def _cmd_optimize(args: argparse.Namespace) -> int:
@@ -242,6 +264,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "promote": cli_pipeline.cmd_promote,
         "rollback": cli_pipeline.cmd_rollback,
         "trigger": cli_pipeline.cmd_trigger,
+        **EXTENSIONS,
     }[args.command]
     try:
         return handler(args)

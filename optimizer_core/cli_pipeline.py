@@ -16,6 +16,12 @@ STAGES = ("export", "optimize", "quantize", "validate", "register", "promote")
 
 
 def _csv(text: str) -> list[str]:
+    """``a,b,c``, or a JSON list (what orchestrators render a list parameter as)."""
+    if text.strip().startswith("["):
+        try:
+            return [str(t) for t in json.loads(text)]
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(f"not a JSON list: {text!r}") from exc
     return [t.strip() for t in text.split(",") if t.strip()]
 
 
@@ -53,7 +59,11 @@ def _add_pipeline_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--preset", default="default", choices=sorted(PRESETS))
     p.add_argument("--device", default="cpu", choices=("cpu", "gpu"), help="where gates measure")
     p.add_argument("--tensorrt", action="store_true", help="with --device gpu: TensorRT first")
-    p.add_argument("--policy", metavar="GATES.yaml", help="gate and promotion policy file")
+    policy = p.add_mutually_exclusive_group()
+    policy.add_argument("--policy", metavar="GATES.yaml", help="gate and promotion policy file")
+    policy.add_argument(
+        "--policy-json", metavar="JSON", help="the same policy as a JSON document (orchestrators)"
+    )
     p.add_argument(
         "--calibration", metavar="NPZ", help=".npz calibration data (path, file:// or s3://)"
     )
@@ -127,6 +137,9 @@ def add_parsers(sub: Any) -> None:
         help="record of an earlier stage",
     )
     st.add_argument("--output", required=True, metavar="FILE", help="where to write this record")
+    st.add_argument(
+        "--only", metavar="VARIANT", help="quantize: build this one variant (one task per variant)"
+    )
     _add_pipeline_args(st)
 
     pr = sub.add_parser(
@@ -273,6 +286,12 @@ def _context_and_config(args: argparse.Namespace) -> tuple[Any, Any]:
 
         GatePolicy.load(args.policy)  # clear errors for a bad file
         policy = yaml.safe_load(Path(args.policy).read_text()) or {}
+    elif getattr(args, "policy_json", None):
+        try:
+            policy = json.loads(args.policy_json)
+        except ValueError as exc:
+            raise GraphtrimError(f"--policy-json: not JSON ({exc})") from exc
+        policy = policy or None
     ctx = StageContext(
         tracking_uri=_tracking(args),
         artifacts=args.artifacts,
@@ -287,9 +306,9 @@ def _context_and_config(args: argparse.Namespace) -> tuple[Any, Any]:
         device=args.device,
         tensorrt=args.tensorrt,
         policy=policy,
-        calibration=args.calibration,
-        eval_data=args.eval_data,
-        target_name=args.target_name,
+        calibration=args.calibration or None,  # "" from an orchestrator's empty parameter
+        eval_data=args.eval_data or None,
+        target_name=args.target_name or None,
         experiment=args.experiment,
         fallback=not args.no_fallback,
     )
@@ -360,10 +379,7 @@ def cmd_pipeline(args: argparse.Namespace) -> int:
         name, sep, path = item.partition("=")
         if not sep or name not in STAGES:
             raise GraphtrimError(f"--input expects STAGE=FILE with a stage name, got '{item}'")
-        try:
-            inputs[name] = json.loads(Path(path).read_text())
-        except (OSError, ValueError) as exc:
-            raise GraphtrimError(f"--input {item}: cannot read the record ({exc})") from exc
+        inputs[name] = _record(item, path)
     if "export" in inputs and "config" in inputs["export"]:
         # the data hashes resolved by export keep the config hash stable across stages
         config = config.__class__.from_json({**config.to_json(), **_resolved(inputs["export"])})
@@ -380,8 +396,13 @@ def cmd_pipeline(args: argparse.Namespace) -> int:
         raise GraphtrimError(
             f"stage {args.stage} needs --input for {', '.join(f'{m}=FILE' for m in missing)}"
         )
+    if "validate" in inputs and isinstance(inputs["validate"], list):
+        # one record per mapped gate task
+        inputs["validate"] = pipeline.merge_validated(inputs["validate"])
     fn = getattr(pipeline, args.stage)
-    if args.stage == "export":
+    if args.stage == "quantize" and args.only:
+        record = fn(ctx, config, *(inputs[n] for n in need), only=[args.only])
+    elif args.stage == "export":
         if not args.model:
             raise GraphtrimError("stage export needs --model models:/NAME/VERSION")
         record = fn(ctx, config, args.model)
@@ -389,6 +410,24 @@ def cmd_pipeline(args: argparse.Namespace) -> int:
         record = fn(ctx, config, *(inputs[n] for n in need))
     _write_json(Path(args.output), record)
     return 0
+
+
+def _record(item: str, value: str) -> Any:
+    """A stage record from a file, or inline JSON (an orchestrator's rendered parameter); a
+    JSON list of records (or of JSON strings of records) for mapped tasks' outputs."""
+    text = value
+    if not value.lstrip().startswith(("{", "[")):
+        try:
+            text = Path(value).read_text()
+        except OSError as exc:
+            raise GraphtrimError(f"--input {item}: cannot read the record ({exc})") from exc
+    try:
+        doc = json.loads(text)
+        if isinstance(doc, list):
+            doc = [json.loads(d) if isinstance(d, str) else d for d in doc]
+    except ValueError as exc:
+        raise GraphtrimError(f"--input {item}: not a JSON record ({exc})") from exc
+    return doc
 
 
 def _resolved(export_record: dict[str, Any]) -> dict[str, Any]:
