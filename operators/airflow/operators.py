@@ -22,10 +22,23 @@ from optimizer_core.errors import GraphtrimError
 DEVICES = ("cpu", "gpu")
 
 
+GPU_NODE_SELECTOR = {"nvidia.com/gpu.present": "true"}
+GPU_TOLERATIONS = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+
+
 def placement(
-    device: str, *, gpu_queue: str = "gpu", cpu_queue: str | None = None, gpus: int = 1
+    device: str,
+    *,
+    gpu_queue: str = "gpu",
+    cpu_queue: str | None = None,
+    gpus: int = 1,
+    node_selector: Mapping[str, str] | None = None,
+    tolerations: Sequence[Mapping[str, str]] | None = None,
 ) -> dict[str, Any]:
-    """The operator arguments that put a task on a ``device`` worker."""
+    """The operator arguments that put a task on a ``device`` worker. On Kubernetes a GPU task
+    asks for ``gpus`` GPUs on its ``base`` container and lands on GPU nodes (``node_selector``
+    and ``tolerations``, by default those of NVIDIA's GPU operator and of
+    ``helm/airflow-values.yaml``)."""
     if device not in DEVICES:
         raise ValueError(f"device must be one of {', '.join(DEVICES)}, not {device!r}")
     if device == "cpu":
@@ -38,6 +51,11 @@ def placement(
     out["executor_config"] = {
         "pod_override": k8s.V1Pod(
             spec=k8s.V1PodSpec(
+                node_selector=dict(GPU_NODE_SELECTOR if node_selector is None else node_selector),
+                tolerations=[
+                    k8s.V1Toleration(**t)
+                    for t in (GPU_TOLERATIONS if tolerations is None else tolerations)
+                ],
                 containers=[
                     k8s.V1Container(
                         name="base",
@@ -46,7 +64,7 @@ def placement(
                             requests={"nvidia.com/gpu": str(gpus)},
                         ),
                     )
-                ]
+                ],
             )
         )
     }

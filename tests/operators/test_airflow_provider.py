@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from optimizer_core.examples.digits import DigitsTask
 from tests.conftest import BUCKET, REPO
@@ -100,8 +101,17 @@ def test_placement() -> None:
     assert placement("cpu", cpu_queue="cpu") == {"queue": "cpu"}
     gpu = placement("gpu", gpu_queue="a100", gpus=2)
     assert gpu["queue"] == "a100"
-    limits = gpu["executor_config"]["pod_override"].spec.containers[0].resources.limits
-    assert limits == {"nvidia.com/gpu": "2"}
+    pod = gpu["executor_config"]["pod_override"]
+    assert pod.spec.containers[0].resources.limits == {"nvidia.com/gpu": "2"}
+    # the same GPU nodes as the overlay's gpu worker set
+    overlay = yaml.safe_load((REPO / "helm" / "airflow-values.yaml").read_text())
+    gpu_set = next(s for s in overlay["workers"]["celery"]["sets"] if s["name"] == "gpu")
+    assert pod.spec.node_selector == gpu_set["nodeSelector"]
+    assert [t.to_dict() for t in pod.spec.tolerations] == [
+        {**t, "toleration_seconds": None, "value": None} for t in gpu_set["tolerations"]
+    ]
+    custom = placement("gpu", node_selector={"pool": "a100"}, tolerations=[])
+    assert custom["executor_config"]["pod_override"].spec.node_selector == {"pool": "a100"}
     with pytest.raises(ValueError, match="device must be one of"):
         placement("tpu")
     op = ModelGateOperator(task_id="g", exported={}, quantized={}, device="gpu")
