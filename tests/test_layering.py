@@ -40,3 +40,15 @@ def test_graph_passes_import_only_ir_numpy_onnx_ort():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     loaded = set(json.loads(out.stdout.strip().splitlines()[-1]))
     assert not ({"mlflow", "boto3", "airflow", "torch", "kfp"} & loaded)
+
+
+def test_cli_starts_without_importing_an_orchestrator_or_torch():
+    """Building the parser (every command does) loads the adapters' command entry points but
+    not their heavy libraries."""
+    code = (
+        "import json, sys; from optimizer_core.cli import build_parser; build_parser(); "
+        "print(json.dumps(sorted({m.split('.')[0] for m in sys.modules})))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    loaded = set(json.loads(out.stdout.strip().splitlines()[-1]))
+    assert not {"kfp", "airflow", "torch", "mlflow"} & loaded, sorted(loaded)

@@ -26,10 +26,13 @@ def register(sub: Any) -> dict[str, Callable[[argparse.Namespace], int]]:
         ),
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    from operators.kubeflow.pipeline import DEFAULT_IMAGE
-
     comp.add_argument("-o", "--output", required=True, help="where to write the YAML")
-    comp.add_argument("--image", default=DEFAULT_IMAGE, help="graphtrim image the steps run")
+    comp.add_argument(
+        "--image",
+        default=None,
+        help="graphtrim image the steps run (default: $GRAPHTRIM_IMAGE, else "
+        "ghcr.io/graphtrim/graphtrim:0.1.0)",
+    )
     comp.add_argument(
         "--device", choices=("cpu", "gpu"), default="cpu", help="where quantize and gate run"
     )
@@ -37,8 +40,9 @@ def register(sub: Any) -> dict[str, Callable[[argparse.Namespace], int]]:
 
 
 def cmd_kfp(args: argparse.Namespace) -> int:
-    from operators.kubeflow.pipeline import compile_pipeline
+    # kfp is imported only when the command runs: every other command starts without it
+    from operators.kubeflow.pipeline import DEFAULT_IMAGE, compile_pipeline
 
-    path = compile_pipeline(args.output, image=args.image, device=args.device)
+    path = compile_pipeline(args.output, image=args.image or DEFAULT_IMAGE, device=args.device)
     print(f"wrote {path}")
     return 0
