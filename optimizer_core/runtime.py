@@ -2,7 +2,9 @@
 
 The device a user asks for decides the execution provider: ``cpu`` is onnxruntime's CPU provider,
 ``gpu`` its CUDA provider (``tensorrt=True`` puts TensorRT first). A GPU that is not there is an
-error, never a silent measurement on the CPU.
+error, never a silent measurement on the CPU (a test deployment without GPUs that proves the
+routing of GPU stages sets ``GRAPHTRIM_TEST_GPU_ON_CPU=1`` explicitly, and every such session says
+so in the log).
 
 Unlike verification sessions (``optimizer_core.verify``), which disable onnxruntime's graph
 optimizations to see the model as written, these sessions run as deployed: optimizations on,
@@ -11,6 +13,7 @@ a fixed thread count, sequential execution.
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Sequence
 from typing import Any, Literal
@@ -23,6 +26,9 @@ DEVICES: tuple[str, ...] = ("cpu", "gpu")
 
 class DeviceUnavailableError(GraphtrimError):
     """The requested device has no execution provider in this onnxruntime build or machine."""
+
+
+GPU_ON_CPU_ENV = "GRAPHTRIM_TEST_GPU_ON_CPU"
 
 
 def providers_for(device: str, *, tensorrt: bool = False) -> list[str]:
@@ -38,6 +44,14 @@ def providers_for(device: str, *, tensorrt: bool = False) -> list[str]:
     if tensorrt:
         wanted.insert(0, "TensorrtExecutionProvider")
     missing = [p for p in wanted if p not in available]
+    if missing and os.environ.get(GPU_ON_CPU_ENV) == "1":
+        # a test deployment without GPUs proving the routing of GPU stages; never silent
+        logging.getLogger("graphtrim").warning(
+            "device 'gpu' requested but %s is missing: running on the CPU provider because %s=1",
+            ", ".join(missing),
+            GPU_ON_CPU_ENV,
+        )
+        return ["CPUExecutionProvider"]
     if missing:
         raise DeviceUnavailableError(
             f"device 'gpu' needs {', '.join(missing)}, which this onnxruntime "

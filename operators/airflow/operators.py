@@ -124,6 +124,7 @@ class GraphtrimStageOperator(BaseOperator):
             s3_endpoint_url=endpoint,
             orchestrator_run_id=f"airflow:{self.dag_id}:{run_id}" if run_id else None,
             progress=self.log.info,
+            worker={"queue": self.queue, "task": self.task_id, "device": self.device},
         )
 
     def delegate(self, fn: Any, *args: Any, **kwargs: Any) -> Any:

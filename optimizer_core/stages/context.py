@@ -131,6 +131,7 @@ class StageContext:
     s3_endpoint_url: str | None = None
     orchestrator_run_id: str | None = None  # e.g. Airflow's run_id, recorded in the lineage
     progress: ProgressFn | None = None
+    worker: Mapping[str, Any] | None = None  # where the orchestrator placed it (queue, task)
 
     def say(self, line: str) -> None:
         if self.progress is not None:

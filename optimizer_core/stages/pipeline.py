@@ -117,11 +117,31 @@ def _open_run(ctx: StageContext, config: PipelineConfig, source: Any) -> str:
     return run_id
 
 
+def worker(ctx: StageContext) -> dict[str, Any]:
+    """Where this stage runs: host, worker name (``$GRAPHTRIM_WORKER_NAME``), process, and what
+    the orchestrator adds (its queue, task id)."""
+    import os
+    import socket
+
+    return {
+        "host": socket.gethostname(),
+        "name": os.environ.get("GRAPHTRIM_WORKER_NAME", ""),
+        "pid": os.getpid(),
+        **dict(ctx.worker or {}),
+    }
+
+
 @contextlib.contextmanager
-def _stage(ctx: StageContext, run_id: str, name: str, *, last: bool = False) -> Iterator[Any]:
-    """Mark the run RUNNING while the stage works; FAILED (with the error) if it raises."""
+def _stage(
+    ctx: StageContext, run_id: str, name: str, *, last: bool = False, label: str | None = None
+) -> Iterator[Any]:
+    """Mark the run RUNNING while the stage works; FAILED (with the error) if it raises. The
+    MLflow run records where the stage (``label``: the stage and its variants) ran."""
     client = _client(ctx)
     client.update_run(run_id, status="RUNNING")
+    client.set_tag(
+        run_id, f"{T}worker.{label or name}", json.dumps(worker(ctx), sort_keys=True)[:5000]
+    )
     ctx.say(f"{name}: started")
     try:
         yield client
@@ -192,6 +212,7 @@ def export(ctx: StageContext, config: PipelineConfig, model_uri: str) -> dict[st
         _log_metrics(client, run_id, {"export.bytes": size})
     return {
         "stage": "export",
+        "worker": worker(ctx),
         "run_id": run_id,
         "source": source.to_json(),
         "model": stored.to_json(),
@@ -257,6 +278,7 @@ def optimize(
         )
     return {
         "stage": "optimize",
+        "worker": worker(ctx),
         "run_id": run_id,
         "source": source,
         "model": stored.to_json(),
@@ -313,7 +335,8 @@ def quantize(
     policy = config.gate_policy()
     qconfig = QuantizeConfig(preset=config.preset)
     out: dict[str, Any] = {}
-    with _stage(ctx, run_id, "quantize") as client, ctx.scratch("quantize") as tmp:
+    label = "quantize" if only is None else "quantize." + "-".join(only)
+    with _stage(ctx, run_id, "quantize", label=label) as client, ctx.scratch("quantize") as tmp:
         reference = _fetch(ctx, exported, tmp / "reference")
         base = _fetch(ctx, optimized, tmp / "optimized")
         calib, evald = _data(ctx, config, reference, tmp)
@@ -371,7 +394,13 @@ def quantize(
                 "excluded": build.excluded,
                 "accuracy_passed": build.accuracy_passed,
             }
-    return {"stage": "quantize", "run_id": run_id, "source": source, "variants": out}
+    return {
+        "stage": "quantize",
+        "run_id": run_id,
+        "source": source,
+        "variants": out,
+        "worker": worker(ctx),
+    }
 
 
 def _summary(result: Any) -> dict[str, Any]:
@@ -423,7 +452,9 @@ def validate(
     run_id = exported["run_id"]
     source = exported["source"]
     store = ctx.store()
-    with _stage(ctx, run_id, "validate") as client, ctx.scratch("validate") as tmp:
+    subset = list(quantized["variants"])
+    label = "validate" if set(subset) == set(config.variants) else "validate." + "-".join(subset)
+    with _stage(ctx, run_id, "validate", label=label) as client, ctx.scratch("validate") as tmp:
         reference = _fetch(ctx, exported, tmp / "reference")
         _, evald = _data(ctx, config, reference, tmp)
         paths: dict[str, Path] = {}
@@ -479,6 +510,7 @@ def validate(
         fp = evaluation.fingerprint
     return {
         "stage": "validate",
+        "worker": worker(ctx),
         "run_id": run_id,
         "source": source,
         "device": config.device,
@@ -508,6 +540,8 @@ def merge_validated(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         for kind, uri in r.get("reports", {}).items():
             merged["reports"].setdefault(kind, uri)
         merged.setdefault("all_reports", []).append(r.get("reports", {}))
+        for name in r["variants"]:
+            merged.setdefault("workers", {})[name] = r.get("worker")
     merged["passed"] = [n for n, s in merged["variants"].items() if s["passed"]]
     return merged
 
@@ -679,6 +713,7 @@ def register(
         )
     return {
         "stage": "register",
+        "worker": worker(ctx),
         "run_id": run_id,
         "source": source,
         "target": target,
@@ -711,7 +746,7 @@ def promote(
         client.log_dict(run_id, result, "graphtrim/promotion.json")
         champion = result.get("champion") or {}
         client.set_tag(run_id, T + "champion", json.dumps(champion, sort_keys=True)[:5000])
-    return {"stage": "promote", "run_id": run_id, **result}
+    return {"stage": "promote", "run_id": run_id, **result, "worker": worker(ctx)}
 
 
 def run_pipeline(ctx: StageContext, config: PipelineConfig, model_uri: str) -> dict[str, Any]:

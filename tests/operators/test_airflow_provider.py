@@ -198,6 +198,13 @@ def test_optimize_dag_through_airflow_with_mlflow_server_and_s3(
             f"airflow:graphtrim_optimize_model:{run.run_id}"
         )
         assert v.tags["graphtrim.artifact"].startswith(f"s3://{BUCKET}/airflow/digits-airflow/")
+    # each stage says where it ran: the task's queue and id, per variant for the mapped ones
+    run_tags = client.get_run(by_variant["graph"].tags["graphtrim.pipeline_run_id"]).data.tags
+    for label in ("export", "optimize", "quantize.graph", "validate.int8-static", "register"):
+        where = json.loads(run_tags[f"graphtrim.worker.{label}"])
+        assert where["queue"] == "default" and where["task"] == label.split(".")[0].replace(
+            "validate", "gate"
+        ), (label, where)
     champion = client.get_model_version_by_alias("digits-airflow", "champion")
     assert champion.version == by_variant["int8-static"].version
     assert (

@@ -205,6 +205,10 @@ def test_pipeline_run_in_mlflow_holds_params_metrics_and_reports(
     m = run.data.metrics
     assert m["nodes_after"] <= m["nodes_before"]
     assert "int8-static.speedup" in m and "int8-static.max_abs_error" in m
+    # where each stage ran
+    for stage in ("export", "optimize", "quantize", "validate", "register", "promote"):
+        where = json.loads(run.data.tags[f"graphtrim.worker.{stage}"])
+        assert where["host"] and where["pid"] > 0
     arts = {a.path for a in client.list_artifacts(run.info.run_id, "graphtrim/reports")}
     assert {"graphtrim/reports/evaluation.html", "graphtrim/reports/evaluation.json"} <= arts
     failed = [v for v, s in digits_run["validate"]["variants"].items() if not s["passed"]]
