@@ -138,13 +138,25 @@ class Registry:
         )
 
     def download(self, source: SourceVersion, dest: str) -> str:
+        """The version's model files, fetched through this registry's own client. (A
+        ``models:/`` URI handed to MLflow's download helper would be resolved against the
+        process's default registry, which in a fresh worker is a local SQLite file.)"""
         import mlflow
 
+        what = f"artifacts of {source.uri}"
+        uri = str(
+            self._call(
+                what, self.client.get_model_version_download_uri, source.name, source.version
+            )
+        )
+        if uri.startswith("models:/"):  # a logged model (MLflow 3): its artifact location
+            model_id = uri.removeprefix("models:/").split("/")[0]
+            uri = str(self._call(what, self.client.get_logged_model, model_id).artifact_location)
         return str(
             self._call(
-                f"artifacts of {source.uri}",
+                what,
                 mlflow.artifacts.download_artifacts,
-                artifact_uri=source.uri,
+                artifact_uri=uri,
                 dst_path=dest,
                 tracking_uri=self.tracking_uri,
             )

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -668,3 +669,47 @@ def test_cli_missing_model_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[
     )
     assert code == 2
     assert "registered model 'nothing'" in capsys.readouterr().err
+
+
+def test_export_in_a_fresh_process_uses_only_the_given_registry(
+    servers: dict[str, str], digits: DigitsTask, tmp_path: Path
+) -> None:
+    """A worker process has no MLflow URI of its own: the stage must not fall back to MLflow's
+    process defaults (a ./mlflow.db in its working directory)."""
+    import subprocess
+    import sys
+
+    version = register_onnx(servers["mlflow"], digits.model, "digits-fresh")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}
+    env["MLFLOW_DISABLE_TELEMETRY"] = "true"
+    cwd = tmp_path / "worker"
+    cwd.mkdir()
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "optimizer_core.cli",
+            "pipeline",
+            "stage",
+            "export",
+            "--model",
+            f"models:/digits-fresh/{version}",
+            "--tracking-uri",
+            servers["mlflow"],
+            "--artifacts",
+            str(tmp_path / "artifacts"),
+            "--variants",
+            "graph",
+            "--output",
+            str(tmp_path / "export.json"),
+            "-q",
+        ],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads((tmp_path / "export.json").read_text())["source"]["version"] == version
+    assert list(cwd.iterdir()) == []

@@ -1,0 +1,286 @@
+"""A real, distributed graphtrim deployment on 127.0.0.1, for tests and for
+``python -m tests.deployment`` (which brings it up and waits):
+
+- PostgreSQL: a fresh database for Airflow's metadata and one for MLflow (created here, dropped
+  on the way out);
+- MLflow's tracking server on its PostgreSQL database, artifacts proxied to S3 (moto's server);
+- Airflow 3 with ``CeleryExecutor`` (broker: Redis, a database number of its own; result
+  backend: PostgreSQL), its API server, scheduler and DAG processor;
+- two Celery workers: ``cpu-worker`` consuming the ``default`` and ``cpu`` queues and
+  ``gpu-worker`` consuming ``gpu``. This machine has no GPU: the gpu worker alone is started with
+  ``GRAPHTRIM_TEST_GPU_ON_CPU=1``, so the stages routed to it say in their logs that they run on
+  the CPU provider. It proves routing, not GPU speed.
+
+Every process is started in its own session and stopped by its process group.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import requests
+
+from tests.servers import free_port
+
+REPO = Path(__file__).resolve().parents[1]
+PG = os.environ.get("GRAPHTRIM_TEST_PG", "postgresql://postgres@127.0.0.1:5432")
+REDIS = os.environ.get("GRAPHTRIM_TEST_REDIS", "redis://127.0.0.1:6379")
+
+
+def _psql(sql: str) -> None:
+    host = PG.split("@", 1)[1].split(":")[0]
+    user = PG.split("//", 1)[1].split("@")[0]
+    subprocess.run(
+        ["psql", "-h", host, "-U", user, "-d", "postgres", "-v", "ON_ERROR_STOP=1", "-c", sql],
+        check=True,
+        capture_output=True,
+    )
+
+
+@contextlib.contextmanager
+def database(prefix: str) -> Iterator[str]:
+    name = f"{prefix}_{uuid.uuid4().hex[:10]}"
+    _psql(f"CREATE DATABASE {name}")
+    try:
+        yield f"{PG}/{name}"
+    finally:
+        with contextlib.suppress(subprocess.CalledProcessError):
+            _psql(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
+class Processes:
+    """Started processes, each in its own session; stopped by process group, last first."""
+
+    def __init__(self, logs: Path):
+        self.logs = logs
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+
+    def start(self, name: str, argv: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
+        with open(self.logs / f"{name}.log", "wb") as out:
+            proc = subprocess.Popen(
+                argv, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
+            )
+        self.procs[name] = proc
+        return proc
+
+    def log(self, name: str, tail: int = 3000) -> str:
+        path = self.logs / f"{name}.log"
+        return path.read_text(errors="replace")[-tail:] if path.exists() else ""
+
+    def check(self) -> None:
+        for name, proc in self.procs.items():
+            if proc.poll() is not None:
+                raise RuntimeError(f"{name} exited with {proc.returncode}:\n{self.log(name)}")
+
+    def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.procs[name].pid, sig)
+        self.procs[name].wait(timeout=30)
+
+    def stop_all(self) -> None:
+        for name in reversed(list(self.procs)):
+            proc = self.procs[name]
+            if proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGTERM)
+        for proc in self.procs.values():
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=10)
+
+
+def _bin(name: str) -> str:
+    return str(Path(sys.executable).with_name(name))
+
+
+def _wait_http(url: str, procs: Processes, timeout: float, ok: Any = None) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        procs.check()
+        try:
+            r = requests.get(url, timeout=2)
+            if r.status_code < 500 and (ok is None or ok(r)):
+                return
+        except requests.RequestException:
+            pass
+        time.sleep(1)
+    raise RuntimeError(f"{url} not ready after {timeout} s")
+
+
+@contextlib.contextmanager
+def deployment(root: Path, *, s3: str, bucket: str) -> Iterator[dict[str, Any]]:
+    """Bring the deployment up under ``root`` (logs, Airflow home); yields its coordinates."""
+    root.mkdir(parents=True, exist_ok=True)
+    logs = root / "logs"
+    logs.mkdir(exist_ok=True)
+    procs = Processes(logs)
+    redis_db = random.randint(1, 15)
+    with database("graphtrim_airflow") as airflow_db, database("graphtrim_mlflow") as mlflow_db:
+        try:
+            base = dict(os.environ)
+            base.update(
+                MLFLOW_DISABLE_TELEMETRY="true",
+                AWS_ACCESS_KEY_ID="testing",
+                AWS_SECRET_ACCESS_KEY="testing",
+                AWS_DEFAULT_REGION="us-east-1",
+                PATH=f"{Path(sys.executable).parent}:{base.get('PATH', '')}",
+            )
+            mlflow_port = free_port()
+            mlflow_env = dict(base, MLFLOW_S3_ENDPOINT_URL=s3, HOME=str(root))
+            procs.start(
+                "mlflow",
+                [
+                    _bin("mlflow"),
+                    "server",
+                    "--backend-store-uri",
+                    mlflow_db.replace("postgresql://", "postgresql+psycopg2://"),
+                    "--artifacts-destination",
+                    f"s3://{bucket}/mlflow",
+                    "--host",
+                    "127.0.0.1",
+                    "--port",
+                    str(mlflow_port),
+                    "--workers",
+                    "1",
+                ],
+                mlflow_env,
+            )
+            mlflow_url = f"http://127.0.0.1:{mlflow_port}"
+            api_port = free_port()
+            home = root / "airflow"
+            home.mkdir(exist_ok=True)
+            airflow_env = dict(base)
+            airflow_env.update(
+                AIRFLOW_HOME=str(home),
+                AIRFLOW__CORE__DAGS_FOLDER=str(REPO / "dags"),
+                AIRFLOW__CORE__LOAD_EXAMPLES="False",
+                AIRFLOW__CORE__EXECUTOR="CeleryExecutor",
+                AIRFLOW__DATABASE__SQL_ALCHEMY_CONN=airflow_db.replace(
+                    "postgresql://", "postgresql+psycopg2://"
+                ),
+                AIRFLOW__CELERY__BROKER_URL=f"{REDIS}/{redis_db}",
+                AIRFLOW__CELERY__RESULT_BACKEND="db+"
+                + airflow_db.replace("postgresql://", "postgresql+psycopg2://"),
+                AIRFLOW__API__HOST="127.0.0.1",
+                AIRFLOW__API__PORT=str(api_port),
+                AIRFLOW__CORE__EXECUTION_API_SERVER_URL=f"http://127.0.0.1:{api_port}/execution/",
+                AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS="True",
+                AIRFLOW__CORE__PARALLELISM="4",
+                AIRFLOW__SCHEDULER__TASK_QUEUED_TIMEOUT="600",
+                AIRFLOW_CONN_MLFLOW_DEFAULT=json.dumps(
+                    {"conn_type": "graphtrim_mlflow", "host": mlflow_url}
+                ),
+                AIRFLOW_CONN_AWS_DEFAULT=json.dumps(
+                    {
+                        "conn_type": "aws",
+                        "login": "testing",
+                        "password": "testing",
+                        "extra": {"endpoint_url": s3, "region_name": "us-east-1"},
+                    }
+                ),
+                GRAPHTRIM_ARTIFACTS=f"s3://{bucket}/pipeline",
+            )
+            subprocess.run(
+                ["redis-cli", "-u", f"{REDIS}/{redis_db}", "FLUSHDB"], capture_output=True
+            )
+            migrated = subprocess.run(
+                [_bin("airflow"), "db", "migrate"], env=airflow_env, capture_output=True, text=True
+            )
+            if migrated.returncode != 0:
+                raise RuntimeError(f"airflow db migrate failed:\n{migrated.stderr[-3000:]}")
+            subprocess.run(
+                [_bin("airflow"), "pools", "set", "graphtrim_gpu", "1", "GPU stages"],
+                env=airflow_env,
+                check=True,
+                capture_output=True,
+            )
+            procs.start("api-server", [_bin("airflow"), "api-server"], airflow_env)
+            procs.start("scheduler", [_bin("airflow"), "scheduler"], airflow_env)
+            procs.start("dag-processor", [_bin("airflow"), "dag-processor"], airflow_env)
+            # no log server: it would bind every interface, and the logs are local files here
+            worker = [
+                _bin("airflow"),
+                "celery",
+                "worker",
+                "--concurrency",
+                "1",
+                "--skip-serve-logs",
+            ]
+            procs.start(
+                "cpu-worker",
+                [*worker, "--queues", "default,cpu", "--celery-hostname", "cpu-worker@%h"],
+                dict(airflow_env, GRAPHTRIM_WORKER_NAME="cpu-worker"),
+            )
+            procs.start(
+                "gpu-worker",
+                [*worker, "--queues", "gpu", "--celery-hostname", "gpu-worker@%h"],
+                dict(
+                    airflow_env, GRAPHTRIM_WORKER_NAME="gpu-worker", GRAPHTRIM_TEST_GPU_ON_CPU="1"
+                ),
+            )
+            api = f"http://127.0.0.1:{api_port}"
+            _wait_http(mlflow_url + "/health", procs, 120)
+            _wait_http(
+                api + "/api/v2/monitor/health",
+                procs,
+                180,
+                ok=lambda r: r.json().get("scheduler", {}).get("status") == "healthy",
+            )
+            yield {
+                "api": api,
+                "mlflow": mlflow_url,
+                "s3": s3,
+                "bucket": bucket,
+                "procs": procs,
+                "env": airflow_env,
+                "airflow_db": airflow_db,
+            }
+        finally:
+            procs.stop_all()
+            subprocess.run(
+                ["redis-cli", "-u", f"{REDIS}/{redis_db}", "FLUSHDB"], capture_output=True
+            )
+
+
+def main() -> int:
+    """Bring a deployment up and keep it until Ctrl-C, printing its URLs."""
+    import tempfile
+
+    import boto3
+
+    from tests.servers import moto_server
+
+    root = Path(tempfile.mkdtemp(prefix="graphtrim-deployment-"))
+    os.environ.update(AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing")
+    with moto_server(root / "s3") as s3:
+        boto3.client("s3", endpoint_url=s3, region_name="us-east-1").create_bucket(
+            Bucket="graphtrim"
+        )
+        with deployment(root, s3=s3, bucket="graphtrim") as d:
+            print(f"Airflow API  {d['api']}  (all users admin)")
+            print(f"MLflow       {d['mlflow']}")
+            print(f"S3 (moto)    {s3}  bucket graphtrim")
+            print(f"logs         {root / 'logs'}")
+            with contextlib.suppress(KeyboardInterrupt):
+                while True:
+                    d["procs"].check()
+                    time.sleep(5)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,136 @@
+"""graphtrim on a distributed Airflow deployment (tests/deployment.py): PostgreSQL metadata,
+CeleryExecutor on Redis, a cpu and a gpu worker, MLflow on PostgreSQL with S3 artifacts."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import requests
+
+from optimizer_core.examples.digits import DigitsTask
+from tests.servers import moto_server, register_onnx
+
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("distributed")]
+
+BUCKET = "graphtrim-dist"
+POLICY = {
+    "variants": {
+        v: {"latency": {"min_speedup": 0.5, "runs": 60, "warmup": 10}}
+        for v in ("graph", "int8-static")
+    },
+    "promotion": {"metric": "bytes"},
+}
+
+
+@pytest.fixture(scope="module")
+def deployed(
+    tmp_path_factory: pytest.TempPathFactory, digits_task: DigitsTask
+) -> Iterator[dict[str, Any]]:
+    import boto3
+
+    from tests.deployment import deployment
+
+    root = tmp_path_factory.mktemp("deployment")
+    saved = {k: os.environ.get(k) for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")}
+    os.environ.update(AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing")
+    try:
+        with moto_server(root / "s3") as s3:
+            boto3.client("s3", endpoint_url=s3, region_name="us-east-1").create_bucket(
+                Bucket=BUCKET
+            )
+            with deployment(root, s3=s3, bucket=BUCKET) as d:
+                d["version"] = register_onnx(d["mlflow"], digits_task.model, "digits-dist")
+                yield d
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def run_dag(
+    d: dict[str, Any], dag: str, conf: dict[str, Any], timeout: float = 600
+) -> dict[str, Any]:
+    api = d["api"]
+    deadline = time.monotonic() + 180
+    while requests.get(f"{api}/api/v2/dags/{dag}", timeout=10).status_code != 200:
+        assert time.monotonic() < deadline, d["procs"].log("dag-processor")
+        time.sleep(2)
+    requests.patch(f"{api}/api/v2/dags/{dag}", json={"is_paused": False}, timeout=10)
+    r = requests.post(
+        f"{api}/api/v2/dags/{dag}/dagRuns", json={"logical_date": None, "conf": conf}, timeout=10
+    )
+    assert r.status_code == 200, r.text
+    run_id = r.json()["dag_run_id"]
+    deadline = time.monotonic() + timeout
+    while True:
+        d["procs"].check()
+        state = requests.get(f"{api}/api/v2/dags/{dag}/dagRuns/{run_id}", timeout=10).json()[
+            "state"
+        ]
+        if state in ("success", "failed") or time.monotonic() > deadline:
+            break
+        time.sleep(3)
+    tis = requests.get(
+        f"{api}/api/v2/dags/{dag}/dagRuns/{run_id}/taskInstances", timeout=10
+    ).json()["task_instances"]
+    return {"run_id": run_id, "state": state, "tis": tis}
+
+
+def test_stages_run_on_the_workers_of_their_queues(deployed: dict[str, Any]) -> None:
+    import mlflow
+
+    dag = "graphtrim_optimize_model_gpu"
+    conf = {
+        "model_name": "digits-dist",
+        "version": deployed["version"],
+        "variants": ["graph", "int8-static"],
+        "policy": POLICY,
+    }
+    run = run_dag(deployed, dag, conf)
+    states = {(t["task_id"], t["map_index"]): t["state"] for t in run["tis"]}
+    logs = "\n".join(deployed["procs"].log(n) for n in ("scheduler", "cpu-worker", "gpu-worker"))
+    assert run["state"] == "success", (states, logs[-6000:])
+    queues = {(t["task_id"], t["map_index"]): t["queue"] for t in run["tis"]}
+    for (task, index), queue in queues.items():
+        expected = "gpu" if task in ("quantize", "gate") else "default"
+        assert queue == expected, (task, index, queue)
+    assert sum(1 for t, _ in queues if t == "quantize") == 2
+    client = mlflow.MlflowClient(deployed["mlflow"], deployed["mlflow"])
+    found = client.search_model_versions(
+        f"name='digits-dist' and tags.`graphtrim.source.version`='{deployed['version']}'"
+    )
+    by_variant: dict[str, list[Any]] = {}
+    for v in found:
+        by_variant.setdefault(v.tags["graphtrim.variant"], []).append(v)
+    assert {k: len(v) for k, v in by_variant.items()} == {"graph": 1, "int8-static": 1}
+    tags = client.get_run(found[0].tags["graphtrim.pipeline_run_id"]).data.tags
+    where = {
+        k.removeprefix("graphtrim.worker."): json.loads(v)
+        for k, v in tags.items()
+        if k.startswith("graphtrim.worker.")
+    }
+    for label, info in where.items():
+        expected = "gpu-worker" if label.startswith(("quantize.", "validate.")) else "cpu-worker"
+        assert info["name"] == expected, (label, info)
+    assert {
+        "quantize.graph",
+        "quantize.int8-static",
+        "validate.graph",
+        "validate.int8-static",
+    } <= set(where)
+    champion = client.get_model_version_by_alias("digits-dist", "champion")
+    assert champion.version == by_variant["int8-static"][0].version
+    # the gpu worker said, in its task logs, that it measured on the CPU provider
+    home = Path(deployed["env"]["AIRFLOW_HOME"])
+    gate_logs = "".join(
+        p.read_text(errors="replace") for p in home.glob("logs/**/task_id=gate/**/*.log")
+    )
+    assert "GRAPHTRIM_TEST_GPU_ON_CPU=1" in gate_logs
