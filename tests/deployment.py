@@ -181,6 +181,9 @@ def deployment(root: Path, *, s3: str, bucket: str) -> Iterator[dict[str, Any]]:
                 AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS="True",
                 AIRFLOW__CORE__PARALLELISM="4",
                 AIRFLOW__SCHEDULER__TASK_QUEUED_TIMEOUT="600",
+                # a killed worker's task is declared dead (and retried) within half a minute
+                AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT="20",
+                AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT_DETECTION_INTERVAL="5",
                 AIRFLOW_CONN_MLFLOW_DEFAULT=json.dumps(
                     {"conn_type": "graphtrim_mlflow", "host": mlflow_url}
                 ),
@@ -211,27 +214,33 @@ def deployment(root: Path, *, s3: str, bucket: str) -> Iterator[dict[str, Any]]:
             procs.start("api-server", [_bin("airflow"), "api-server"], airflow_env)
             procs.start("scheduler", [_bin("airflow"), "scheduler"], airflow_env)
             procs.start("dag-processor", [_bin("airflow"), "dag-processor"], airflow_env)
-            # no log server: it would bind every interface, and the logs are local files here
-            worker = [
-                _bin("airflow"),
-                "celery",
-                "worker",
-                "--concurrency",
-                "1",
-                "--skip-serve-logs",
-            ]
-            procs.start(
-                "cpu-worker",
-                [*worker, "--queues", "default,cpu", "--celery-hostname", "cpu-worker@%h"],
-                dict(airflow_env, GRAPHTRIM_WORKER_NAME="cpu-worker"),
-            )
-            procs.start(
-                "gpu-worker",
-                [*worker, "--queues", "gpu", "--celery-hostname", "gpu-worker@%h"],
-                dict(
-                    airflow_env, GRAPHTRIM_WORKER_NAME="gpu-worker", GRAPHTRIM_TEST_GPU_ON_CPU="1"
-                ),
-            )
+            workers = {
+                "cpu-worker": (["default", "cpu"], {}),
+                "gpu-worker": (["gpu"], {"GRAPHTRIM_TEST_GPU_ON_CPU": "1"}),
+            }
+
+            def start_worker(name: str) -> None:
+                queues, extra = workers[name]
+                procs.start(
+                    name,
+                    [
+                        _bin("airflow"),
+                        "celery",
+                        "worker",
+                        "--concurrency",
+                        "1",
+                        # no log server: it binds every interface, and the logs are local files
+                        "--skip-serve-logs",
+                        "--queues",
+                        ",".join(queues),
+                        "--celery-hostname",
+                        f"{name}@%h",
+                    ],
+                    dict(airflow_env, GRAPHTRIM_WORKER_NAME=name, **extra),
+                )
+
+            for name in workers:
+                start_worker(name)
             api = f"http://127.0.0.1:{api_port}"
             _wait_http(mlflow_url + "/health", procs, 120)
             _wait_http(
@@ -248,6 +257,7 @@ def deployment(root: Path, *, s3: str, bucket: str) -> Iterator[dict[str, Any]]:
                 "procs": procs,
                 "env": airflow_env,
                 "airflow_db": airflow_db,
+                "start_worker": start_worker,
             }
         finally:
             procs.stop_all()

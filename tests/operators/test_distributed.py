@@ -134,3 +134,81 @@ def test_stages_run_on_the_workers_of_their_queues(deployed: dict[str, Any]) -> 
         p.read_text(errors="replace") for p in home.glob("logs/**/task_id=gate/**/*.log")
     )
     assert "GRAPHTRIM_TEST_GPU_ON_CPU=1" in gate_logs
+
+
+def test_worker_killed_mid_stage_the_task_is_retried_and_nothing_is_doubled(
+    deployed: dict[str, Any], digits_task: DigitsTask
+) -> None:
+    """SIGKILL the gpu worker while a quantize or gate task runs on it; a new worker takes the
+    retry; the run ends with one version per variant, aliases on them, no partial artifact."""
+    import threading
+
+    import boto3
+    import mlflow
+
+    version = register_onnx(deployed["mlflow"], digits_task.model, "digits-fault")
+    dag = "graphtrim_optimize_model_gpu"
+    conf = {
+        "model_name": "digits-fault",
+        "version": version,
+        "variants": ["graph", "int8-static"],
+        "policy": POLICY,
+    }
+    api = deployed["api"]
+    killed: dict[str, Any] = {}
+
+    def killer() -> None:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and not killed:
+            runs = requests.get(f"{api}/api/v2/dags/{dag}/dagRuns", timeout=10).json()
+            for r in runs.get("dag_runs", []):
+                if r["conf"].get("model_name") != "digits-fault":
+                    continue
+                tis = requests.get(
+                    f"{api}/api/v2/dags/{dag}/dagRuns/{r['dag_run_id']}/taskInstances",
+                    timeout=10,
+                ).json()["task_instances"]
+                busy = [
+                    t
+                    for t in tis
+                    if t["task_id"] in ("quantize", "gate") and t["state"] == "running"
+                ]
+                if busy:
+                    deployed["procs"].kill("gpu-worker")
+                    killed.update(task=busy[0]["task_id"], map_index=busy[0]["map_index"])
+                    time.sleep(2)
+                    deployed["start_worker"]("gpu-worker")
+                    return
+            time.sleep(0.3)
+
+    thread = threading.Thread(target=killer, daemon=True)
+    thread.start()
+    run = run_dag(deployed, dag, conf, timeout=600)
+    thread.join(timeout=5)
+    assert killed, "no quantize or gate task was seen running"
+    states = {(t["task_id"], t["map_index"]): (t["state"], t["try_number"]) for t in run["tis"]}
+    assert run["state"] == "success", (states, deployed["procs"].log("scheduler")[-4000:])
+    state, tries = states[(killed["task"], killed["map_index"])]
+    assert state == "success" and tries >= 2, states  # it was retried, and the retry finished
+    client = mlflow.MlflowClient(deployed["mlflow"], deployed["mlflow"])
+    found = client.search_model_versions("name='digits-fault'")
+    variants = [v.tags["graphtrim.variant"] for v in found if "graphtrim.variant" in v.tags]
+    assert sorted(variants) == ["graph", "int8-static"]  # exactly one each
+    by_variant = {
+        v.tags["graphtrim.variant"]: v.version for v in found if "graphtrim.variant" in v.tags
+    }
+    for variant, v in by_variant.items():
+        assert (
+            client.get_model_version_by_alias("digits-fault", f"{variant}-candidate").version == v
+        )
+    # every stored entry in the bucket is complete: a manifest beside every model file
+    s3 = boto3.client("s3", endpoint_url=deployed["s3"], region_name="us-east-1")
+    keys = {
+        o["Key"]
+        for page in s3.get_paginator("list_objects_v2").paginate(
+            Bucket=BUCKET, Prefix="pipeline/digits-fault/"
+        )
+        for o in page.get("Contents", [])
+    }
+    models = {k.rsplit("/", 1)[0] for k in keys if k.endswith("/model.onnx")}
+    assert models and all(f"{m}/manifest.json" in keys for m in models)
