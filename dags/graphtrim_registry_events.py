@@ -44,17 +44,31 @@ with DAG(
 
     @task
     def versions(triggering_asset_events: Any = None) -> list[dict[str, Any]]:
-        """The conf of one optimize run per version in the events that started this run."""
+        """Trigger arguments of one optimize run per version in the events that started this
+        run: the conf from the registered model's graphtrim.* tags, and the run id that the
+        registry scan would use for the same work (so the two never both run it)."""
+        from operators.airflow.hooks import ArtifactStoreHook, MlflowRegistryHook
+        from optimizer_core.stages.context import StageContext
+        from optimizer_core.stages.scan import conf_for
+
+        ctx = StageContext(
+            MlflowRegistryHook().tracking_uri(),
+            ".",
+            s3_endpoint_url=ArtifactStoreHook().endpoint_url(),
+        )
         out: list[dict[str, Any]] = []
         for events in (triggering_asset_events or {}).values():
             for event in events:
                 payload = (event.extra or {}).get("payload") or event.extra or {}
                 if payload.get("name") and payload.get("version"):
-                    conf = {"model_name": payload["name"], "version": str(payload["version"])}
-                    if conf not in out:
-                        out.append(conf)
+                    found = conf_for(ctx, payload["name"], str(payload["version"]))
+                    item = {"conf": found["conf"], "trigger_run_id": found["run_id"]}
+                    if item not in out:
+                        out.append(item)
         return out
 
     TriggerDagRunOperator.partial(
-        task_id="optimize", trigger_dag_id="graphtrim_optimize_model"
-    ).expand(conf=versions())
+        task_id="optimize",
+        trigger_dag_id="graphtrim_optimize_model",
+        skip_when_already_exists=True,
+    ).expand_kwargs(versions())

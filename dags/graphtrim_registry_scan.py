@@ -38,6 +38,7 @@ with DAG(
 
     @task
     def candidates(params: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+        """Trigger arguments (conf and run id) for each version that still needs a run."""
         from operators.airflow.hooks import ArtifactStoreHook, MlflowRegistryHook
         from optimizer_core.stages.context import StageContext
         from optimizer_core.stages.scan import unoptimized_versions
@@ -57,11 +58,15 @@ with DAG(
             versions_per_model=int(p["versions_per_model"]),
             limit=int(p["max_runs"]),
         )
-        for conf in found:
-            if artifacts:
-                conf["artifacts"] = artifacts
-        return found
+        if artifacts:
+            for item in found:
+                item["conf"]["artifacts"] = artifacts
+        # the run id is the work's idempotency key: a second scan (or an event) asking for the
+        # same version and config is skipped by Airflow's unique run id, not by luck
+        return [{"conf": f["conf"], "trigger_run_id": f["run_id"]} for f in found]
 
     TriggerDagRunOperator.partial(
-        task_id="optimize", trigger_dag_id="graphtrim_optimize_model"
-    ).expand(conf=candidates())
+        task_id="optimize",
+        trigger_dag_id="graphtrim_optimize_model",
+        skip_when_already_exists=True,
+    ).expand_kwargs(candidates())

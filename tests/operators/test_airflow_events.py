@@ -219,21 +219,27 @@ def test_registry_scan_finds_versions_without_variants(
     }
     v1 = register_onnx(servers["mlflow"], digits_task.model, name, **tags)
     ctx = StageContext(servers["mlflow"], str(tmp_path / "artifacts"))
-    found = [c for c in unoptimized_versions(ctx, limit=100) if c["model_name"] == name]
-    assert found == [
+
+    def mine() -> list[dict[str, Any]]:
+        return [f for f in unoptimized_versions(ctx, limit=100) if f["conf"]["model_name"] == name]
+
+    config = PipelineConfig(variants=("graph",), eval_data=str(digits_task.eval)).resolved(ctx)
+    assert mine() == [
         {
-            "model_name": name,
-            "version": v1,
-            "variants": ["graph"],
-            "eval_data": str(digits_task.eval),
+            "conf": {
+                "model_name": name,
+                "version": v1,
+                "variants": ["graph"],
+                "eval_data": str(digits_task.eval),
+            },
+            # the idempotency key of this work: same version, same config, same run id
+            "run_id": f"graphtrim__{name}__v{v1}__{config.config_hash[:16]}",
         }
     ]
     # optimized with that config: done (even if its variant had failed a gate)
-    config = PipelineConfig(variants=("graph",), eval_data=str(digits_task.eval))
     pipeline.run_pipeline(ctx, config, f"models:/{name}/{v1}")
-    assert [c for c in unoptimized_versions(ctx, limit=100) if c["model_name"] == name] == []
+    assert mine() == []
     # a new source version is found; the variants graphtrim registered are not sources
     v_new = register_onnx(servers["mlflow"], digits_task.model, name)
-    found = [c for c in unoptimized_versions(ctx, limit=100) if c["model_name"] == name]
-    assert [c["version"] for c in found] == [v_new]
+    assert [f["conf"]["version"] for f in mine()] == [v_new]
     assert unoptimized_versions(ctx, limit=1) and len(unoptimized_versions(ctx, limit=1)) == 1
