@@ -122,8 +122,12 @@ def _wait_http(url: str, procs: Processes, timeout: float, ok: Any = None) -> No
 
 
 @contextlib.contextmanager
-def deployment(root: Path, *, s3: str, bucket: str) -> Iterator[dict[str, Any]]:
-    """Bring the deployment up under ``root`` (logs, Airflow home); yields its coordinates."""
+def deployment(
+    root: Path, *, s3: str, bucket: str, executor: str = "CeleryExecutor"
+) -> Iterator[dict[str, Any]]:
+    """Bring the deployment up under ``root`` (logs, Airflow home); yields its coordinates.
+    ``executor="LocalExecutor"`` runs the tasks in the scheduler's own processes instead (no
+    broker, no workers): the baseline that the Celery overhead is measured against."""
     root.mkdir(parents=True, exist_ok=True)
     logs = root / "logs"
     logs.mkdir(exist_ok=True)
@@ -168,7 +172,7 @@ def deployment(root: Path, *, s3: str, bucket: str) -> Iterator[dict[str, Any]]:
                 AIRFLOW_HOME=str(home),
                 AIRFLOW__CORE__DAGS_FOLDER=str(REPO / "dags"),
                 AIRFLOW__CORE__LOAD_EXAMPLES="False",
-                AIRFLOW__CORE__EXECUTOR="CeleryExecutor",
+                AIRFLOW__CORE__EXECUTOR=executor,
                 AIRFLOW__DATABASE__SQL_ALCHEMY_CONN=airflow_db.replace(
                     "postgresql://", "postgresql+psycopg2://"
                 ),
@@ -239,8 +243,9 @@ def deployment(root: Path, *, s3: str, bucket: str) -> Iterator[dict[str, Any]]:
                     dict(airflow_env, GRAPHTRIM_WORKER_NAME=name, **extra),
                 )
 
-            for name in workers:
-                start_worker(name)
+            if executor == "CeleryExecutor":
+                for name in workers:
+                    start_worker(name)
             api = f"http://127.0.0.1:{api_port}"
             _wait_http(mlflow_url + "/health", procs, 120)
             _wait_http(

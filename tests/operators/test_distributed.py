@@ -212,3 +212,55 @@ def test_worker_killed_mid_stage_the_task_is_retried_and_nothing_is_doubled(
     }
     models = {k.rsplit("/", 1)[0] for k in keys if k.endswith("/model.onnx")}
     assert models and all(f"{m}/manifest.json" in keys for m in models)
+
+
+def test_two_scans_at_once_optimize_each_version_once(
+    deployed: dict[str, Any], digits_task: DigitsTask
+) -> None:
+    from optimizer_core.stages.context import PipelineConfig
+    from optimizer_core.stages.scan import run_key
+
+    name = "digits-scanned"
+    version = register_onnx(
+        deployed["mlflow"],
+        digits_task.model,
+        name,
+        **{"graphtrim.optimize": "true", "graphtrim.variants": "graph"},
+    )
+    api = deployed["api"]
+    scan = "graphtrim_registry_scan"
+    deadline = time.monotonic() + 180
+    while requests.get(f"{api}/api/v2/dags/{scan}", timeout=10).status_code != 200:
+        assert time.monotonic() < deadline
+        time.sleep(2)
+    requests.patch(f"{api}/api/v2/dags/{scan}", json={"is_paused": False}, timeout=10)
+    requests.patch(
+        f"{api}/api/v2/dags/graphtrim_optimize_model", json={"is_paused": False}, timeout=10
+    )
+    runs = []
+    for _ in range(2):  # two scans at once, over the same registry
+        r = requests.post(
+            f"{api}/api/v2/dags/{scan}/dagRuns",
+            json={"logical_date": None, "conf": {"max_runs": 50}},
+            timeout=10,
+        )
+        assert r.status_code == 200, r.text
+        runs.append(r.json()["dag_run_id"])
+    deadline = time.monotonic() + 300
+    states: dict[str, str] = {}
+    while time.monotonic() < deadline:
+        states = {
+            rid: requests.get(f"{api}/api/v2/dags/{scan}/dagRuns/{rid}", timeout=10).json()["state"]
+            for rid in runs
+        }
+        if all(s in ("success", "failed") for s in states.values()):
+            break
+        time.sleep(3)
+    assert set(states.values()) == {"success"}, (states, deployed["procs"].log("scheduler"))
+    expected = run_key(name, version, PipelineConfig(variants=("graph",)).config_hash)
+    optimize_runs = requests.get(
+        f"{api}/api/v2/dags/graphtrim_optimize_model/dagRuns", params={"limit": 100}, timeout=10
+    ).json()["dag_runs"]
+    mine = [r for r in optimize_runs if (r.get("conf") or {}).get("model_name") == name]
+    # one of the two scans triggered it; the other found the run id taken and skipped it
+    assert [r["dag_run_id"] for r in mine] == [expected]
