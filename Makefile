@@ -6,7 +6,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.graphtrim-installed
 TORCH_PIN := torch==2.13.0
 
-.PHONY: install demo test lint typecheck bench bench-variants clean
+.PHONY: install demo test lint typecheck bench bench-variants bench-scale deployment clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -36,6 +36,13 @@ bench: $(STAMP)
 
 bench-variants: $(STAMP)
 	$(PY) -m bench.variants $(BENCH_ARGS)
+
+bench-scale: $(STAMP)
+	$(PY) -m bench.scale $(BENCH_ARGS)
+
+# a distributed deployment on 127.0.0.1 (PostgreSQL, Redis, Celery cpu/gpu workers, MLflow, S3)
+deployment: $(STAMP)
+	$(PY) -m tests.deployment
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,146 @@
+"""Scale benchmark: N registered versions through ``graphtrim_registry_scan`` on a real deployment
+(tests/deployment.py: PostgreSQL, Redis, Celery workers; or LocalExecutor as the baseline).
+
+    python -m bench.scale [--versions 20] [--executor celery|local|both] [--out bench/results-scale]
+
+Reports versions per hour (first scan start to last optimize run end), the overhead per task
+(time from the last upstream task's end to this task's start: scheduling and queueing), the
+task wall time, and whether any version was optimized twice. Numbers are for this machine only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import requests
+
+
+def _ts(value: str | None) -> float | None:
+    if not value:
+        return None
+    return dt.datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+
+
+def _get(api: str, path: str, **params: Any) -> Any:
+    r = requests.get(f"{api}{path}", params=params, timeout=30)
+    r.raise_for_status()
+    return r.json()
+
+
+def run_once(executor: str, versions: int, model: Path, root: Path) -> dict[str, Any]:
+    import boto3
+
+    from tests.deployment import deployment
+    from tests.servers import moto_server, register_onnx
+
+    os.environ.update(AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing")
+    with moto_server(root / "s3") as s3:
+        boto3.client("s3", endpoint_url=s3, region_name="us-east-1").create_bucket(Bucket="bench")
+        kind = "CeleryExecutor" if executor == "celery" else "LocalExecutor"
+        with deployment(root, s3=s3, bucket="bench", executor=kind) as d:
+            api = d["api"]
+            tags = {"graphtrim.optimize": "true", "graphtrim.variants": "graph"}
+            for i in range(versions):
+                register_onnx(d["mlflow"], model, f"bench-{i:03d}", **tags)
+            for dag in ("graphtrim_registry_scan", "graphtrim_optimize_model"):
+                while requests.get(f"{api}/api/v2/dags/{dag}", timeout=10).status_code != 200:
+                    time.sleep(2)
+                requests.patch(f"{api}/api/v2/dags/{dag}", json={"is_paused": False}, timeout=10)
+            t0 = time.time()
+            for _ in range(2):  # two scans at once: duplicates would show here
+                requests.post(
+                    f"{api}/api/v2/dags/graphtrim_registry_scan/dagRuns",
+                    json={"logical_date": None, "conf": {"max_runs": versions}},
+                    timeout=10,
+                ).raise_for_status()
+            deadline = time.time() + 3600
+            runs: list[dict[str, Any]] = []
+            while time.time() < deadline:
+                d["procs"].check()
+                runs = _get(api, "/api/v2/dags/graphtrim_optimize_model/dagRuns", limit=1000)[
+                    "dag_runs"
+                ]
+                done = [r for r in runs if r["state"] in ("success", "failed")]
+                if len(runs) >= versions and len(done) == len(runs):
+                    break
+                print(f"[{executor}] {len(done)}/{versions} runs done", file=sys.stderr, flush=True)
+                time.sleep(10)
+            end = max((_ts(r["end_date"]) or 0) for r in runs) if runs else time.time()
+            gaps, walls = [], []
+            for r in runs:
+                tis = _get(
+                    api,
+                    f"/api/v2/dags/graphtrim_optimize_model/dagRuns/{r['dag_run_id']}/taskInstances",
+                )["task_instances"]
+                ends: dict[str, float] = {}
+                for t in tis:
+                    e = _ts(t.get("end_date"))
+                    if e is not None:
+                        ends[t["task_id"]] = max(ends.get(t["task_id"], 0.0), e)
+                ups = _get(api, "/api/v2/dags/graphtrim_optimize_model/tasks")["tasks"]
+                upstream = {u["task_id"]: u.get("upstream_task_ids") or [] for u in ups}
+                for t in tis:
+                    start, stop = _ts(t.get("start_date")), _ts(t.get("end_date"))
+                    if start is None or stop is None:
+                        continue
+                    walls.append(stop - start)
+                    before = [ends[u] for u in upstream.get(t["task_id"], []) if u in ends]
+                    ready = max(before) if before else _ts(r.get("start_date"))
+                    if ready is not None:
+                        gaps.append(start - ready)
+            models = {(r.get("conf") or {}).get("model_name") for r in runs}
+            return {
+                "executor": kind,
+                "versions": versions,
+                "runs": len(runs),
+                "succeeded": sum(1 for r in runs if r["state"] == "success"),
+                "duplicates": len(runs) - len(models),
+                "seconds": round(end - t0, 1),
+                "versions_per_hour": round(versions / max(end - t0, 1e-9) * 3600, 1),
+                "overhead_per_task_s": {
+                    "median": round(statistics.median(gaps), 2) if gaps else None,
+                    "mean": round(statistics.fmean(gaps), 2) if gaps else None,
+                    "p95": round(sorted(gaps)[int(0.95 * (len(gaps) - 1))], 2) if gaps else None,
+                },
+                "task_wall_s": {
+                    "median": round(statistics.median(walls), 2) if walls else None,
+                    "mean": round(statistics.fmean(walls), 2) if walls else None,
+                },
+                "tasks": len(walls),
+            }
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.scale", description=__doc__)
+    p.add_argument("--versions", type=int, default=20, help="registered versions (tiny models)")
+    p.add_argument("--executor", choices=("celery", "local", "both"), default="both")
+    p.add_argument("--out", default="bench/results-scale", help="folder for the JSON results")
+    args = p.parse_args(argv)
+    os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+    from optimizer_core.examples.digits import make_digits_task
+
+    work = Path(tempfile.mkdtemp(prefix="graphtrim-scale-"))
+    task = make_digits_task(work / "digits", epochs=2)
+    results = []
+    for executor in ("celery", "local") if args.executor == "both" else (args.executor,):
+        res = run_once(executor, args.versions, task.model, work / executor)
+        print(json.dumps(res, indent=2))
+        results.append(res)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    (out / f"scale-{stamp}.json").write_text(json.dumps(results, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
