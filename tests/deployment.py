@@ -216,7 +216,10 @@ def deployment(
                 capture_output=True,
             )
             procs.start("api-server", [_bin("airflow"), "api-server"], airflow_env)
-            procs.start("scheduler", [_bin("airflow"), "scheduler"], airflow_env)
+            # no log server (it binds every interface); the task logs are local files here
+            procs.start(
+                "scheduler", [_bin("airflow"), "scheduler", "--skip-serve-logs"], airflow_env
+            )
             procs.start("dag-processor", [_bin("airflow"), "dag-processor"], airflow_env)
             workers = {
                 "cpu-worker": (["default", "cpu"], {}),
@@ -280,6 +283,8 @@ def main() -> int:
     from tests.servers import moto_server
 
     root = Path(tempfile.mkdtemp(prefix="graphtrim-deployment-"))
+    # SIGTERM unwinds like Ctrl-C: every process stopped, the databases dropped
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     os.environ.update(AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing")
     with moto_server(root / "s3") as s3:
         boto3.client("s3", endpoint_url=s3, region_name="us-east-1").create_bucket(
