@@ -84,9 +84,12 @@ class Processes:
                 raise RuntimeError(f"{name} exited with {proc.returncode}:\n{self.log(name)}")
 
     def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
+        """Kill a process on purpose: it is no longer watched by ``check`` (start it again
+        under the same name to watch the new one)."""
+        proc = self.procs.pop(name)
         with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.procs[name].pid, sig)
-        self.procs[name].wait(timeout=30)
+            os.killpg(proc.pid, sig)
+        proc.wait(timeout=30)
 
     def stop_all(self) -> None:
         for name in reversed(list(self.procs)):
