@@ -32,8 +32,17 @@ VARIANTS = ["graph", "int8-dynamic", "int8-static", "fp16"]
 GPU_POOL = os.environ.get("GRAPHTRIM_GPU_POOL", "graphtrim_gpu")
 
 
-def _params() -> dict[str, Param]:
+def _params(device: str) -> dict[str, Param]:
+    other = "graphtrim_optimize_model" if device == "gpu" else "graphtrim_optimize_model_gpu"
     return {
+        # placement is fixed when the DAG is parsed (queue, pod), so each device has its own
+        # DAG; a run asking this one for the other device is refused at trigger time
+        "device": Param(
+            device,
+            type="string",
+            enum=[device],
+            description=f"where quantize and gate run; for the other device use {other}",
+        ),
         "model_name": Param("", type="string", description="registered model to optimize"),
         "version": Param(None, type=["null", "string"], description="version (or use alias)"),
         "alias": Param(None, type=["null", "string"], description="alias, e.g. champion"),
@@ -67,7 +76,7 @@ def optimize_dag(dag_id: str, device: str) -> DAG:
         schedule=None,
         start_date=dt.datetime(2026, 1, 1),
         catchup=False,
-        params=_params(),
+        params=_params(device),
         default_args={
             "retries": 2,
             "retry_delay": dt.timedelta(seconds=20),

@@ -43,7 +43,14 @@ def test_optimize_dag_shape(dagbag: Any, dag_id: str) -> None:
         "promote",
         "summary",
     }
-    assert {"model_name", "version", "alias", "variants", "policy", "artifacts"} <= set(dag.params)
+    assert {"model_name", "version", "alias", "variants", "device", "policy", "artifacts"} <= set(
+        dag.params
+    )
+    device = "gpu" if dag_id.endswith("_gpu") else "cpu"
+    assert dag.params.get_param("device").resolve(device) == device
+    other = "cpu" if device == "gpu" else "gpu"
+    with pytest.raises(Exception, match="is not one of"):
+        dag.params.get_param("device").resolve(other)
     order = ["export", "optimize", "quantize", "gate", "register", "promote", "summary"]
     for a, b in itertools.pairwise(order):
         assert a in dag.get_task(b).upstream_task_ids or a in {
