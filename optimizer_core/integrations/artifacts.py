@@ -149,7 +149,7 @@ def _manifest(
     config_hash: str | None,
     extra: Mapping[str, Any] | None,
 ) -> dict[str, Any]:
-    names = [MODEL_FILE if i == 0 else f.name for i, f in enumerate(files)]
+    names = _staged_names(files)
     return {
         "sha256": sha,
         "model": model,
