@@ -65,6 +65,7 @@ def _add_verify_args(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from optimizer_core.graph.framework import TARGETS
     from optimizer_core.graph.presets import PRESETS
 
     parser = argparse.ArgumentParser(
@@ -121,6 +122,25 @@ def build_parser() -> argparse.ArgumentParser:
     )
     opt.add_argument(
         "--fold-max-tensor", type=_bytes, default="256MiB", help="largest tensor folding may create"
+    )
+    opt.add_argument(
+        "--target",
+        default="portable",
+        choices=list(TARGETS),
+        help="runtime to optimize for: 'portable' emits standard ONNX only; 'ort-cpu'/'ort-cuda' "
+        "may add onnxruntime contrib fusions; 'tensorrt' avoids ops TensorRT does not parse",
+    )
+    opt.add_argument(
+        "--allow-lossy",
+        action="store_true",
+        help="permit rewrites that change numbers beyond rounding (QuantizeLinear -> "
+        "DequantizeLinear pairs removed); --verify then reports by how much",
+    )
+    opt.add_argument(
+        "--max-unroll",
+        type=int,
+        default=16,
+        help="unroll Loops whose constant trip count is at most this (0 disables unrolling)",
     )
     opt.add_argument("-q", "--quiet", action="store_true", help="print nothing but errors")
     opt.add_argument(
@@ -190,6 +210,9 @@ def _cmd_optimize(args: argparse.Namespace) -> int:
         max_iterations=args.max_iterations,
         fold_max_growth_bytes=args.fold_max_growth,
         fold_max_tensor_bytes=args.fold_max_tensor,
+        target=args.target,
+        allow_lossy=args.allow_lossy,
+        max_unroll_trip_count=args.max_unroll,
     )
     report = optimize_file(
         args.input,

@@ -23,6 +23,9 @@ from optimizer_core.graph import _ir_utils as u
 logger = logging.getLogger("graphtrim.optimizer")
 
 
+TARGETS = ("portable", "ort-cpu", "ort-cuda", "tensorrt")
+
+
 @dataclasses.dataclass(frozen=True)
 class OptimizeOptions:
     """Knobs shared by the passes.
@@ -34,6 +37,13 @@ class OptimizeOptions:
         fold_max_tensor_bytes: never materialize a folded tensor larger than this.
         fold_max_input_bytes: skip folding subgraphs that read more constant bytes than this.
         dedup_max_bytes: initializers larger than this are not compared for deduplication.
+        target: the runtime the model is optimized for: ``portable`` (standard ONNX ops only),
+            ``ort-cpu`` / ``ort-cuda`` (may add onnxruntime contrib ops where they help on that
+            target) or ``tensorrt`` (avoids ops TensorRT's ONNX parser does not take).
+        allow_lossy: permit rewrites that change numbers beyond rounding (removing a
+            QuantizeLinear -> DequantizeLinear pair); off by default.
+        max_unroll_trip_count: a Loop with a constant trip count up to this is unrolled.
+        max_unroll_nodes: ... and only when the unrolled body adds at most this many nodes.
     """
 
     max_iterations: int = 10
@@ -41,6 +51,16 @@ class OptimizeOptions:
     fold_max_tensor_bytes: int = 256 * 1024 * 1024
     fold_max_input_bytes: int = 1024 * 1024 * 1024
     dedup_max_bytes: int = 4 * 1024 * 1024 * 1024
+    target: str = "portable"
+    allow_lossy: bool = False
+    max_unroll_trip_count: int = 16
+    max_unroll_nodes: int = 512
+
+    def __post_init__(self) -> None:
+        if self.target not in TARGETS:
+            raise GraphtrimError(
+                f"unknown target '{self.target}'; choose one of {', '.join(TARGETS)}"
+            )
 
 
 class GraphtrimPass(ir.passes.InPlacePass):
