@@ -22,6 +22,7 @@ from optimizer_core.graph.passes.cse import CommonSubexpressionElimination
 from optimizer_core.graph.passes.dead_code import DeadCodeElimination
 from optimizer_core.graph.passes.fusion import AffineFusion
 from optimizer_core.graph.passes.identity import IdentityElimination
+from optimizer_core.graph.passes.linear import GemmFusion
 
 PASSES: dict[str, type[GraphtrimPass]] = {
     cls.name: cls
@@ -36,6 +37,7 @@ PASSES: dict[str, type[GraphtrimPass]] = {
         CommonSubexpressionElimination,
         ConstantFolding,
         AffineFusion,
+        GemmFusion,
         DeadCodeElimination,
     )
 }
@@ -53,6 +55,7 @@ _ORDER = [
     "reassociate",
     "constant-folding",
     "fuse-affine",
+    "fuse-gemm",
     # last: it also merges the constants folding and fusion just made (fewer iterations)
     "cse",
 ]
