@@ -23,6 +23,8 @@ from optimizer_core.graph.passes.dead_code import DeadCodeElimination
 from optimizer_core.graph.passes.fusion import AffineFusion
 from optimizer_core.graph.passes.identity import IdentityElimination
 from optimizer_core.graph.passes.linear import GemmFusion
+from optimizer_core.graph.passes.qdq import QdqCleanup
+from optimizer_core.graph.passes.shapes import SymbolicShapes
 
 PASSES: dict[str, type[GraphtrimPass]] = {
     cls.name: cls
@@ -31,9 +33,11 @@ PASSES: dict[str, type[GraphtrimPass]] = {
         ConstantIfInlining,
         IdentityElimination,
         CastChainElimination,
+        QdqCleanup,
         RedundantActivations,
         AlgebraicSimplification,
         ReassociateConstants,
+        SymbolicShapes,
         CommonSubexpressionElimination,
         ConstantFolding,
         AffineFusion,
@@ -50,9 +54,11 @@ _ORDER = [
     "if-inline",
     "identity",
     "casts",
+    "qdq",
     "activations",
     "algebraic",
     "reassociate",
+    "symbolic-shapes",
     "constant-folding",
     "fuse-affine",
     "fuse-gemm",

@@ -1,0 +1,238 @@
+"""Shape arithmetic over symbolic dims: computed shapes replaced by constants without freezing
+the model's dynamic dims.
+
+Exporters build a target shape from the input's own dims at run time, e.g.
+``Reshape(x, Concat(Unsqueeze(Gather(Shape(y), 0)), Unsqueeze(Gather(Shape(y), 1)), [-1, 64]))``.
+When the dim read from ``y`` is provably the dim ``x`` already has at that position (the same
+static size or the same named symbolic dim), the entry can say so without reading it:
+
+- ``reshape-copy-dims``: a ``Reshape`` (``allowzero=0``) entry that equals ``x``'s own dim at the
+  same position becomes ``0`` ("copy this dim"). When every entry of the computed shape is then
+  known, the shape becomes a constant (``[0, 0, -1, 64]`` above) and the
+  ``Shape -> Gather -> Unsqueeze -> Concat`` chain goes dead. A shape that reproduces ``x``'s
+  own shape makes the Reshape a no-op, which the identity pass then removes.
+- ``expand-keep-dims``: an ``Expand`` entry that equals ``x``'s own dim (right-aligned) becomes
+  ``1``: broadcasting a dim to its own size and keeping it are the same.
+
+Both rewrites are exact: the computed and the constant shape give the same result for every
+input the model accepts. Named symbolic dims are equal when their names are: the ONNX meaning of
+a ``dim_param`` shared by values of one model, which onnx shape inference and the exporters
+(torch's symbolic shapes) propagate. Anonymous dims are never taken as equal.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import onnx_ir as ir
+
+from optimizer_core.graph import _ir_utils as u
+from optimizer_core.graph.framework import GraphtrimPass
+
+
+@dataclasses.dataclass(frozen=True)
+class _Dim:
+    """A shape entry read from a tensor's dim at run time: a static size or a dim name."""
+
+    value: int | str
+
+
+_Entry = int | _Dim | None  # a constant, a known dim, or unknown
+
+
+def _named(value: ir.Value | None) -> list[int | str | None] | None:
+    dims = u.symbolic_dims(value)
+    if dims is None:
+        return None
+    # names onnx_ir invents for unknown dims are not names of a size
+    return [d if isinstance(d, int) or (isinstance(d, str) and d) else None for d in dims]
+
+
+def _shape_dims(node: ir.Node) -> list[_Entry] | None:
+    """Entries of ``Shape(y, start, end)``."""
+    dims = _named(node.inputs[0])
+    if dims is None:
+        return None
+    r = len(dims)
+    start = node.attributes.get_int("start", 0)
+    end = node.attributes.get_int("end", r)
+    start = min(max(start + r if start < 0 else start, 0), r)
+    end = min(max(end + r if end < 0 else end, 0), r)
+    return [None if d is None else _Dim(d) for d in dims[start:end]]
+
+
+def _entries(value: ir.Value | None, depth: int = 0) -> list[_Entry] | None:
+    """The 1-D int64 ``value`` entry by entry; ``None`` when not even its length is known."""
+    if value is None or depth > 8:
+        return None
+    ints = u.const_ints(value)
+    if ints is not None:
+        return list(ints)
+    node = value.producer()
+    if node is not None and u.is_standard(node):
+        op = node.op_type
+        if op == "Shape":
+            return _shape_dims(node)
+        if op == "Concat" and node.attributes.get_int("axis", 0) in (0, -1):
+            out: list[_Entry] = []
+            for piece in node.inputs:
+                part = _entries(piece, depth + 1)
+                if part is None:
+                    return None
+                out.extend(part)
+            return out
+        if op in ("Gather", "Slice", "Unsqueeze", "Squeeze"):
+            found = _picked(node, depth)
+            if found is not None:
+                return found
+    shape = u.static_shape(value)
+    if shape is not None and len(shape) == 1:
+        return [None] * shape[0]
+    if shape is not None and len(shape) == 0:
+        return [None]
+    return None
+
+
+def _picked(node: ir.Node, depth: int) -> list[_Entry] | None:
+    """Gather / Slice of a shape, or Unsqueeze / Squeeze of a one-entry shape."""
+    op = node.op_type
+    src = _entries(node.inputs[0], depth + 1)
+    if src is None:
+        return None
+    if op in ("Unsqueeze", "Squeeze"):
+        return src if len(src) == 1 else None
+    if op == "Gather":
+        if node.attributes.get_int("axis", 0) != 0:
+            return None
+        idx = u.const_array(node.inputs[1]) if len(node.inputs) > 1 else None
+        if idx is None or idx.dtype.kind not in "iu" or idx.ndim > 1:
+            return None
+        out = []
+        for i in idx.reshape(-1).tolist():
+            if not -len(src) <= i < len(src):
+                return None
+            out.append(src[i])
+        return out
+    # Slice of a 1-D shape with constant bounds
+    bounds = [u.const_ints(v) if v is not None else None for v in node.inputs[1:]]
+    if len(bounds) < 2 or bounds[0] is None or bounds[1] is None:
+        return None
+    starts, ends = bounds[0], bounds[1]
+    axes = bounds[2] if len(bounds) > 2 else [0]
+    steps = bounds[3] if len(bounds) > 3 else [1]
+    if axes is None or steps is None or len(starts) != 1 or list(axes) not in ([0], [-1]):
+        return None
+    return list(np.array(src, dtype=object)[slice(starts[0], ends[0], steps[0])])
+
+
+def _name_reshape_dims(node: ir.Node, target: list[int]) -> None:
+    """Give the Reshape's output the dims its constant shape proves: copied dims keep the input's
+    names, and a ``-1`` is computed when every input dim it stands for is static (onnx's own
+    inference leaves it unnamed whenever the input has a symbolic dim)."""
+    x_dims = u.symbolic_dims(node.inputs[0])
+    if x_dims is None:
+        return
+    dims: list[int | str | None] = []
+    copied = set()
+    for j, t in enumerate(target):
+        if t == 0:
+            dims.append(x_dims[j])
+            copied.add(j)
+        else:
+            dims.append(t if t > 0 else None)
+    if -1 in target:
+        rest = [d for j, d in enumerate(x_dims) if j not in copied]
+        known = [t for t in target if t > 0]
+        if any(not isinstance(d, int) for d in rest):
+            return
+        total, part = int(np.prod(rest)), int(np.prod(known))  # type: ignore[arg-type]
+        if part == 0 or total % part:
+            return
+        dims[target.index(-1)] = total // part
+    old = node.outputs[0].shape
+    if old is not None and len(old) != len(dims):
+        return
+    node.outputs[0].shape = ir.Shape(
+        [
+            d if d is not None else (old.dims[j] if old is not None else None)
+            for j, d in enumerate(dims)
+        ]
+    )
+
+
+def _same(entry: _Entry, dim: int | str | None) -> bool:
+    return isinstance(entry, _Dim) and dim is not None and entry.value == dim
+
+
+class SymbolicShapes(GraphtrimPass):
+    name = "symbolic-shapes"
+    exact = True
+    summary = "computed Reshape/Expand shapes made constant where symbolic dims prove the entries"
+
+    def apply(self, model: ir.Model) -> bool:
+        changed = False
+        namer: u.NameGenerator | None = None
+        for graph, node in u.standard_nodes(model):
+            if node.op_type == "Reshape":
+                new = self._reshape(node)
+                rule = "reshape-copy-dims"
+            elif node.op_type == "Expand":
+                new = self._expand(node)
+                rule = "expand-keep-dims"
+            else:
+                continue
+            if new is None:
+                continue
+            namer = namer or u.NameGenerator(model)
+            const = u.add_initializer(graph, np.array(new, dtype=np.int64), namer("shape"))
+            node.replace_input_with(1, const)
+            if node.op_type == "Reshape":
+                _name_reshape_dims(node, new)
+            self.hit(rule)
+            changed = True
+        return changed
+
+    @staticmethod
+    def _computed(node: ir.Node) -> list[_Entry] | None:
+        if len(node.inputs) < 2 or node.inputs[1] is None or u.is_constant(node.inputs[1]):
+            return None
+        return _entries(node.inputs[1])
+
+    def _reshape(self, node: ir.Node) -> list[int] | None:
+        if node.attributes.get_int("allowzero", 0):
+            return None
+        entries = self._computed(node)
+        x_dims = _named(node.inputs[0])
+        if entries is None or x_dims is None:
+            return None
+        out: list[int] = []
+        for j, e in enumerate(entries):
+            if isinstance(e, int):
+                out.append(e)
+            elif j < len(x_dims) and _same(e, x_dims[j]):
+                out.append(0)
+            elif isinstance(e, _Dim) and isinstance(e.value, int) and e.value > 0:
+                out.append(e.value)  # a static size (0 would mean "copy" here)
+            else:
+                return None
+        return out if out.count(-1) <= 1 else None
+
+    def _expand(self, node: ir.Node) -> list[int] | None:
+        entries = self._computed(node)
+        x_dims = _named(node.inputs[0])
+        if entries is None or x_dims is None:
+            return None
+        out: list[int] = []
+        offset = len(entries) - len(x_dims)
+        for j, e in enumerate(entries):
+            xj = j - offset
+            if xj >= 0 and _same(e, x_dims[xj]):
+                out.append(1)
+            elif isinstance(e, int) and e >= 0:
+                out.append(e)
+            elif isinstance(e, _Dim) and isinstance(e.value, int):
+                out.append(e.value)
+            else:
+                return None
+        return out

@@ -1,0 +1,137 @@
+"""Computed shapes made constant over symbolic dims."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tests.helpers import assert_equivalent, op_types, parse, rules_fired, run_passes
+
+DIMS = {"batch": 3, "seq": 5}
+
+HEADS = """
+<ir_version: 8, opset_import: ["" : 17]>
+g (float[batch, seq, 8] x) => (float[batch, seq, 2, 4] y) {
+    s = Shape(x)
+    i0 = Constant<value = int64 {0}>()
+    i1 = Constant<value = int64 {1}>()
+    b = Gather<axis = 0>(s, i0)
+    q = Gather<axis = 0>(s, i1)
+    ax = Constant<value = int64[1] {0}>()
+    bu = Unsqueeze(b, ax)
+    qu = Unsqueeze(q, ax)
+    tail = Constant<value = int64[2] {-1, 4}>()
+    shape = Concat<axis = 0>(bu, qu, tail)
+    y = Reshape(x, shape)
+}
+"""
+
+
+def test_reshape_to_heads_gets_a_constant_shape():
+    proto = parse(HEADS)
+    out, result = run_passes(proto, ["symbolic-shapes"])
+    assert op_types(out) == ["Reshape"]
+    assert rules_fired(result) == {"reshape-copy-dims": 1}
+    shape = next(i for i in out.graph.initializer if i.name == out.graph.node[0].input[1])
+    assert list(np.frombuffer(shape.raw_data, dtype=np.int64)) == [0, 0, -1, 4]
+    # the -1 is computed from the static dims it stands for
+    dims = out.graph.output[0].type.tensor_type.shape.dim
+    assert [d.dim_param or d.dim_value for d in dims] == ["batch", "seq", 2, 4]
+    assert_equivalent(proto, out, dim_values=DIMS)
+
+
+def test_reshape_that_reproduces_the_input_is_removed_by_the_default_preset():
+    proto = parse(
+        """
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[batch, seq] x) => (float[batch, seq] y) {
+            s = Shape<start = 1, end = 2>(x)
+            m1 = Constant<value = int64[1] {-1}>()
+            shape = Concat<axis = 0>(m1, s)
+            r = Reshape(x, shape)
+            y = Relu(r)
+        }
+        """
+    )
+    out, _ = run_passes(proto)
+    assert op_types(out) == ["Relu"]
+    assert_equivalent(proto, out, dim_values=DIMS)
+
+
+def test_dims_read_from_another_tensor_with_the_same_name():
+    proto = parse(
+        """
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[batch, seq, 8] x, float[batch, 7] other) => (float[batch, 16, 4] y) {
+            s = Shape<start = 0, end = 1>(other)
+            tail = Constant<value = int64[2] {16, 4}>()
+            shape = Concat<axis = 0>(s, tail)
+            t = Transpose<perm = [0, 2, 1]>(x)
+            r = Reshape(x, shape)
+            y = Relu(r)
+        }
+        """
+    )
+    # seq is 8 here: [batch, 8, 8] -> [batch, 16, 4]
+    out, result = run_passes(proto, ["symbolic-shapes", "dead-code"])
+    assert rules_fired(result) == {"reshape-copy-dims": 1}
+    assert "Shape" not in op_types(out)
+    assert_equivalent(proto, out, dim_values={"batch": 3, "seq": 8})
+
+
+def test_a_dim_at_another_position_is_not_copied():
+    # the entry is x's dim 1 but sits at position 0: "0" would copy dim 0, a different size
+    proto = parse(
+        """
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[batch, seq] x) => (float[seq, batch] y) {
+            s1 = Shape<start = 1, end = 2>(x)
+            s0 = Shape<start = 0, end = 1>(x)
+            shape = Concat<axis = 0>(s1, s0)
+            y = Reshape(x, shape)
+        }
+        """
+    )
+    out, result = run_passes(proto, ["symbolic-shapes"])
+    assert not rules_fired(result)
+    assert "Shape" in op_types(out)
+
+
+def test_anonymous_dims_are_not_taken_as_equal():
+    proto = parse(
+        """
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[batch, seq] x, float[a, b] other) => (float[c, d] y) {
+            s = Shape(other)
+            y = Reshape(x, s)
+        }
+        """
+    )
+    proto.graph.input[1].type.tensor_type.shape.dim[0].ClearField("dim_param")
+    proto.graph.input[0].type.tensor_type.shape.dim[0].ClearField("dim_param")
+    _, result = run_passes(proto, ["symbolic-shapes"])
+    assert not rules_fired(result)
+
+
+def test_allowzero_reshape_is_left_alone():
+    proto = parse(HEADS.replace("y = Reshape(x, shape)", "y = Reshape<allowzero = 1>(x, shape)"))
+    _, result = run_passes(proto, ["symbolic-shapes"])
+    assert not rules_fired(result)
+
+
+def test_expand_to_own_dims_becomes_a_no_op():
+    proto = parse(
+        """
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[batch, 1, seq] x, float[batch, 4, seq] z) => (float[batch, 4, seq] y) {
+            sz = Shape(z)
+            e = Expand(x, sz)
+            y = Add(e, z)
+        }
+        """
+    )
+    out, result = run_passes(proto, ["symbolic-shapes", "dead-code"])
+    assert rules_fired(result) == {"expand-keep-dims": 1}
+    expand = next(n for n in out.graph.node if n.op_type == "Expand")
+    shape = next(i for i in out.graph.initializer if i.name == expand.input[1])
+    assert list(np.frombuffer(shape.raw_data, dtype=np.int64)) == [1, 4, 1]
+    assert_equivalent(proto, out, dim_values=DIMS)
