@@ -25,7 +25,8 @@ def test_scalar_gather_of_shape_folds_to_a_scalar():
         }
         """
     )
-    out, result = run_passes(proto)
+    # symbolic-shapes would take the Reshape first (its dim N is copied): leave this to folding
+    out, result = run_passes(proto, skip=["symbolic-shapes"])
     assert rules_fired(result).get("gather-shape", 0) >= 1
     # the whole shape computation folds; the Reshape reading an input stays (y must keep its name)
     assert op_types(out) == ["Reshape"]
