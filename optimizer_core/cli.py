@@ -131,6 +131,14 @@ def build_parser() -> argparse.ArgumentParser:
         "may add onnxruntime contrib fusions; 'tensorrt' avoids ops TensorRT does not parse",
     )
     opt.add_argument(
+        "--opset",
+        type=int,
+        default=None,
+        metavar="N",
+        help="raise the model's opset to N first, so fusions into newer ops can fire "
+        "(Gelu needs 20, RMSNormalization 23); never lowered",
+    )
+    opt.add_argument(
         "--allow-lossy",
         action="store_true",
         help="permit rewrites that change numbers beyond rounding (QuantizeLinear -> "
@@ -213,6 +221,7 @@ def _cmd_optimize(args: argparse.Namespace) -> int:
         target=args.target,
         allow_lossy=args.allow_lossy,
         max_unroll_trip_count=args.max_unroll,
+        target_opset=args.opset,
     )
     report = optimize_file(
         args.input,

@@ -44,6 +44,8 @@ class OptimizeOptions:
             QuantizeLinear -> DequantizeLinear pair); off by default.
         max_unroll_trip_count: a Loop with a constant trip count up to this is unrolled.
         max_unroll_nodes: ... and only when the unrolled body adds at most this many nodes.
+        target_opset: raise the model's default-domain opset to this before optimizing (opt-in:
+            fusions into Gelu need 20, into RMSNormalization 23); never lowered.
     """
 
     max_iterations: int = 10
@@ -55,6 +57,7 @@ class OptimizeOptions:
     allow_lossy: bool = False
     max_unroll_trip_count: int = 16
     max_unroll_nodes: int = 512
+    target_opset: int | None = None
 
     def __post_init__(self) -> None:
         if self.target not in TARGETS:

@@ -16,6 +16,7 @@ from optimizer_core.graph.framework import (
     OptimizeOptions,
     ProgressFn,
 )
+from optimizer_core.graph.opset import upgrade_opset
 from optimizer_core.graph.presets import build, resolve
 from optimizer_core.graph.shape_inference import ShapeInference
 
@@ -54,7 +55,8 @@ def optimize_model(
     instruments: Sequence[Instrument] = (),
     progress: ProgressFn | None = None,
 ) -> OptimizeResult:
-    """Optimize ``model`` in place and return it with the change log.
+    """Optimize ``model`` in place and return it with the change log (with
+    ``options.target_opset`` above the model's opset, the returned model is a converted copy).
 
     Args:
         model: the model; it is modified in place.
@@ -76,6 +78,10 @@ def optimize_model(
         progress=progress,
     )
     notes: list[str] = []
+    if options.target_opset is not None:
+        model, note = upgrade_opset(model, options.target_opset)
+        if note:
+            notes.append(note)
     probe = ChangeLog(preset=driver.preset, passes=names)
     _normalize(model, probe)
     notes.extend(probe.notes)

@@ -23,14 +23,23 @@ from optimizer_core.graph.passes.dead_code import DeadCodeElimination
 from optimizer_core.graph.passes.fusion import AffineFusion
 from optimizer_core.graph.passes.identity import IdentityElimination
 from optimizer_core.graph.passes.linear import GemmFusion
+from optimizer_core.graph.passes.loops import (
+    LoopFusion,
+    LoopInvariantHoisting,
+    LoopUnrolling,
+)
 from optimizer_core.graph.passes.qdq import QdqCleanup
 from optimizer_core.graph.passes.shapes import SymbolicShapes
+from optimizer_core.graph.passes.transformer import TransformerFusion
 
 PASSES: dict[str, type[GraphtrimPass]] = {
     cls.name: cls
     for cls in (
         LiftConstants,
         ConstantIfInlining,
+        LoopUnrolling,
+        LoopInvariantHoisting,
+        LoopFusion,
         IdentityElimination,
         CastChainElimination,
         QdqCleanup,
@@ -42,6 +51,7 @@ PASSES: dict[str, type[GraphtrimPass]] = {
         ConstantFolding,
         AffineFusion,
         GemmFusion,
+        TransformerFusion,
         DeadCodeElimination,
     )
 }
@@ -52,9 +62,15 @@ _ORDER = [
     "dead-code",
     "lift-constants",
     "if-inline",
+    "loop-unroll",
+    "loop-hoist",
+    "loop-fuse",
     "identity",
     "casts",
     "qdq",
+    # before the algebraic passes: reassociating Gelu's 0.5 with a following constant factor
+    # would hide the pattern
+    "fuse-transformer",
     "activations",
     "algebraic",
     "reassociate",

@@ -2,8 +2,8 @@
 
 Rules, with ``Y = alpha * A' @ B' + beta * C`` (``A'``, ``B'`` transposed when ``transA``/``transB``):
 
-- ``matmul-add-gemm``: ``Add(MatMul(A, B), C)`` with rank-2 ``A`` and ``B`` and a ``C`` that
-  broadcasts unidirectionally to the ``[M, N]`` result -> ``Gemm(A, B, C)``.
+- ``matmul-add-gemm``: ``Add(MatMul(A, B), C)`` with rank-2 ``A`` and ``B`` and a constant ``C``
+  that broadcasts unidirectionally to the ``[M, N]`` result -> ``Gemm(A, B, C)``.
 - ``transpose-gemm``: a rank-2 ``Transpose`` feeding ``Gemm``'s ``A`` or ``B`` is absorbed by
   flipping ``transA``/``transB``; ``matmul-transpose-gemm`` does the same for a rank-2 ``MatMul``,
   which becomes a ``Gemm``.
@@ -157,7 +157,10 @@ class GemmFusion(GraphtrimPass):
             a, b = producer.inputs[0], producer.inputs[1]
             if u.rank(a) != 2 or u.rank(b) != 2 or _elem_type(m) not in _GEMM_TYPES:
                 continue
-            if _elem_type(c) != _elem_type(m) or not self._broadcasts_to(c, m):
+            # a constant bias only: a computed C (a residual) could still be merged by CSE
+            if not u.is_constant(c) or _elem_type(c) != _elem_type(m):
+                continue
+            if not self._broadcasts_to(c, m):
                 continue
             gemm = ir.Node("", "Gemm", [a, b, c], name=producer.name)
             graph.insert_before(producer, gemm)

@@ -216,3 +216,16 @@ def test_default_preset_checks_and_matches():
     out, _ = run_passes(proto)
     assert op_types(out) == ["Gemm", "Relu"]
     assert_equivalent(proto, out, **TOL, dim_values={"M": 3})
+
+
+def test_computed_bias_is_left_to_cse():
+    # Add(MatMul(x, W), r) with a computed r (a residual): kept, CSE may still merge the MatMul
+    inits = [_init("W", RNG.standard_normal((4, 5)))]
+    nodes = [
+        helper.make_node("MatMul", ["x", "W"], ["m"]),
+        helper.make_node("Add", ["m", "r"], ["y"]),
+    ]
+    proto = _model(nodes, [("x", ["M", 4]), ("r", ["M", 5])], [("y", ["M", 5])], inits)
+    out, result = run_passes(proto, ["fuse-gemm"])
+    assert op_types(out) == ["MatMul", "Add"]
+    assert not rules_fired(result)
