@@ -132,6 +132,19 @@ class ChangeLog:
     converged: bool = True
     seconds: float = 0.0
     notes: list[str] = dataclasses.field(default_factory=list)
+    # the target profile and what it applied (see ``optimizer_core.graph.targets``)
+    target: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    def fusions(self) -> dict[str, int]:
+        """Rules fired by passes that are not exact (the fusions), with their counts."""
+        from optimizer_core.graph.presets import PASSES
+
+        out: Counter[str] = Counter()
+        for r in self.records:
+            cls = PASSES.get(r.pass_name)
+            if cls is not None and not cls.exact:
+                out.update(r.rules)
+        return dict(sorted(out.items()))
 
     def per_pass(self) -> dict[str, dict[str, Any]]:
         """Totals per pass across iterations."""
@@ -158,6 +171,8 @@ class ChangeLog:
             "converged": self.converged,
             "seconds": round(self.seconds, 6),
             "notes": self.notes,
+            "target": self.target,
+            "fusions": self.fusions(),
             "per_pass": self.per_pass(),
             "records": [r.to_json() for r in self.records if r.modified],
         }
@@ -167,6 +182,13 @@ class ChangeLog:
             f"preset {self.preset}: {self.iterations} iteration(s), "
             f"{'converged' if self.converged else 'NOT converged'}, {self.seconds:.3f} s"
         ]
+        if self.target.get("kept"):
+            t = self.target
+            lines.append(
+                f"  target {t['target']}: kept the {t['kept']} model "
+                f"(p50 portable {t['p50_ms']['portable']:.3f} ms, fused {t['p50_ms']['fused']:.3f} ms; "
+                f"contrib ops {t['contrib_ops'] or 'none'})"
+            )
         for name, agg in self.per_pass().items():
             if not agg["rules"] and not agg["nodes_removed"] and not agg["nodes_added"]:
                 continue

@@ -19,6 +19,7 @@ from optimizer_core.graph.framework import (
 from optimizer_core.graph.opset import upgrade_opset
 from optimizer_core.graph.presets import build, resolve
 from optimizer_core.graph.shape_inference import ShapeInference
+from optimizer_core.graph.targets import apply_ort_target, record_metadata
 
 logger = logging.getLogger("graphtrim.optimizer")
 
@@ -88,6 +89,11 @@ def optimize_model(
     with u.flat_model(model):
         result = driver(model)
     driver.log.notes[:0] = notes
-    return OptimizeResult(
-        model=result.model, log=driver.log, modified=result.modified or bool(notes)
-    )
+    out = result.model
+    modified = result.modified or bool(notes)
+    driver.log.target = {"target": options.target}
+    if options.target in ("ort-cpu", "ort-cuda"):
+        out, driver.log.target = apply_ort_target(out, options.target)
+        modified = modified or driver.log.target["kept"] == "fused"
+    record_metadata(out, options.target, driver.log.fusions())
+    return OptimizeResult(model=out, log=driver.log, modified=modified)

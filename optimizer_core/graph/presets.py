@@ -30,6 +30,7 @@ from optimizer_core.graph.passes.loops import (
 )
 from optimizer_core.graph.passes.qdq import QdqCleanup
 from optimizer_core.graph.passes.shapes import SymbolicShapes
+from optimizer_core.graph.passes.siblings import SiblingMatMulFusion
 from optimizer_core.graph.passes.transformer import TransformerFusion
 
 PASSES: dict[str, type[GraphtrimPass]] = {
@@ -50,6 +51,7 @@ PASSES: dict[str, type[GraphtrimPass]] = {
         CommonSubexpressionElimination,
         ConstantFolding,
         AffineFusion,
+        SiblingMatMulFusion,
         GemmFusion,
         TransformerFusion,
         DeadCodeElimination,
@@ -77,6 +79,7 @@ _ORDER = [
     "symbolic-shapes",
     "constant-folding",
     "fuse-affine",
+    "fuse-siblings",
     "fuse-gemm",
     # last: it also merges the constants folding and fusion just made (fewer iterations)
     "cse",

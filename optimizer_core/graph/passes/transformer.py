@@ -25,6 +25,9 @@ opset that defines the fused op; ``graphtrim optimize --opset N`` raises the ops
   ``Gelu(x, approximate="tanh")``. Constants must match to 1e-4 relative (exporters round them
   to float32). Tolerance: relative 1e-5.
 
+For the ``tensorrt`` target the Gelu and RMSNormalization rules stay off (TensorRT's parser
+does not take those ops and fuses the decomposed patterns itself).
+
 The rewritten model differs from the decomposed one by rounding only; the pass is not in the
 ``safe`` preset.
 """
@@ -38,6 +41,7 @@ import onnx_ir as ir
 
 from optimizer_core.graph import _ir_utils as u
 from optimizer_core.graph.framework import GraphtrimPass
+from optimizer_core.graph.targets import emits_allowed
 
 _FLOATS = frozenset({ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.DOUBLE})
 
@@ -102,7 +106,11 @@ class TransformerFusion(GraphtrimPass):
                 continue
             if node.op_type == "ReduceMean":
                 changed |= self._norm(node, graph, opset)
-            elif node.op_type in ("Erf", "Tanh") and opset >= 20:
+            elif (
+                node.op_type in ("Erf", "Tanh")
+                and opset >= 20
+                and emits_allowed(self.options.target, "Gelu")
+            ):
                 changed |= self._gelu(node, graph)
         return changed
 
@@ -188,7 +196,7 @@ class TransformerFusion(GraphtrimPass):
             if any(id(user) not in inner for user, _ in d.uses()) or d.is_graph_output():
                 return False
         else:
-            if opset < 23:
+            if opset < 23 or not emits_allowed(self.options.target, "RMSNormalization"):
                 return False
             x, kind = d, "rmsnorm"
         inner = {id(n) for n in chain}
