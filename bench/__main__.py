@@ -227,6 +227,66 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+ANCHORS = ("onnxsim", "onnxslim", "onnxoptimizer", "ort-basic", "onnxscript")
+
+
+def _geomean(values: list[float]) -> float | None:
+    return float(np.exp(np.mean(np.log(values)))) if values else None
+
+
+def _summary(rows: list[dict[str, Any]], tools: list[str], totals: dict[str, int]) -> list[str]:
+    out = ["", "## graphtrim against the best anchor per model (nodes; anchors with parity)", ""]
+    mine = [t for t in tools if t.startswith("graphtrim")]
+    anchors = [t for t in tools if t in ANCHORS]
+    out.append("| model | best anchor | " + " | ".join(mine) + " |")
+    out.append("|---|---|" + "---|" * len(mine))
+    wins = dict.fromkeys(mine, 0)
+    for r in rows:
+        ok = {
+            t: r["tools"][t]["nodes"]
+            for t in anchors
+            if r["tools"].get(t, {}).get("ok") and r["tools"][t].get("parity_ok")
+        }
+        if not ok:
+            continue
+        best = min(ok.values())
+        names = "/".join(t for t, n in ok.items() if n == best)
+        cells = []
+        for t in mine:
+            res = r["tools"].get(t, {})
+            if not res.get("ok"):
+                cells.append("✗")
+                continue
+            n = res["nodes"]
+            wins[t] += n <= best
+            cells.append(f"{n} ({'≤' if n <= best else '>'} {best})")
+        out.append(f"| {r['model']} | {names} {best} | " + " | ".join(cells) + " |")
+    out.append("")
+    out.append(
+        "models at or below the best anchor: "
+        + ", ".join(f"{t} {wins[t]}/{len(rows)}" for t in mine)
+    )
+    out.append("node totals: " + ", ".join(f"{t} {totals[t]}" for t in tools))
+    # optimize time: geometric mean over the models every tool optimized
+    common = [r for r in rows if all(r["tools"].get(t, {}).get("ok") for t in tools)]
+    times = {t: _geomean([r["tools"][t]["seconds"] for r in common]) for t in tools}
+    out.append(
+        f"optimize time geomean over {len(common)} models, s: "
+        + ", ".join(f"{t} {v:.3f}" for t, v in times.items() if v is not None)
+    )
+    for key, label in (("latency_ratio_ort_on", "on"), ("latency_ratio_ort_off", "off")):
+        geo = {
+            t: _geomean([r["tools"][t][key] for r in rows if r["tools"].get(t, {}).get(key)])
+            for t in tools
+        }
+        if any(v is not None for v in geo.values()):
+            out.append(
+                f"latency ratio to the original, geomean (ORT opt {label}): "
+                + ", ".join(f"{t} {v:.3f}" for t, v in geo.items() if v is not None)
+            )
+    return out
+
+
 def _fmt(v: Any, spec: str) -> str:
     return "-" if v is None else format(v, spec)
 
@@ -304,37 +364,7 @@ def render(rows: list[dict[str, Any]], tools: list[str]) -> str:
         for t in tools
     }
     out += ["", "parity failures: " + ", ".join(f"{t} {n}" for t, n in fails.items())]
-    if "graphtrim" in tools and "onnxsim" in tools:
-        faster = sum(
-            1
-            for r in rows
-            if r["tools"].get("graphtrim", {}).get("ok")
-            and r["tools"].get("onnxsim", {}).get("ok")
-            and r["tools"]["graphtrim"]["seconds"] < r["tools"]["onnxsim"]["seconds"]
-        )
-        both = sum(
-            1
-            for r in rows
-            if r["tools"].get("graphtrim", {}).get("ok") and r["tools"].get("onnxsim", {}).get("ok")
-        )
-        out.append(
-            f"graphtrim faster than onnxsim on {faster}/{both} models; node totals: "
-            + ", ".join(f"{t} {totals[t]}" for t in tools)
-        )
-    geo = {}
-    for t in tools:
-        ratios = [
-            r["tools"][t].get("latency_ratio_ort_on")
-            for r in rows
-            if r["tools"].get(t, {}).get("latency_ratio_ort_on")
-        ]
-        if ratios:
-            geo[t] = float(np.exp(np.mean(np.log(ratios))))
-    if geo:
-        out.append(
-            "latency ratio geomean (ORT opt on): "
-            + ", ".join(f"{t} {v:.3f}" for t, v in geo.items())
-        )
+    out += _summary(rows, tools, totals)
     return "\n".join(out)
 
 
