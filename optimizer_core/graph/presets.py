@@ -28,6 +28,7 @@ from optimizer_core.graph.passes.loops import (
     LoopInvariantHoisting,
     LoopUnrolling,
 )
+from optimizer_core.graph.passes.pad import PadFusion
 from optimizer_core.graph.passes.qdq import QdqCleanup
 from optimizer_core.graph.passes.shapes import SymbolicShapes
 from optimizer_core.graph.passes.siblings import SiblingMatMulFusion
@@ -51,6 +52,7 @@ PASSES: dict[str, type[GraphtrimPass]] = {
         CommonSubexpressionElimination,
         ConstantFolding,
         AffineFusion,
+        PadFusion,
         SiblingMatMulFusion,
         GemmFusion,
         TransformerFusion,
@@ -79,6 +81,7 @@ _ORDER = [
     "symbolic-shapes",
     "constant-folding",
     "fuse-affine",
+    "fuse-pad",
     "fuse-siblings",
     "fuse-gemm",
     # last: it also merges the constants folding and fusion just made (fewer iterations)

@@ -1,20 +1,23 @@
-"""Affine fusions into Conv and BatchNormalization (portable: standard ONNX ops only).
+"""Affine fusions into Conv, ConvTranspose and BatchNormalization (portable: standard ONNX ops).
 
 With ``k = gamma / sqrt(var + eps)`` per output channel:
 
 - ``BatchNormalization(Conv(x, W, B))`` -> ``Conv(x, W * k, (B - mean) * k + beta)``
 - ``Conv(x, W, B) * c`` -> ``Conv(x, W * c, B * c)`` for a per-channel (or scalar) constant ``c``
 - ``Conv(x, W, B) + c`` -> ``Conv(x, W, B + c)`` for a per-channel (or scalar) constant ``c``
+- the same three for ``ConvTranspose`` (rules ``convtranspose-bn`` / ``-mul`` / ``-add``), whose
+  weight is laid out ``[C_in, C_out / group, k...]``: output channel ``o = g * (C_out / group) + j``
+  reads ``W[g * C_in / group : (g + 1) * C_in / group, j]``, so that slice is scaled by ``k[o]``
 - ``BatchNormalization(x) * c`` -> BN with ``gamma * c``, ``beta * c``;
   ``BatchNormalization(x) + c`` -> BN with ``beta + c`` (per-channel ``c``)
 
 The new constants are computed in float64 and rounded once to the weight's dtype, so results
 differ from the unfused model by rounding only (relative error around 1e-7 in float32); the pass
 is therefore not in the ``safe`` preset. A fusion happens only when the intermediate value has no
-other reader. A weight read by several Convs is rewritten only when all of them apply the same
-per-channel scale, and they keep sharing the one rewritten weight (tied weights stay tied, the
-model never grows by a weight copy); biases and BatchNormalization vectors within the folding
-growth budget get a private copy.
+other reader. A weight read by several Convs (or several ConvTransposes of one ``group``) is
+rewritten only when all of them apply the same per-channel scale, and they keep sharing the one
+rewritten weight (tied weights stay tied, the model never grows by a weight copy); biases and
+BatchNormalization vectors within the folding growth budget get a private copy.
 """
 
 from __future__ import annotations
@@ -63,6 +66,11 @@ class _Operand:
     fill: float | None
     shape_input: ir.Value | None
 
+    def _broadcastable(self, arr: np.ndarray) -> np.ndarray:
+        if arr.ndim == 1 and len(self.shape) > 1:
+            return arr.reshape((-1,) + (1,) * (len(self.shape) - 1))
+        return arr
+
     def scaled(
         self,
         scale: np.ndarray,
@@ -71,14 +79,16 @@ class _Operand:
         before: ir.Node,
         namer: u.NameGenerator,
     ) -> ir.Value | None:
-        """``self * scale + shift`` along axis 0, as a new initializer or fill."""
-        bshape = (-1,) + (1,) * (len(self.shape) - 1)
+        """``self * scale + shift`` as a new initializer or fill: vectors apply along axis 0,
+        higher-rank arrays broadcast against the operand's shape."""
+        scale, shift = self._broadcastable(scale), self._broadcastable(shift)
         if self.array is not None:
-            out = self.array.astype(np.float64) * scale.reshape(bshape) + shift.reshape(bshape)
+            out = self.array.astype(np.float64) * scale + shift
             return u.add_initializer(graph, out.astype(self.dtype), namer("fused"))
-        if self.fill is None or not (np.all(scale == scale[0]) and np.all(shift == shift[0])):
+        s0, t0 = float(scale.reshape(-1)[0]), float(shift.reshape(-1)[0])
+        if self.fill is None or not (np.all(scale == s0) and np.all(shift == t0)):
             return None  # a per-channel result would have to be materialized: the model would grow
-        value = np.array([self.fill * float(scale[0]) + float(shift[0])], dtype=self.dtype)
+        value = np.array([self.fill * s0 + t0], dtype=self.dtype)
         node = ir.Node(
             "", "ConstantOfShape", [self.shape_input], [ir.AttrTensor("value", ir.Tensor(value))]
         )
@@ -88,6 +98,24 @@ class _Operand:
         out.shape = ir.Shape(self.shape)
         out.type = ir.TensorType(ir.DataType.from_numpy(value.dtype))
         return out
+
+
+def _weight_scale(
+    scale: np.ndarray, w_shape: tuple[int, ...], op_type: str, group: int
+) -> np.ndarray:
+    """The per-output-channel ``scale`` shaped to multiply the weight of ``op_type``.
+
+    A Conv weight is ``[C_out, C_in / group, k...]``: the scale runs along axis 0. A ConvTranspose
+    weight is ``[C_in, C_out / group, k...]``: output channel ``g * (C_out / group) + j`` is
+    ``W[g * C_in / group : (g + 1) * C_in / group, j]``.
+    """
+    tail = (1,) * (len(w_shape) - 2)
+    if op_type == "Conv":
+        return scale.reshape((-1, 1, *tail))
+    c_in, c_out_g = w_shape[0], w_shape[1]
+    per_group = scale.reshape(group, 1, c_out_g)
+    full = np.broadcast_to(per_group, (group, c_in // group, c_out_g))
+    return full.reshape((c_in, c_out_g, *tail))
 
 
 def _operand(value: ir.Value | None) -> _Operand | None:
@@ -117,13 +145,15 @@ class AffineFusion(GraphtrimPass):
     name = "fuse-affine"
     exact = False
     summary = (
-        "fold BatchNormalization and per-channel Mul/Add into Conv; Mul/Add into BatchNormalization"
+        "fold BatchNormalization and per-channel Mul/Add into Conv and ConvTranspose; "
+        "Mul/Add into BatchNormalization"
     )
 
     def apply(self, model: ir.Model) -> bool:
         changed = False
-        # rewritten weights by (original weight, per-channel scale): tied weights stay tied
-        self._fused_weights: dict[tuple[int, bytes], ir.Value] = {}
+        # rewritten weights by (original weight, reader op, ConvTranspose group, per-channel
+        # scale): tied weights stay tied
+        self._fused_weights: dict[tuple[int, str, int, bytes], ir.Value] = {}
         for graph in u.all_graphs(model):
             namer: u.NameGenerator | None = None
             for node in u.nodes_in_order(graph):
@@ -137,7 +167,7 @@ class AffineFusion(GraphtrimPass):
                     continue
                 if namer is None:
                     namer = u.NameGenerator(model)
-                if u.is_op(producer, "Conv"):
+                if u.is_op(producer, "Conv", "ConvTranspose"):
                     done = self._into_conv(node, producer, graph, namer)
                 elif (
                     u.is_op(producer, "BatchNormalization") and node.op_type != "BatchNormalization"
@@ -192,26 +222,38 @@ class AffineFusion(GraphtrimPass):
     def _conv_affine(
         self, node: ir.Node, conv: ir.Node, channels: int, out_rank: int
     ) -> tuple[np.ndarray, np.ndarray, str] | None:
-        """(scale, shift, rule) that ``node`` applies per output channel of ``conv``."""
+        """(scale, shift, rule) that ``node`` applies per output channel of ``conv`` (a Conv or
+        ConvTranspose)."""
+        prefix = conv.op_type.lower()
         if node.op_type == "BatchNormalization":
             if self._affine_input(node) is not conv.outputs[0]:
                 return None
             ss = self._bn_scale_shift(node, channels)
-            return None if ss is None else (ss[0], ss[1], "conv-bn")
+            return None if ss is None else (ss[0], ss[1], f"{prefix}-bn")
         if node.op_type not in ("Mul", "Add") or self._affine_input(node) is not conv.outputs[0]:
             return None
         c = per_channel(self._other(node, conv.outputs[0]), channels, out_rank)
         if c is None:
             return None
         if node.op_type == "Mul":
-            return c, np.zeros(channels), "conv-mul"
-        return np.ones(channels), c, "conv-add"
+            return c, np.zeros(channels), f"{prefix}-mul"
+        return np.ones(channels), c, f"{prefix}-add"
 
-    def _tie_agrees(self, w_val: ir.Value, scale: np.ndarray, channels: int, out_rank: int) -> bool:
-        """Every reader of a shared weight is a Conv followed by the same per-channel scale,
-        so one rewritten weight serves them all and the tie survives."""
+    def _tie_agrees(
+        self, w_val: ir.Value, conv: ir.Node, scale: np.ndarray, channels: int, out_rank: int
+    ) -> bool:
+        """Every reader of a shared weight is a node like ``conv`` (same op, and for a
+        ConvTranspose the same group, so the weight has the same layout) followed by the same
+        per-channel scale, so one rewritten weight serves them all and the tie survives."""
+        group = conv.attributes.get_int("group", 1)
         for user, index in w_val.uses():
-            if not u.is_op(user, "Conv") or index != 1 or not u.single_consumer(user.outputs[0]):
+            if (
+                not u.is_op(user, conv.op_type)
+                or index != 1
+                or not u.single_consumer(user.outputs[0])
+            ):
+                return False
+            if conv.op_type == "ConvTranspose" and user.attributes.get_int("group", 1) != group:
                 return False
             follower = next(iter(user.outputs[0].uses()))[0]
             found = self._conv_affine(follower, user, channels, out_rank)
@@ -227,7 +269,14 @@ class AffineFusion(GraphtrimPass):
         w = _operand(w_val)
         if w_val is None or w is None or w.dtype.kind != "f" or len(w.shape) < 3:
             return False
-        channels, out_rank = w.shape[0], len(w.shape)  # Conv output rank equals the weight rank
+        group = conv.attributes.get_int("group", 1)
+        if conv.op_type == "ConvTranspose":
+            if group < 1 or w.shape[0] % group:
+                return False
+            channels = w.shape[1] * group  # the weight is [C_in, C_out / group, k...]
+        else:
+            channels = w.shape[0]
+        out_rank = len(w.shape)  # the output rank equals the weight rank
         b = (
             _operand(b_val)
             if b_val is not None
@@ -241,13 +290,15 @@ class AffineFusion(GraphtrimPass):
         scale, shift, rule = found
         new_w_val: ir.Value | None = None
         if not np.all(scale == 1.0):
-            key = (id(w_val), scale.tobytes())
+            layout_group = group if conv.op_type == "ConvTranspose" else 1
+            key = (id(w_val), conv.op_type, layout_group, scale.tobytes())
             new_w_val = self._fused_weights.get(key)
             if new_w_val is None:
                 exclusive = all(user is conv for user, _ in w_val.uses())
-                if not exclusive and not self._tie_agrees(w_val, scale, channels, out_rank):
+                if not exclusive and not self._tie_agrees(w_val, conv, scale, channels, out_rank):
                     return False
-                new_w_val = w.scaled(scale, np.zeros(channels), graph, conv, namer)
+                w_scale = _weight_scale(scale, w.shape, conv.op_type, group)
+                new_w_val = w.scaled(w_scale, np.zeros(1), graph, conv, namer)
                 if new_w_val is None:
                     return False
                 self._fused_weights[key] = new_w_val

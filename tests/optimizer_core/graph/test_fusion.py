@@ -168,3 +168,158 @@ def test_fusion_is_not_in_the_safe_preset():
 
     assert "fuse-affine" not in PRESETS["safe"]
     assert "fuse-affine" in PRESETS["default"]
+
+
+def _conv_transpose_model(
+    follow: list[str],
+    *,
+    group: int = 1,
+    c_out: int = 6,
+    bias: bool = True,
+    second_reader: str | None = None,
+    second_follow: str | None = None,
+) -> onnx.ModelProto:
+    """x [N, 4, 5, 5] -> ConvTranspose(W [4, c_out / group, 3, 3], B) -> [BN] [Mul c] [Add c] -> y.
+
+    ``second_reader`` adds a second node on ``W`` (a "ConvTranspose" of the same group, or a
+    "Conv" reading it with the other layout), followed by ``second_follow`` ("Mul": the same
+    per-channel constant as the first Mul) when given.
+    """
+    c_in = 4
+    inits = [_init("W", RNG.standard_normal((c_in, c_out // group, 3, 3)))]
+    if bias:
+        inits.append(_init("B", RNG.standard_normal(c_out)))
+    attrs = {"strides": [2, 2], "pads": [1, 1, 1, 1], "output_padding": [1, 0], "group": group}
+    nodes = [
+        helper.make_node("ConvTranspose", ["x", "W", "B"] if bias else ["x", "W"], ["c"], **attrs)
+    ]
+    cur = "c"
+    for i, op in enumerate(follow):
+        out = f"f{i}"
+        if op == "BN":
+            inits += [
+                _init("g", RNG.uniform(0.5, 1.5, c_out)),
+                _init("b", RNG.standard_normal(c_out)),
+                _init("m", RNG.standard_normal(c_out)),
+                _init("v", RNG.uniform(0.5, 2.0, c_out)),
+            ]
+            nodes.append(
+                helper.make_node(
+                    "BatchNormalization", [cur, "g", "b", "m", "v"], [out], epsilon=1e-3
+                )
+            )
+        else:
+            inits.append(_init(f"k{i}", RNG.standard_normal((c_out, 1, 1))))
+            nodes.append(helper.make_node(op, [cur, f"k{i}"], [out]))
+        cur = out
+    nodes.append(helper.make_node("Relu", [cur], ["y"]))
+    outputs = [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, ["N", c_out, 10, 9])]
+    if second_reader == "ConvTranspose":
+        nodes.append(helper.make_node("ConvTranspose", ["x", "W"], ["z0"], **attrs))
+        out_dims = ["N", c_out, 10, 9]
+    elif second_reader == "Conv":
+        assert group == 1
+        nodes.append(helper.make_node("Conv", ["x", "W"], ["z0"], pads=[1, 1, 1, 1]))
+        out_dims = ["N", c_in, 5, 5]
+    if second_reader is not None:
+        if second_follow == "Mul":
+            nodes.append(helper.make_node("Mul", ["z0", "k0"], ["z"]))
+        else:
+            nodes.append(helper.make_node("Identity", ["z0"], ["z"]))
+        outputs.append(helper.make_tensor_value_info("z", onnx.TensorProto.FLOAT, out_dims))
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["N", c_in, 5, 5])],
+        outputs,
+        inits,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    onnx.checker.check_model(model, full_check=True)
+    return model
+
+
+@pytest.mark.parametrize("group", [1, 2])
+@pytest.mark.parametrize(
+    ("follow", "rules"),
+    [
+        (["BN"], {"convtranspose-bn"}),
+        (["Mul"], {"convtranspose-mul"}),
+        (["Add"], {"convtranspose-add"}),
+        (["BN", "Mul", "Add"], {"convtranspose-bn", "convtranspose-mul", "convtranspose-add"}),
+    ],
+    ids=["bn", "mul", "add", "bn-mul-add"],
+)
+def test_affine_ops_fold_into_conv_transpose(follow, rules, group):
+    proto = _conv_transpose_model(follow, group=group)
+    out, result = run_passes(proto, ["fuse-affine", "dead-code"])
+    assert op_types(out) == ["ConvTranspose", "Relu"]
+    assert set(rules_fired(result)) == rules
+    assert_equivalent(proto, out, rtol=1e-5, atol=1e-5, dim_values={"N": 2})
+
+
+@pytest.mark.parametrize("group", [1, 2])
+def test_conv_transpose_without_bias_gets_one(group):
+    proto = _conv_transpose_model(["BN"], group=group, bias=False)
+    out, result = run_passes(proto, ["fuse-affine", "dead-code"])
+    assert op_types(out) == ["ConvTranspose", "Relu"]
+    assert len(out.graph.node[0].input) == 3
+    assert rules_fired(result) == {"convtranspose-bn": 1}
+    assert_equivalent(proto, out, rtol=1e-5, atol=1e-5, dim_values={"N": 2})
+
+
+@pytest.mark.parametrize("group", [1, 2])
+def test_conv_transpose_weight_shared_with_another_node_is_kept(group):
+    proto = _conv_transpose_model(["BN"], group=group, second_reader="ConvTranspose")
+    out, result = run_passes(proto, ["fuse-affine", "dead-code"])
+    assert "BatchNormalization" in op_types(out)
+    assert not rules_fired(result)
+    assert len(out.graph.initializer) == len(proto.graph.initializer)
+    assert_equivalent(proto, out, dim_values={"N": 2})
+
+
+def test_tied_conv_transpose_weights_with_the_same_scale_stay_tied():
+    proto = _conv_transpose_model(
+        ["Mul"], group=2, second_reader="ConvTranspose", second_follow="Mul"
+    )
+    out, result = run_passes(proto, ["fuse-affine", "dead-code"])
+    assert "Mul" not in op_types(out)
+    assert rules_fired(result) == {"convtranspose-mul": 2}
+    weights = {n.input[1] for n in out.graph.node if n.op_type == "ConvTranspose"}
+    assert len(weights) == 1  # both read the one rewritten weight
+    assert_equivalent(proto, out, rtol=1e-5, atol=1e-5, dim_values={"N": 2})
+
+
+def test_weight_read_by_conv_and_conv_transpose_is_kept():
+    # W [4, 4, 3, 3] read with both layouts: no single rewritten weight serves both
+    proto = _conv_transpose_model(["Mul"], c_out=4, second_reader="Conv", second_follow="Mul")
+    out, result = run_passes(proto, ["fuse-affine", "dead-code"])
+    assert op_types(out).count("Mul") == 2
+    assert not rules_fired(result)
+    assert_equivalent(proto, out, dim_values={"N": 2})
+
+
+@pytest.mark.parametrize(("uniform", "fused"), [(True, True), (False, False)])
+def test_conv_transpose_fill_weight_needs_a_uniform_scale(uniform, fused):
+    shape_init = numpy_helper.from_array(np.array([4, 3, 3, 3], dtype=np.int64), "wshape")
+    fill = helper.make_tensor("fill", onnx.TensorProto.FLOAT, [1], [0.02])
+    scale = np.full((6, 1, 1), 1.5) if uniform else RNG.uniform(0.5, 1.5, (6, 1, 1))
+    nodes = [
+        helper.make_node("ConstantOfShape", ["wshape"], ["W"], value=fill),
+        helper.make_node("ConvTranspose", ["x", "W"], ["c"], group=2),
+        helper.make_node("Mul", ["c", "s"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["N", 4, 5, 5])],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, ["N", 6, 7, 7])],
+        [shape_init, _init("s", scale)],
+    )
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    onnx.checker.check_model(proto, full_check=True)
+    out, result = run_passes(proto, ["fuse-affine", "dead-code"])
+    assert "ConstantOfShape" in op_types(out)  # the weight is never materialized
+    assert ("Mul" not in op_types(out)) == fused
+    assert ("convtranspose-mul" in rules_fired(result)) == fused
+    assert_equivalent(proto, out, rtol=1e-5, atol=1e-5, dim_values={"N": 2})

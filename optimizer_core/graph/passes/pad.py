@@ -1,0 +1,145 @@
+"""Explicit zero padding folded into the padding of the node that reads it.
+
+Rules (exact: the reader sees the same zeros, now as its own implicit padding):
+
+- ``pad-conv``: ``Conv(Pad(x, pads), W, B)`` -> ``Conv(x, W, B)`` with the Pad's spatial pads
+  added to the Conv's ``pads``.
+- ``pad-avgpool``: the same into ``AveragePool`` with ``count_include_pad=1`` (its own padding
+  then counts towards the divisor exactly as the Pad's zeros did) and ``ceil_mode=0`` (with
+  ``ceil_mode`` a last window that starts in the end padding is dropped, a test that depends on
+  the input's own extent), and only while every resulting pad stays smaller than the kernel
+  (onnxruntime rejects larger pooling pads).
+
+The Pad must be ``mode="constant"`` with a value of 0 (absent, attribute or constant input), with
+constant non-negative pads (attribute before opset 11, input after, optional ``axes`` input from
+opset 18) that leave the batch and channel axes alone; its output must have no other reader and
+not be a graph output, and the reader must use explicit pads (``auto_pad`` absent or ``NOTSET``).
+MaxPool (which pads with -inf), ConvTranspose (whose pads crop the output) and every other reader
+are left alone.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx_ir as ir
+
+from optimizer_core.graph import _ir_utils as u
+from optimizer_core.graph.framework import GraphtrimPass
+
+
+def _pad_widths(pad: ir.Node, rank: int | None) -> list[int] | None:
+    """The Pad's pads as ``[b_0, ..., b_{r-1}, e_0, ..., e_{r-1}]`` over every axis, or ``None``
+    when they are not constant, malformed or the axes cannot be resolved."""
+    for key in ("pads", "paddings"):  # "paddings" is Pad-1's name
+        if key in pad.attributes:
+            listed = [int(p) for p in pad.attributes[key].as_ints()]
+            return listed if listed and len(listed) % 2 == 0 else None
+    if len(pad.inputs) < 2 or pad.inputs[1] is None:
+        return None
+    pads = u.const_ints(pad.inputs[1])
+    if pads is None or not pads or len(pads) % 2:
+        return None
+    axes_value = pad.inputs[3] if len(pad.inputs) > 3 else None
+    if axes_value is None:
+        return pads
+    axes_raw = u.const_ints(axes_value)
+    if axes_raw is None or rank is None or 2 * len(axes_raw) != len(pads):
+        return None
+    axes = u.normalize_axes(axes_raw, rank)
+    if axes is None or len(set(axes)) != len(axes):
+        return None
+    n = len(axes)
+    full = [0] * (2 * rank)
+    for i, axis in enumerate(axes):
+        full[axis] = pads[i]
+        full[rank + axis] = pads[n + i]
+    return full
+
+
+def _pads_zero(pad: ir.Node) -> bool:
+    """Pad fills with (a constant) zero."""
+    if "value" in pad.attributes:
+        return pad.attributes.get_float("value", 0.0) == 0.0
+    value = pad.inputs[2] if len(pad.inputs) > 2 else None
+    if value is None:
+        return True
+    arr = u.const_array(value)
+    return arr is not None and arr.size == 1 and arr.dtype.kind in "fiu" and bool(np.all(arr == 0))
+
+
+class PadFusion(GraphtrimPass):
+    name = "fuse-pad"
+    summary = "fold a constant zero Pad into the pads of the Conv or AveragePool reading it"
+
+    def apply(self, model: ir.Model) -> bool:
+        changed = False
+        for graph, node in u.standard_nodes(model):
+            if node.op_type != "Pad":
+                continue
+            out = node.outputs[0]
+            if not u.single_consumer(out):
+                continue
+            reader, index = next(iter(out.uses()))
+            if index != 0 or not u.is_standard(reader) or reader.graph is not graph:
+                continue
+            if reader.op_type == "Conv":
+                rule = "pad-conv"
+            elif reader.op_type == "AveragePool" and self._avgpool_counts_pads(reader):
+                rule = "pad-avgpool"
+            else:
+                continue
+            if self._fold(node, reader):
+                u.remove_nodes(graph, [node])
+                self.hit(rule)
+                changed = True
+        return changed
+
+    @staticmethod
+    def _avgpool_counts_pads(pool: ir.Node) -> bool:
+        return (
+            pool.attributes.get_int("count_include_pad", 0) == 1
+            and pool.attributes.get_int("ceil_mode", 0) == 0
+        )
+
+    @staticmethod
+    def _fold(pad: ir.Node, reader: ir.Node) -> bool:
+        """Add the Pad's spatial pads to ``reader``'s and make it read the Pad's input."""
+        x = pad.inputs[0]
+        if x is None or pad.attributes.get_string("mode", "constant") != "constant":
+            return False
+        if not _pads_zero(pad):
+            return False
+        if reader.attributes.get_string("auto_pad", "NOTSET") != "NOTSET":
+            return False
+        rank = u.rank(x) or u.rank(pad.outputs[0]) or u.rank(reader.outputs[0])
+        widths = _pad_widths(pad, rank)
+        if widths is None:
+            return False
+        r = len(widths) // 2
+        if r < 3 or (rank is not None and rank != r):
+            return False  # Conv and pooling inputs are [N, C, spatial...], one spatial axis or more
+        if any(p < 0 for p in widths):
+            return False  # negative pads crop
+        begins, ends = widths[:r], widths[r:]
+        if begins[0] or begins[1] or ends[0] or ends[1]:
+            return False  # padding the batch or channel axis changes the result's shape
+        spatial = r - 2
+        if "pads" in reader.attributes:
+            own = [int(p) for p in reader.attributes["pads"].as_ints()]
+            if len(own) != 2 * spatial:
+                return False
+        else:
+            own = [0] * (2 * spatial)
+        new = [own[i] + begins[2 + i] for i in range(spatial)] + [
+            own[spatial + i] + ends[2 + i] for i in range(spatial)
+        ]
+        if reader.op_type == "AveragePool":
+            # onnxruntime rejects pooling pads that reach the kernel's extent
+            kernel = reader.attributes.get_ints("kernel_shape", None)
+            if kernel is None or len(kernel) != spatial:
+                return False
+            if any(p >= kernel[i % spatial] for i, p in enumerate(new)):
+                return False
+        reader.attributes["pads"] = ir.AttrInt64s("pads", new)
+        reader.replace_input_with(0, x)
+        return True
