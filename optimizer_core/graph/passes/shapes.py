@@ -11,6 +11,10 @@ static size or the same named symbolic dim), the entry can say so without readin
   known, the shape becomes a constant (``[0, 0, -1, 64]`` above) and the
   ``Shape -> Gather -> Unsqueeze -> Concat`` chain goes dead. A shape that reproduces ``x``'s
   own shape makes the Reshape a no-op, which the identity pass then removes.
+- ``range-dim``: ``Range(0, d, 1)`` over a dim ``d`` read from a tensor is named after that dim
+  (onnx's inference leaves it unnamed), so that values computed from it (position ids, relative
+  position buckets, attention biases) carry the model's dim names and the rules here can match.
+- ``fill-dims``: likewise ``ConstantOfShape(Shape(x))`` has ``x``'s dims.
 - ``expand-keep-dims``: an ``Expand`` entry that equals ``x``'s own dim (right-aligned) becomes
   ``1``: broadcasting a dim to its own size and keeping it are the same.
 
@@ -161,6 +165,36 @@ def _name_reshape_dims(node: ir.Node, target: list[int]) -> None:
     )
 
 
+def _rename(out: ir.Value, dims: list[int | str]) -> bool:
+    """Give ``out`` the dims ``dims`` (proved by its producer) and forget the shapes onnx's
+    inference derived downstream from the unnamed dims (named ``unk__*``), so that the next
+    inference names them too. False when there is nothing to do."""
+    current = u.symbolic_dims(out)
+    if current == dims or out.is_graph_output():
+        return False
+    if current is not None and (
+        len(current) != len(dims)
+        or any(isinstance(c, int) and c != d for c, d in zip(current, dims, strict=True))
+    ):
+        return False  # conflicting facts: leave the value alone
+    out.shape = ir.Shape(dims)
+    pending, seen = [out], {id(out)}
+    while pending:
+        value = pending.pop()
+        for user, _ in value.uses():
+            for o in user.outputs:
+                if id(o) in seen:
+                    continue
+                seen.add(id(o))
+                found = u.symbolic_dims(o)
+                if found is None or o.is_graph_output():
+                    continue
+                if any(isinstance(d, str) and d.startswith("unk__") for d in found):
+                    o.shape = None
+                    pending.append(o)
+    return True
+
+
 def _same(entry: _Entry, dim: int | str | None) -> bool:
     return isinstance(entry, _Dim) and dim is not None and entry.value == dim
 
@@ -174,6 +208,12 @@ class SymbolicShapes(GraphtrimPass):
         changed = False
         namer: u.NameGenerator | None = None
         for graph, node in u.standard_nodes(model):
+            if node.op_type in ("Range", "ConstantOfShape"):
+                named = self._name_range(node) if node.op_type == "Range" else self._name_fill(node)
+                if named:
+                    self.hit("range-dim" if node.op_type == "Range" else "fill-dims")
+                    changed = True
+                continue
             if node.op_type == "Reshape":
                 new = self._reshape(node)
                 rule = "reshape-copy-dims"
@@ -192,6 +232,34 @@ class SymbolicShapes(GraphtrimPass):
             self.hit(rule)
             changed = True
         return changed
+
+    @staticmethod
+    def _name_range(node: ir.Node) -> bool:
+        """``Range(0, d, 1)`` for a dim ``d`` read from a tensor has that dim's length."""
+        if len(node.inputs) != 3 or u.const_ints(node.inputs[0]) != [0]:
+            return False
+        if u.const_ints(node.inputs[2]) != [1]:
+            return False
+        limit = _entries(node.inputs[1]) if node.inputs[1] is not None else None
+        if limit is None or len(limit) != 1 or not isinstance(limit[0], _Dim):
+            return False
+        return _rename(node.outputs[0], [limit[0].value])
+
+    @staticmethod
+    def _name_fill(node: ir.Node) -> bool:
+        """``ConstantOfShape(s)`` has the shape ``s`` says, dim by dim."""
+        entries = _entries(node.inputs[0]) if node.inputs and node.inputs[0] is not None else None
+        if entries is None:
+            return False
+        dims: list[int | str] = []
+        for e in entries:
+            if isinstance(e, _Dim):
+                dims.append(e.value)
+            elif isinstance(e, int) and e >= 0:
+                dims.append(e)
+            else:
+                return False
+        return _rename(node.outputs[0], dims)
 
     @staticmethod
     def _computed(node: ir.Node) -> list[_Entry] | None:

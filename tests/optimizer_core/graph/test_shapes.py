@@ -135,3 +135,50 @@ def test_expand_to_own_dims_becomes_a_no_op():
     shape = next(i for i in out.graph.initializer if i.name == expand.input[1])
     assert list(np.frombuffer(shape.raw_data, dtype=np.int64)) == [1, 4, 1]
     assert_equivalent(proto, out, dim_values=DIMS)
+
+
+def test_range_and_fill_dims_are_named_so_later_reshapes_resolve():
+    # relative-position style: Range over seq, a bias computed from it, added to the scores,
+    # then a Reshape whose shape reads seq from elsewhere: only names prove it copies dim 2
+    proto = parse(
+        """
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[batch, 4, seq, 8] x) => (float[batch, 4, seq, 8] y) {
+            s = Shape(x)
+            i2 = Constant<value = int64 {2}>()
+            n = Gather<axis = 0>(s, i2)
+            zero = Constant<value = int64 {0}>()
+            one = Constant<value = int64 {1}>()
+            r = Range(zero, n, one)
+            ax0 = Constant<value = int64[1] {0}>()
+            ax1 = Constant<value = int64[1] {1}>()
+            row = Unsqueeze(r, ax0)
+            col = Unsqueeze(r, ax1)
+            d = Sub(row, col)
+            ds = Shape(d)
+            fill = ConstantOfShape<value = int64[1] {3}>(ds)
+            m = Min(d, fill)
+            f = Cast<to = 1>(m)
+            x_t = Transpose<perm = [0, 1, 3, 2]>(x)
+            sc = MatMul(x, x_t)
+            b = Add(sc, f)
+            p = MatMul(b, x)
+            i0 = Constant<value = int64 {0}>()
+            bt = Gather<axis = 0>(s, i0)
+            bu = Unsqueeze(bt, ax0)
+            nu = Unsqueeze(n, ax0)
+            m1 = Constant<value = int64[1] {-1}>()
+            e8 = Constant<value = int64[1] {8}>()
+            shp = Concat<axis = 0>(bu, m1, nu, e8)
+            y = Reshape(p, shp)
+        }
+        """
+    )
+    out, result = run_passes(proto)
+    fired = rules_fired(result)
+    assert fired["range-dim"] == 1 and fired["fill-dims"] == 1
+    assert fired["reshape-copy-dims"] == 1
+    # [0, -1, 0, 8] on [batch, 4, seq, 8]: the Reshape is a no-op and goes, its shape chain too
+    assert fired["reshape-noop"] == 1
+    assert "Reshape" not in op_types(out) and "Concat" not in op_types(out)
+    assert_equivalent(proto, out, rtol=1e-6, atol=1e-6, dim_values={"batch": 2, "seq": 5})
