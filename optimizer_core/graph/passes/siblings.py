@@ -73,6 +73,13 @@ class SiblingMatMulFusion(GraphtrimPass):
             return None
         return add, arr
 
+    @staticmethod
+    def _merged_shape(one: ir.Value, width: int) -> ir.Shape | None:
+        """The shape of one sibling's output with the last dim widened to all of them."""
+        if one.shape is None or len(one.shape) == 0:
+            return None
+        return ir.Shape([*one.shape.dims[:-1], width])
+
     def _merge(self, nodes: list[ir.Node], graph: ir.Graph, namer: u.NameGenerator) -> bool:
         weights = [self._weight(n) for n in nodes]
         first = weights[0]
@@ -103,12 +110,16 @@ class SiblingMatMulFusion(GraphtrimPass):
         graph.insert_before(anchor, mm)
         y = mm.outputs[0]
         replaced = [n.outputs[0] for n in nodes]
+        merged_shape = self._merged_shape(replaced[0], sum(widths))
+        # typed here, so no shape inference has to run for the new values
+        y.shape, y.type = merged_shape, replaced[0].type
         if with_bias:
             b_cat = np.concatenate([b[1] for b in biases if b is not None])
             b_val = u.add_initializer(graph, b_cat, namer("merged_bias"))
             add = ir.Node("", "Add", [y, b_val], name=namer("Add_merged"))
             graph.insert_before(anchor, add)
             y = add.outputs[0]
+            y.shape, y.type = merged_shape, replaced[0].type
             replaced = [b[0].outputs[0] for b in biases if b is not None]
         sizes = u.add_initializer(graph, np.array(widths, dtype=np.int64), namer("split_sizes"))
         split = ir.Node("", "Split", [y, sizes], [ir.AttrInt64("axis", -1)], num_outputs=len(nodes))
