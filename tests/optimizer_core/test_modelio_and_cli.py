@@ -469,7 +469,7 @@ def test_cli_passes(capsys):
     assert "passes:" in out and "presets:" in out
     for name in presets.PASSES:
         assert name in out
-    for preset in ("default", "safe", "minimal"):
+    for preset in ("default", "compact", "safe", "minimal"):
         assert any(line.strip().startswith(preset) for line in out.splitlines())
     reassociate = next(line for line in out.splitlines() if line.strip().startswith("reassociate"))
     assert "rounds" in reassociate

@@ -92,3 +92,14 @@ def test_size_cap():
         proto, ["fuse-siblings"], options=OptimizeOptions(fold_max_tensor_bytes=100)
     )
     assert not rules_fired(result)
+
+
+def test_siblings_are_in_compact_not_default():
+    from optimizer_core.graph.presets import PRESETS
+
+    assert "fuse-siblings" in PRESETS["compact"]
+    assert "fuse-siblings" not in PRESETS["default"]
+    out, _ = run_passes(_qkv(), preset="compact")
+    assert op_types(out).count("MatMul") == 1
+    out, _ = run_passes(_qkv())
+    assert op_types(out).count("MatMul") == 3
