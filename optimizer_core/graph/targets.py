@@ -9,8 +9,8 @@
   model by more than the noise margin; otherwise the portable model is kept and the record says
   why. The fused model loads faster either way (nothing is left for onnxruntime to fuse).
 - ``tensorrt``: standard ops, minus the fused ops TensorRT's ONNX parser does not take
-  (the fusions into ``Gelu`` and ``RMSNormalization`` stay decomposed; TensorRT fuses those
-  patterns itself).
+  (the fusions into ``Gelu``, ``RMSNormalization`` and ``Attention`` stay decomposed; TensorRT
+  fuses those patterns itself).
 
 The chosen target, the fusions applied and the measurement are recorded in the change log and
 in the model's metadata (``graphtrim.target``, ``graphtrim.fusions``).
@@ -33,7 +33,7 @@ from optimizer_core.errors import GraphtrimError
 from optimizer_core.graph import _ir_utils as u
 
 # fused ops graphtrim could emit that TensorRT's ONNX parser does not take
-TENSORRT_AVOID = frozenset({"Gelu", "RMSNormalization"})
+TENSORRT_AVOID = frozenset({"Gelu", "RMSNormalization", "Attention"})
 
 # a fused model within this fraction of the portable model's p50 counts as not slower
 NOISE_MARGIN = 0.02

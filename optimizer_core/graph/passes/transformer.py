@@ -19,6 +19,18 @@ opset that defines the fused op; ``graphtrim optimize --opset N`` raises the ops
 
   equals ``RMSNormalization(x, w, axis=-1, epsilon=eps)``. Tolerance: relative 1e-5.
 
+- ``attention`` (Attention, opset 23)::
+
+      Softmax(Q @ Transpose(K) * scale  [+ mask], axis=-1) @ V
+
+  on rank-4 ``[batch, heads, seq, head]`` float tensors (the scale may sit on the product or
+  be split between ``Q`` and ``K``, as exporters of scaled dot-product attention write it;
+  ``K`` may arrive as ``[batch, seq, heads, head]`` transposed in one step) equals
+  ``Attention(Q, K, V, mask, scale=scale)``. A mask must span the query and key lengths in its
+  last two dims (onnxruntime's kernel broadcasts it over batch and heads only). Patterns guarded against fully masked rows
+  (``Where(IsNaN(p), 0, p)``) are left alone: the op does not promise that guard. Tolerance:
+  relative 1e-5.
+
 - ``gelu-erf`` (Gelu, opset 20): ``x * 0.5 * (1 + Erf(x / sqrt(2)))`` in any association of the
   two products equals ``Gelu(x)``; ``gelu-tanh``:
   ``x * 0.5 * (1 + Tanh(sqrt(2 / pi) * (x + 0.044715 * x ** 3)))`` equals
@@ -90,8 +102,8 @@ class TransformerFusion(GraphtrimPass):
     name = "fuse-transformer"
     exact = False
     summary = (
-        "decomposed LayerNormalization (opset 17), Gelu (20) and RMSNormalization (23) "
-        "replaced by the fused op"
+        "decomposed LayerNormalization (opset 17), Gelu (20), RMSNormalization and Attention "
+        "(23) replaced by the fused op"
     )
 
     def apply(self, model: ir.Model) -> bool:
@@ -112,6 +124,12 @@ class TransformerFusion(GraphtrimPass):
                 and emits_allowed(self.options.target, "Gelu")
             ):
                 changed |= self._gelu(node, graph)
+            elif (
+                node.op_type == "Softmax"
+                and opset >= 23
+                and emits_allowed(self.options.target, "Attention")
+            ):
+                changed |= self._attention(node, graph)
         return changed
 
     def _name(self, hint: str) -> str:
@@ -268,6 +286,115 @@ class TransformerFusion(GraphtrimPass):
         if other is None or arr is None or arr.dtype != dtype:
             return None
         return other if arr.shape == (channels,) else None
+
+    # ------------------------------------------------------------ attention
+
+    @staticmethod
+    def _scaled(value: ir.Value | None) -> tuple[ir.Value | None, float, list[ir.Node]]:
+        """``(x, c, nodes)`` when ``value`` is ``x * c`` (or ``x / (1/c)``) for a scalar ``c``,
+        else ``(value, 1.0, [])``."""
+        node = _producer(value, "Mul", "Div")
+        split = _split_const(node) if node is not None else None
+        if node is None or split is None or value is None or len(value.uses()) != 1:
+            return value, 1.0, []
+        c = _scalar(split[1])
+        if c is None or c == 0.0:
+            return value, 1.0, []
+        return split[0], (c if node.op_type == "Mul" else 1.0 / c), [node]
+
+    @staticmethod
+    def _mask_fits(mask: ir.Value, q: ir.Value, k: ir.Value, k_perm: list[int] | None) -> bool:
+        """onnxruntime's Attention broadcasts a mask over batch and heads only: its last two
+        dims must be the query and key lengths (provably, by static size or dim name)."""
+        md, qd, kd = u.symbolic_dims(mask), u.symbolic_dims(q), u.symbolic_dims(k)
+        if md is None or qd is None or kd is None or not 2 <= len(md) <= 4:
+            return False
+        k_seq = kd[1] if k_perm is not None else kd[2]
+        return all(m is not None and m == want for m, want in ((md[-2], qd[2]), (md[-1], k_seq)))
+
+    def _attention(self, softmax: ir.Node, graph: ir.Graph) -> bool:
+        """``Softmax(Q @ K^T * scale [+ mask]) @ V`` on rank-4 ``[batch, heads, seq, head]``
+        values -> ``Attention(Q, K, V, mask, scale=scale)`` (opset 23)."""
+        x = softmax.inputs[0]
+        axis = softmax.attributes.get_int("axis", -1)
+        if x is None or u.rank(x) != 4 or axis not in (-1, 3):
+            return False
+        p = softmax.outputs[0]
+        out_mm = self._sole_reader(p, "MatMul")
+        if out_mm is None or out_mm.inputs[0] is not p:
+            return False
+        v = out_mm.inputs[1]
+        nodes: list[ir.Node] = [softmax, out_mm]
+        mask = None
+        scores: ir.Value | None = x
+        add = _producer(x, "Add")
+        if add is not None and len(x.uses()) == 1:
+            a, b = add.inputs
+            mm_side = a if _producer(a, "MatMul", "Mul", "Div") is not None else b
+            mask = b if mm_side is a else a
+            if mask is None or mm_side is None or _producer(mask, "MatMul") is not None:
+                return False
+            scores, nodes = mm_side, [*nodes, add]
+        scores, post, post_nodes = self._scaled(scores)
+        mm = _producer(scores, "MatMul")
+        if mm is None or scores is None or len(scores.uses()) != 1:
+            return False
+        q, q_scale, q_nodes = self._scaled(mm.inputs[0])
+        kt, k_scale, k_nodes = self._scaled(mm.inputs[1])
+        trans = _producer(kt, "Transpose")
+        if trans is None or kt is None or len(kt.uses()) != 1:
+            return False
+        perm = list(trans.attributes.get_ints("perm", []))
+        k_src = trans.inputs[0]
+        if perm == [0, 1, 3, 2]:
+            k_perm = None  # K is [batch, heads, seq, head] already
+        elif perm == [0, 2, 3, 1]:
+            k_perm = [0, 2, 1, 3]  # K is [batch, seq, heads, head]: move heads forward
+        else:
+            return False
+        if any(u.rank(t) != 4 for t in (q, k_src, v)) or q is None or k_src is None or v is None:
+            return False
+        if not all(_elem_type(t) == ir.DataType.FLOAT for t in (q, k_src, v)):
+            return False
+        if mask is not None and _elem_type(mask) not in (ir.DataType.FLOAT, ir.DataType.BOOL):
+            return False
+        if mask is not None and not self._mask_fits(mask, q, k_src, k_perm):
+            return False
+        pattern = [*nodes, *post_nodes, mm, *q_nodes, *k_nodes, trans]
+        ids = {id(n) for n in pattern}
+        y = out_mm.outputs[0]
+        for n in pattern:
+            for o in n.outputs:
+                if o is y:
+                    continue
+                if o.is_graph_output() or any(id(user) not in ids for user, _ in o.uses()):
+                    return False
+        scale = post * q_scale * k_scale
+        if k_perm is not None:
+            move = ir.Node("", "Transpose", [k_src], [ir.AttrInt64s("perm", k_perm)])
+            graph.insert_before(out_mm, move)
+            kd = u.symbolic_dims(k_src)
+            if kd is not None:
+                move.outputs[0].shape = ir.Shape([kd[i] for i in k_perm])
+            move.outputs[0].type = k_src.type
+            k_src = move.outputs[0]
+        inputs: list[ir.Value | None] = [q, k_src, v]
+        if mask is not None:
+            inputs.append(mask)
+        fused = ir.Node(
+            "",
+            "Attention",
+            inputs,
+            [ir.AttrFloat32("scale", scale)],
+            name=self._name("Attention"),
+        )
+        graph.insert_before(out_mm, fused)
+        fused.outputs[0].shape = y.shape
+        fused.outputs[0].type = y.type
+        if not u.replace_value(y, fused.outputs[0]):  # pragma: no cover - has a producer
+            raise RuntimeError("cannot reroute the output of an attention pattern")
+        self.hit("attention")
+        return True
 
     # ------------------------------------------------------------ Gelu
 

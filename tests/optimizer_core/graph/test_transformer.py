@@ -240,3 +240,88 @@ def test_opset_upgrade_refuses_an_unknown_opset():
 
     with pytest.raises(GraphtrimError, match="newer than this onnx knows"):
         run_passes(_gelu_tanh(20), options=OptimizeOptions(target_opset=999))
+
+
+def _attention(
+    opset: int = 23, *, form: str = "split-scale", guard: bool = False, mask: str = "[B, 1, S, S]"
+):
+    if form == "split-scale":  # dynamo's scaled dot-product attention: sqrt(scale) on both sides
+        body = """
+            qt = Transpose<perm = [0, 2, 1, 3]>(q)
+            kt = Transpose<perm = [0, 2, 3, 1]>(k)
+            vt = Transpose<perm = [0, 2, 1, 3]>(v)
+            qs = Mul(qt, c)
+            ks = Mul(kt, c)
+            s = MatMul(qs, ks)
+            p = Softmax<axis = -1>(s)
+        """
+        inputs = "float[B, S, 2, 4] q, float[B, S, 2, 4] k, float[B, S, 2, 4] v"
+    else:  # scale after the product, additive mask, K already [batch, heads, seq, head]
+        body = """
+            qt = Identity(q)
+            vt = Identity(v)
+            kt = Transpose<perm = [0, 1, 3, 2]>(k)
+            s0 = MatMul(qt, kt)
+            s1 = Div(s0, d)
+            s = Add(s1, mask)
+            p = Softmax<axis = -1>(s)
+        """
+        inputs = (
+            f"float[B, 2, S, 4] q, float[B, 2, S, 4] k, float[B, 2, S, 4] v, float{mask} mask"
+        )
+    tail = (
+        "n = IsNaN(p)\n z = Where(n, zero, p)\n y = MatMul(z, vt)" if guard else "y = MatMul(p, vt)"
+    )
+    out_shape = "[B, 2, S, 4]"
+    return parse(
+        f"""
+        <ir_version: {IR[opset]}, opset_import: ["" : {opset}]>
+        g ({inputs}) => (float{out_shape} y)
+        <float c = {{0.70710677}}, float d = {{2.0}}, float zero = {{0.0}}>
+        {{
+            {body}
+            {tail}
+        }}
+        """
+    )
+
+
+@pytest.mark.parametrize("form", ["split-scale", "mask"])
+def test_attention_fused_at_opset_23(form):
+    proto = _attention(form=form)
+    out, result = run_passes(proto, ["fuse-transformer", "identity", "dead-code"])
+    assert rules_fired(result)["attention"] == 1
+    ops = op_types(out)
+    assert "Attention" in ops and "Softmax" not in ops and "MatMul" not in ops
+    attn = next(n for n in out.graph.node if n.op_type == "Attention")
+    assert abs(attn.attribute[0].f - 0.5) < 1e-6  # 0.7071^2, or 1/2
+    assert len(attn.input) == (4 if form == "mask" else 3)
+    assert_equivalent(proto, out, **TOL, dim_values={"B": 2, "S": 5})
+
+
+def test_attention_is_not_fused_with_a_nan_guard_old_opset_or_for_tensorrt():
+    from optimizer_core.graph.framework import OptimizeOptions
+
+    _, result = run_passes(_attention(guard=True), ["fuse-transformer"])
+    assert not rules_fired(result)
+    _, result = run_passes(_attention(opset=20), ["fuse-transformer"])
+    assert not rules_fired(result)
+    _, result = run_passes(
+        _attention(), ["fuse-transformer"], options=OptimizeOptions(target="tensorrt")
+    )
+    assert not rules_fired(result)
+
+
+def test_attention_with_a_mask_broadcast_over_queries_is_not_fused():
+    # onnxruntime's kernel needs the mask's query dim spelled out
+    _, result = run_passes(_attention(form="mask", mask="[B, 1, 1, S]"), ["fuse-transformer"])
+    assert not rules_fired(result)
+
+
+def test_attention_probabilities_read_elsewhere_are_not_fused():
+    proto = _attention()
+    from onnx import helper
+
+    proto.graph.output.append(helper.make_tensor_value_info("p", 1, None))
+    _, result = run_passes(proto, ["fuse-transformer"])
+    assert not rules_fired(result)
