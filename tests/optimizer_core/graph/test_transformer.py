@@ -266,9 +266,7 @@ def _attention(
             s = Add(s1, mask)
             p = Softmax<axis = -1>(s)
         """
-        inputs = (
-            f"float[B, 2, S, 4] q, float[B, 2, S, 4] k, float[B, 2, S, 4] v, float{mask} mask"
-        )
+        inputs = f"float[B, 2, S, 4] q, float[B, 2, S, 4] k, float[B, 2, S, 4] v, float{mask} mask"
     tail = (
         "n = IsNaN(p)\n z = Where(n, zero, p)\n y = MatMul(z, vt)" if guard else "y = MatMul(p, vt)"
     )
