@@ -91,7 +91,7 @@ _ORDER = [
 # merging sibling MatMuls saves nodes but measured 2-3% slower on onnxruntime's CPU provider
 # (BERT, hidden 384, sequence 128: the Split copies what three MatMuls wrote in place), so it is
 # in the ``compact`` preset (fewest nodes) and not in ``default``
-_COMPACT_ONLY = ("fuse-siblings",)
+_COMPACT_ONLY = ("fuse-siblings", "fuse-gemm")
 
 PRESETS: dict[str, list[str]] = {
     "default": [name for name in _ORDER if name not in _COMPACT_ONLY],

@@ -211,9 +211,9 @@ def test_old_opset_is_left_alone():
     assert op_types(out) == ["MatMul", "Add", "Relu"]
 
 
-def test_default_preset_checks_and_matches():
+def test_compact_preset_checks_and_matches():
     proto = _linear(follow=[("BN", None), ("Mul", (5,))])
-    out, _ = run_passes(proto)
+    out, _ = run_passes(proto, preset="compact")
     assert op_types(out) == ["Gemm", "Relu"]
     assert_equivalent(proto, out, **TOL, dim_values={"M": 3})
 
