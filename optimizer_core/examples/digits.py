@@ -44,17 +44,17 @@ def digits_cnn() -> Any:
         def __init__(self) -> None:
             super().__init__()
             self.features = nn.Sequential(
-                nn.Conv2d(1, 16, 3, padding=1),
-                nn.BatchNorm2d(16),
-                nn.ReLU(),
-                nn.Conv2d(16, 32, 3, padding=1),
+                nn.Conv2d(1, 32, 3, padding=1),
                 nn.BatchNorm2d(32),
+                nn.ReLU(),
+                nn.Conv2d(32, 64, 3, padding=1),
+                nn.BatchNorm2d(64),
                 nn.ReLU(),
                 nn.MaxPool2d(2),
             )
             self.head = nn.Sequential(
                 nn.Flatten(),
-                nn.Linear(32 * 4 * 4, 256),
+                nn.Linear(64 * 4 * 4, 256),
                 nn.ReLU(),
                 nn.Dropout(0.1),
                 nn.Linear(256, 10),

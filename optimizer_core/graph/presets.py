@@ -29,7 +29,7 @@ from optimizer_core.graph.passes.loops import (
     LoopUnrolling,
 )
 from optimizer_core.graph.passes.pad import PadFusion
-from optimizer_core.graph.passes.qdq import QdqCleanup
+from optimizer_core.graph.passes.qdq import QdqCleanup, QdqMove
 from optimizer_core.graph.passes.shapes import SymbolicShapes
 from optimizer_core.graph.passes.siblings import SiblingMatMulFusion
 from optimizer_core.graph.passes.transformer import TransformerFusion
@@ -45,6 +45,7 @@ PASSES: dict[str, type[GraphtrimPass]] = {
         IdentityElimination,
         CastChainElimination,
         QdqCleanup,
+        QdqMove,
         RedundantActivations,
         AlgebraicSimplification,
         ReassociateConstants,
@@ -72,6 +73,7 @@ _ORDER = [
     "identity",
     "casts",
     "qdq",
+    "qdq-move",
     # before the algebraic passes: reassociating Gelu's 0.5 with a following constant factor
     # would hide the pattern
     "fuse-transformer",
@@ -88,15 +90,18 @@ _ORDER = [
     "cse",
 ]
 
-# merging sibling MatMuls saves nodes but measured 2-3% slower on onnxruntime's CPU provider
-# (BERT, hidden 384, sequence 128: the Split copies what three MatMuls wrote in place), so it is
-# in the ``compact`` preset (fewest nodes) and not in ``default``
-_COMPACT_ONLY = ("fuse-siblings", "fuse-gemm")
+# passes that save nodes but measured slower on onnxruntime's CPU provider are in ``compact``
+# (fewest nodes) and not in ``default``: merged sibling MatMuls 2-3% (BERT, hidden 384,
+# sequence 128: the Split copies what three MatMuls wrote in place); Gemm fusion changed which
+# nodes the int8 quantizer fuses; data movement on quantized tensors hid a MaxPool and a Gemm
+# from onnxruntime's QDQ fusions (1.65x slower int8 digits CNN)
+_COMPACT_ONLY = ("fuse-siblings", "fuse-gemm", "qdq-move")
 
 PRESETS: dict[str, list[str]] = {
     "default": [name for name in _ORDER if name not in _COMPACT_ONLY],
     "compact": list(_ORDER),
-    "safe": [name for name in _ORDER if PASSES[name].exact],
+    # exact passes of ``default``: what quantization runs after its conversion
+    "safe": [name for name in _ORDER if PASSES[name].exact and name not in _COMPACT_ONLY],
     "minimal": ["dead-code", "lift-constants", "identity"],
 }
 

@@ -6,6 +6,12 @@ both run on the same feeds. For a tensor ``t`` the error is the relative L2 dist
 ``||q(t) - f(t)|| / ||f(t)||`` averaged over the feeds. A node's *local* error is the error of
 its output minus the largest error among its inputs: what this node adds, not what it
 inherited. Nodes are ranked by local error; the fallback moves the top ones back to float.
+
+The QDQ quantizer fuses an activation into its producer (Conv + Relu, Gemm + Relu): the
+producer's own output is gone from the quantized model and the activation's output carries the
+error of both. Such a producer is listed in ``fused`` of the activation's entry, its inputs count
+as the activation's for the inherited error, and the fallback keeps both in float: keeping only
+the activation in float would still quantize the producer's output, the error's source.
 """
 
 from __future__ import annotations
@@ -27,9 +33,17 @@ class NodeError:
     output: str
     error: float
     local_error: float
+    fused: tuple[str, ...] = ()
+
+    @property
+    def nodes(self) -> tuple[str, ...]:
+        """The float model's nodes this entry stands for: its own and those fused into it."""
+        return (*self.fused, self.node)
 
     def to_json(self) -> dict[str, object]:
-        return dataclasses.asdict(self)
+        doc = dataclasses.asdict(self)
+        doc["fused"] = list(self.fused)
+        return doc
 
 
 _FLOAT_TYPES = {onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE}
@@ -133,10 +147,42 @@ def node_errors(
                 sums[t] += diff / norm if norm > 0 else (0.0 if diff == 0 else 1.0)
     n = max(1, len(feeds))
     err = {t: s / n for t, s in sums.items()}
+    readers: dict[str, int] = {}
+    for node in fmodel.graph.node:
+        for i in node.input:
+            readers[i] = readers.get(i, 0) + 1
+
+    def fused_into(node: onnx.NodeProto) -> list[onnx.NodeProto]:
+        """Producers whose only output the quantized model no longer has and ``node`` alone read."""
+        found = []
+        for i in node.input:
+            p = producer.get(i)
+            if (
+                p is not None
+                and len(p.output) == 1
+                and i not in q_produced
+                and readers.get(i) == 1
+                and ftypes.get(i) in _FLOAT_TYPES
+            ):
+                found.append(p)
+        return found
+
     ranked: list[NodeError] = []
     for t in compared:
         node = producer[t]
-        inherited = max((err.get(i, 0.0) for i in node.input if i), default=0.0)
-        ranked.append(NodeError(node.name, node.op_type, t, err[t], err[t] - inherited))
+        fused = fused_into(node)
+        sources = [i for i in node.input if i and producer.get(i) not in fused]
+        sources += [i for p in fused for i in p.input if i]
+        inherited = max((err.get(i, 0.0) for i in sources), default=0.0)
+        ranked.append(
+            NodeError(
+                node.name,
+                node.op_type,
+                t,
+                err[t],
+                err[t] - inherited,
+                tuple(p.name for p in fused),
+            )
+        )
     ranked.sort(key=lambda e: e.local_error, reverse=True)
     return ranked

@@ -491,13 +491,15 @@ def build_variant(
 
                 sens_feeds = random_data(input_specs(pre), batches=4).batches
             _say(progress, f"{variant}: accuracy check failed; measuring per-node error")
-            ranked = [e for e in node_errors(pre, clean, sens_feeds) if e.node not in excluded]
+            ranked = [
+                e for e in node_errors(pre, clean, sens_feeds) if not set(e.nodes) <= set(excluded)
+            ]
             attempt.most_sensitive = ranked[:10]
             positive = [e for e in ranked if e.local_error > 0]
             if not positive:
                 break
             k = max(1, math.ceil(cfg.fallback_fraction * len(ranked)) * number)
-            excluded = sorted(set(excluded) | {e.node for e in positive[:k]})
+            excluded = sorted(set(excluded).union(*(e.nodes for e in positive[:k])))
         assert final is not None
         return finish(final, attempts, cleanup)
     finally:

@@ -262,7 +262,10 @@ def test_fallback_keeps_the_most_sensitive_nodes_in_float(static_fallback, graph
     float_nodes = _node_names(graph_build[1])
     assert second.excluded, "the second attempt must keep some node in float"
     assert set(second.excluded) <= set(float_nodes), second.excluded
-    assert set(second.excluded) <= {e.node for e in ranked if e.local_error > 0}
+    # a node goes back to float with the producers the quantizer fused into it
+    top = next(e for e in ranked if e.local_error > 0)
+    assert set(top.nodes) <= set(second.excluded), (top, second.excluded)
+    assert set(second.excluded) <= {n for e in ranked if e.local_error > 0 for n in e.nodes}
 
     # the real gate passes once a node is back in float; the record says so
     assert build.accuracy_passed is True and attempts[-1].accuracy_passed is True
@@ -336,6 +339,20 @@ def test_node_errors_ranks_finite_errors(graph_build, static_build, calib):
     out = onnx.load(str(float_model)).graph.output[0].name
     by_output = {e.output: e for e in errors}
     assert out in by_output and 0 < by_output[out].error < 0.05, by_output.get(out)
+
+
+def test_node_errors_name_the_producer_fused_into_an_activation(graph_build, static_build, calib):
+    """The QDQ quantizer folds each Relu into its Conv or Gemm: the pair is one entry."""
+    errors = node_errors(graph_build[1], static_build[1], calib.batches[:4])
+    float_nodes = _node_names(graph_build[1])
+    relus = [e for e in errors if e.op_type == "Relu"]
+    assert relus, errors
+    for e in relus:
+        assert len(e.fused) == 1 and float_nodes[e.fused[0]] in {"Conv", "Gemm"}, e
+        assert e.nodes == (*e.fused, e.node)
+        assert e.to_json()["fused"] == list(e.fused)
+    # nodes whose output the quantized model still has stand alone
+    assert all(e.fused == () for e in errors if e.op_type == "MaxPool")
 
 
 def test_node_errors_of_a_model_against_itself_are_zero(graph_build, calib):

@@ -12,7 +12,8 @@ from optimizer_core.graph.framework import OptimizeOptions
 from optimizer_core.graph.presets import PRESETS
 from tests.helpers import assert_equivalent, op_types, rules_fired, run_passes
 
-PASSES = ["qdq", "dead-code"]
+# qdq-move: every rule (``qdq`` is the same pass without dq-sink and q-hoist)
+PASSES = ["qdq-move", "dead-code"]
 RNG = np.random.default_rng(0)
 
 NP = {
@@ -573,3 +574,72 @@ def test_qdq_runs_after_casts_and_is_safe():
     order = PRESETS["default"]
     assert order.index("qdq") == order.index("casts") + 1
     assert "qdq" in PRESETS["safe"]
+
+
+def test_qdq_move_is_only_in_compact():
+    assert "qdq-move" in PRESETS["compact"]
+    assert "qdq-move" not in PRESETS["default"] and "qdq-move" not in PRESETS["safe"]
+
+
+def test_qdq_alone_leaves_data_movement_in_float():
+    proto = _dq_move_q_chain(dq_reader=False)
+    out, result = run_passes(proto, ["qdq", "dead-code"])
+    assert "dq-sink" not in rules_fired(result) and "q-hoist" not in rules_fired(result)
+    assert op_types(out) == op_types(proto)
+
+
+def _ort_optimized_ops(proto: onnx.ModelProto, folder) -> list[str]:
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+    so.optimized_model_filepath = str(folder / "ort.onnx")
+    ort.InferenceSession(proto.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    return op_types(onnx.load(so.optimized_model_filepath))
+
+
+def test_default_preset_keeps_onnxruntime_qdq_fusions(tmp_path):
+    """onnxruntime fuses DQ -> op -> Q units itself; moving a Reshape between a MaxPool's Q and
+    a Gemm's DQ (qdq-move) hides both from it, so only the compact preset does that."""
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, quantize_static
+
+    class Reader(CalibrationDataReader):
+        def __init__(self) -> None:
+            rng = np.random.default_rng(1)
+            self.feeds = iter(
+                [{"x": rng.standard_normal((1, 3, 8, 8)).astype(np.float32)} for _ in range(4)]
+            )
+
+        def get_next(self):
+            return next(self.feeds, None)
+
+    float_model = _model(
+        [
+            helper.make_node("Conv", ["x", "W", "B"], ["c"], pads=[1, 1, 1, 1]),
+            helper.make_node("Relu", ["c"], ["r"]),
+            helper.make_node("MaxPool", ["r"], ["p"], kernel_shape=[2, 2], strides=[2, 2]),
+            helper.make_node("Reshape", ["p", "shape"], ["f"]),
+            helper.make_node("Gemm", ["f", "W2", "B2"], ["y"]),
+        ],
+        [_vi("x", TensorProto.FLOAT, [1, 3, 8, 8])],
+        [_vi("y", TensorProto.FLOAT, [1, 5])],
+        [
+            _const("W", RNG.standard_normal((8, 3, 3, 3)), TensorProto.FLOAT),
+            _const("B", RNG.standard_normal(8), TensorProto.FLOAT),
+            numpy_helper.from_array(np.array([1, -1], dtype=np.int64), "shape"),
+            _const("W2", RNG.standard_normal((8 * 4 * 4, 5)), TensorProto.FLOAT),
+            _const("B2", RNG.standard_normal(5), TensorProto.FLOAT),
+        ],
+        opset=17,
+    )
+    src, dst = tmp_path / "float.onnx", tmp_path / "qdq.onnx"
+    onnx.save(float_model, src)
+    quantize_static(str(src), str(dst), Reader(), quant_format=QuantFormat.QDQ)
+    proto = onnx.load(str(dst))
+    fused = _ort_optimized_ops(proto, tmp_path)
+    assert "QGemm" in fused and "Gemm" not in fused, fused
+
+    for preset in ("default", "safe"):
+        out, _ = run_passes(proto, preset=preset)
+        assert _ort_optimized_ops(out, tmp_path) == fused, preset
+    out, result = run_passes(proto, preset="compact")
+    assert "q-hoist" in rules_fired(result) or "dq-sink" in rules_fired(result)
+    assert "Gemm" in _ort_optimized_ops(out, tmp_path)
