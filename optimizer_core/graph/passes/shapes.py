@@ -6,8 +6,11 @@ Exporters build a target shape from the input's own dims at run time, e.g.
 When the dim read from ``y`` is provably the dim ``x`` already has at that position (the same
 static size or the same named symbolic dim), the entry can say so without reading it:
 
-- ``reshape-copy-dims``: a ``Reshape`` (``allowzero=0``) entry that equals ``x``'s own dim at the
-  same position becomes ``0`` ("copy this dim"). When every entry of the computed shape is then
+- ``reshape-copy-dims``: a ``Reshape`` entry that equals ``x``'s own dim at the same position
+  becomes ``0`` ("copy this dim"). With ``allowzero=1`` (torch's dynamo exporter sets it) a ``0``
+  means a zero-sized dim, so the rewrite also sets ``allowzero=0``; it is made only when no other
+  entry is a literal ``0``: a copied dim of size 0 is 0 either way, and every other entry keeps
+  its meaning. When every entry of the computed shape is then
   known, the shape becomes a constant (``[0, 0, -1, 64]`` above) and the
   ``Shape -> Gather -> Unsqueeze -> Concat`` chain goes dead. A shape that reproduces ``x``'s
   own shape makes the Reshape a no-op, which the identity pass then removes.
@@ -17,6 +20,14 @@ static size or the same named symbolic dim), the entry can say so without readin
 - ``fill-dims``: likewise ``ConstantOfShape(Shape(x))`` has ``x``'s dims.
 - ``expand-keep-dims``: an ``Expand`` entry that equals ``x``'s own dim (right-aligned) becomes
   ``1``: broadcasting a dim to its own size and keeping it are the same.
+- ``reshape-transpose-reshape``: ``Reshape(Transpose(Reshape(x, [-1, *tail]), p), [*lead, *t])``
+  where the first Reshape merges ``x``'s leading dims ``lead = x[:k]`` into one (``tail`` is
+  ``x[k:]``), ``p`` keeps axis 0 in place, and the second Reshape splits that axis back into
+  ``lead`` (``t`` is the transposed tail) is ``Transpose(x, [0, .., k-1, k-1+p[1], ..])``: the
+  merged axis is never moved, so the elements keep their order within it. Exporters write this
+  for a batched matrix product over ``[batch * heads, ...]`` (torch's dynamo exporter, for the
+  key transpose of attention). Every entry must be proved (a static size or a named dim); the
+  only ``-1`` allowed is the merged one.
 
 Both rewrites are exact: the computed and the constant shape give the same result for every
 input the model accepts. Named symbolic dims are equal when their names are: the ONNX meaning of
@@ -215,6 +226,10 @@ class SymbolicShapes(GraphtrimPass):
                     changed = True
                 continue
             if node.op_type == "Reshape":
+                if self._reshape_transpose_reshape(node, graph):
+                    self.hit("reshape-transpose-reshape")
+                    changed = True
+                    continue
                 new = self._reshape(node)
                 rule = "reshape-copy-dims"
             elif node.op_type == "Expand":
@@ -228,6 +243,8 @@ class SymbolicShapes(GraphtrimPass):
             const = u.add_initializer(graph, np.array(new, dtype=np.int64), namer("shape"))
             node.replace_input_with(1, const)
             if node.op_type == "Reshape":
+                if node.attributes.get_int("allowzero", 0):
+                    node.attributes["allowzero"] = ir.AttrInt64("allowzero", 0)
                 _name_reshape_dims(node, new)
             self.hit(rule)
             changed = True
@@ -268,8 +285,7 @@ class SymbolicShapes(GraphtrimPass):
         return _entries(node.inputs[1])
 
     def _reshape(self, node: ir.Node) -> list[int] | None:
-        if node.attributes.get_int("allowzero", 0):
-            return None
+        allowzero = node.attributes.get_int("allowzero", 0)
         entries = self._computed(node)
         x_dims = _named(node.inputs[0])
         if entries is None or x_dims is None:
@@ -284,6 +300,8 @@ class SymbolicShapes(GraphtrimPass):
                 out.append(e.value)  # a static size (0 would mean "copy" here)
             else:
                 return None
+        if allowzero and any(e == 0 for e in entries if isinstance(e, int)):
+            return None  # a literal zero would turn into "copy" under allowzero=0
         return out if out.count(-1) <= 1 else None
 
     def _expand(self, node: ir.Node) -> list[int] | None:
@@ -304,3 +322,52 @@ class SymbolicShapes(GraphtrimPass):
             else:
                 return None
         return out
+
+    @staticmethod
+    def _reshape_transpose_reshape(r2: ir.Node, graph: ir.Graph) -> bool:
+        t_out = r2.inputs[0]
+        if t_out is None or not u.single_consumer(t_out):
+            return False
+        t = t_out.producer()
+        if t is None or not u.is_op(t, "Transpose") or t.inputs[0] is None:
+            return False
+        r1_out = t.inputs[0]
+        r1 = r1_out.producer()
+        if r1 is None or not u.is_op(r1, "Reshape") or not u.single_consumer(r1_out):
+            return False
+        x = r1.inputs[0]
+        xd = _named(x)
+        if xd is None or len(r2.inputs) < 2 or len(r1.inputs) < 2:
+            return False
+        e1 = _entries(r1.inputs[1])
+        e2 = _entries(r2.inputs[1])
+        perm = t.attributes.get_ints("perm", None)
+        if e1 is None or e2 is None or perm is None or len(perm) != len(e1):
+            return False
+        k = len(xd) - len(e1) + 1
+        if k < 2 or e1[0] != -1 or perm[0] != 0 or len(e2) != k + len(e1) - 1:
+            return False
+        tail = xd[k:]
+        if not all(_proves(e, d) for e, d in zip(e1[1:], tail, strict=True)):
+            return False
+        moved = [tail[i - 1] for i in perm[1:]]
+        if not all(_proves(e, d) for e, d in zip(e2, [*xd[:k], *moved], strict=True)):
+            return False
+        new_perm = [*range(k), *(k - 1 + i for i in perm[1:])]
+        node = ir.Node("", "Transpose", [x], [ir.AttrInt64s("perm", new_perm)], name=r2.name)
+        graph.insert_before(r2, node)
+        node.outputs[0].shape = r2.outputs[0].shape
+        node.outputs[0].type = r2.outputs[0].type
+        if not u.replace_value(r2.outputs[0], node.outputs[0]):
+            u.remove_nodes(graph, [node])
+            return False
+        u.remove_nodes(graph, [r2, t, r1])
+        return True
+
+
+def _proves(entry: _Entry, dim: int | str | None) -> bool:
+    """``entry`` is provably ``dim``: the same static size (not 0: Reshape may read it as "copy")
+    or the same named dim."""
+    if isinstance(entry, int):
+        return entry > 0 and entry == dim
+    return _same(entry, dim)

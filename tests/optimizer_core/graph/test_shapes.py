@@ -112,8 +112,29 @@ def test_anonymous_dims_are_not_taken_as_equal():
     assert not rules_fired(result)
 
 
-def test_allowzero_reshape_is_left_alone():
+def test_allowzero_reshape_copies_dims_under_allowzero_0():
+    """torch's dynamo exporter writes allowzero=1: the copied entries are x's own dims, so a 0
+    in them is 0 either way, and the rewrite switches the node to allowzero=0."""
     proto = parse(HEADS.replace("y = Reshape(x, shape)", "y = Reshape<allowzero = 1>(x, shape)"))
+    out, result = run_passes(proto, ["symbolic-shapes", "dead-code"])
+    assert rules_fired(result) == {"reshape-copy-dims": 1}
+    assert op_types(out) == ["Reshape"]
+    node = out.graph.node[0]
+    assert [(a.name, a.i) for a in node.attribute] == [("allowzero", 0)]
+    shape = next(i for i in out.graph.initializer if i.name == node.input[1])
+    assert list(np.frombuffer(shape.raw_data, dtype=np.int64)) == [0, 0, -1, 4]
+    assert_equivalent(proto, out, dim_values=DIMS)
+    assert_equivalent(proto, out, dim_values={"batch": 1, "seq": 1})
+
+
+def test_allowzero_reshape_with_a_literal_zero_is_left_alone():
+    # under allowzero=1 the 0 makes an empty dim; under allowzero=0 it would copy x's dim 2
+    proto = parse(
+        HEADS.replace("y = Reshape(x, shape)", "y = Reshape<allowzero = 1>(x, shape)")
+        .replace("int64[2] {-1, 4}", "int64[2] {0, 4}")
+        .replace("float[batch, seq, 2, 4] y", "float[batch, seq, 0, 4] y")
+        .replace("float[batch, seq, 8] x", "float[batch, seq, 0] x")
+    )
     _, result = run_passes(proto, ["symbolic-shapes"])
     assert not rules_fired(result)
 
@@ -182,3 +203,97 @@ def test_range_and_fill_dims_are_named_so_later_reshapes_resolve():
     assert fired["reshape-noop"] == 1
     assert "Reshape" not in op_types(out) and "Concat" not in op_types(out)
     assert_equivalent(proto, out, rtol=1e-6, atol=1e-6, dim_values={"batch": 2, "seq": 5})
+
+
+# K of attention as torch's dynamo exporter writes it: [b, h, s, d] -> [b*h, s, d] ->
+# Transpose -> [b*h, d, s] -> [b, h, d, s], shapes computed from the tensor's own dims
+RTR = """
+<ir_version: 8, opset_import: ["" : 17]>
+g (float[batch, 4, seq, 8] x) => (float[batch, 4, 8, seq] y) {
+    s = Shape(x)
+    b = Shape<start = 0, end = 1>(x)
+    q = Shape<start = 2, end = 3>(x)
+    m1 = Constant<value = int64[1] {-1}>()
+    d = Constant<value = int64[1] {8}>()
+    h = Constant<value = int64[1] {4}>()
+    shape1 = Concat<axis = 0>(m1, q, d)
+    r1 = Reshape<allowzero = 1>(x, shape1)
+    t = Transpose<perm = PERM>(r1)
+    shape2 = Concat<axis = 0>(b, h, d, q)
+    y = Reshape<allowzero = 1>(t, shape2)
+}
+"""
+
+
+def test_reshape_transpose_reshape_becomes_one_transpose():
+    proto = parse(RTR.replace("PERM", "[0, 2, 1]"))
+    out, result = run_passes(proto, ["symbolic-shapes", "dead-code"])
+    assert rules_fired(result) == {"reshape-transpose-reshape": 1}
+    assert op_types(out) == ["Transpose"]
+    perm = [list(a.ints) for a in out.graph.node[0].attribute if a.name == "perm"]
+    assert perm == [[0, 1, 3, 2]]
+    assert_equivalent(proto, out, dim_values=DIMS)
+    assert_equivalent(proto, out, dim_values={"batch": 1, "seq": 1})
+
+
+def test_reshape_transpose_reshape_with_a_longer_tail():
+    proto = parse(
+        """
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[batch, 2, 3, 4, 5] x) => (float[batch, 2, 5, 3, 4] y) {
+            shape1 = Constant<value = int64[4] {-1, 3, 4, 5}>()
+            r1 = Reshape(x, shape1)
+            t = Transpose<perm = [0, 3, 1, 2]>(r1)
+            b = Shape<start = 0, end = 1>(x)
+            rest = Constant<value = int64[4] {2, 5, 3, 4}>()
+            shape2 = Concat<axis = 0>(b, rest)
+            y = Reshape(t, shape2)
+        }
+        """
+    )
+    out, result = run_passes(proto, ["symbolic-shapes", "dead-code"])
+    assert rules_fired(result) == {"reshape-transpose-reshape": 1}
+    assert op_types(out) == ["Transpose"]
+    assert_equivalent(proto, out, dim_values={"batch": 3})
+
+
+def test_reshape_transpose_reshape_not_when_the_merged_axis_moves():
+    proto = parse(
+        RTR.replace("PERM", "[1, 0, 2]")
+        .replace("shape2 = Concat<axis = 0>(b, h, d, q)", "shape2 = Concat<axis = 0>(q, b, h, d)")
+        .replace("float[batch, 4, 8, seq] y", "float[seq, batch, 4, 8] y")
+    )
+    _, result = run_passes(proto, ["symbolic-shapes"])
+    assert "reshape-transpose-reshape" not in rules_fired(result)
+
+
+def test_reshape_transpose_reshape_not_when_the_split_differs():
+    # [b*4] split back as [4, b]: the same count, another order of the elements
+    proto = parse(
+        RTR.replace("PERM", "[0, 2, 1]")
+        .replace("shape2 = Concat<axis = 0>(b, h, d, q)", "shape2 = Concat<axis = 0>(h, b, d, q)")
+        .replace("float[batch, 4, 8, seq] y", "float[4, batch, 8, seq] y")
+    )
+    _, result = run_passes(proto, ["symbolic-shapes"])
+    assert "reshape-transpose-reshape" not in rules_fired(result)
+
+
+def test_reshape_transpose_reshape_not_when_the_intermediate_is_read_elsewhere():
+    proto = parse(
+        RTR.replace("PERM", "[0, 2, 1]").replace(
+            "=> (float[batch, 4, 8, seq] y)", "=> (float[batch, 4, 8, seq] y, float[c, 8, seq] t)"
+        )
+    )
+    _, result = run_passes(proto, ["symbolic-shapes"])
+    assert "reshape-transpose-reshape" not in rules_fired(result)
+
+
+def test_reshape_transpose_reshape_not_over_unproved_dims():
+    # the tail's seq is read from another tensor whose dim has another name
+    proto = parse(
+        RTR.replace("PERM", "[0, 2, 1]")
+        .replace("(float[batch, 4, seq, 8] x)", "(float[batch, 4, seq, 8] x, float[other] z)")
+        .replace("q = Shape<start = 2, end = 3>(x)", "q = Shape(z)")
+    )
+    _, result = run_passes(proto, ["symbolic-shapes"])
+    assert "reshape-transpose-reshape" not in rules_fired(result)
