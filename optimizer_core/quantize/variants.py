@@ -183,9 +183,26 @@ def _quant_type(name: str) -> Any:
     return QuantType.QInt8 if name == "int8" else QuantType.QUInt8
 
 
+def standard_attention_nodes(path: Path) -> list[str]:
+    """Names of the standard-domain ``Attention`` nodes (opset 23) of the model at ``path``.
+
+    onnxruntime's dynamic quantizer keys its operator table on the op type alone: it rewrites
+    any ``Attention`` as its contrib ``QAttention``, whose inputs are (activation, packed QKV
+    weight). A standard ``Attention`` reads Q, K and V activations, so the rewrite yields a model
+    onnxruntime refuses to load. These nodes have no weights to quantize: they stay in float.
+    """
+    model = onnx.load(str(path), load_external_data=False)
+    return [
+        n.name
+        for n in model.graph.node
+        if n.op_type == "Attention" and n.domain in ("", "ai.onnx") and n.name
+    ]
+
+
 def _int8_dynamic(src: Path, dst: Path, cfg: QuantizeConfig, excluded: Sequence[str]) -> None:
     from onnxruntime.quantization import quantize_dynamic
 
+    keep_float = sorted(set(excluded) | set(standard_attention_nodes(src)))
     quantize_dynamic(
         src,
         dst,
@@ -193,7 +210,7 @@ def _int8_dynamic(src: Path, dst: Path, cfg: QuantizeConfig, excluded: Sequence[
         per_channel=cfg.per_channel,
         reduce_range=cfg.reduce_range,
         weight_type=_quant_type(cfg.weight_type),
-        nodes_to_exclude=list(excluded),
+        nodes_to_exclude=keep_float,
         use_external_data_format=_model_bytes(src) > 1_500_000_000,
     )
 

@@ -650,3 +650,49 @@ def test_variant_files_are_self_contained(static_build, dynamic_build, fp16_buil
         sess = _session(copy)
         x = np.zeros((2, 1, 8, 8), np.float32)
         assert sess.run(None, {"image": x})[0].shape == (2, 10)
+
+
+def _attention_model(path: Path) -> Path:
+    """Q/K/V projections (constant weights) feeding a standard Attention (opset 23)."""
+    rng = np.random.default_rng(3)
+    d = 32
+    weights = [
+        onh.from_array((rng.standard_normal((d, d)) / np.sqrt(d)).astype(np.float32), f"w_{p}")
+        for p in "qkv"
+    ]
+    nodes = [oh.make_node("MatMul", ["x", f"w_{p}"], [p], name=f"proj_{p}") for p in "qkv"]
+    nodes.append(
+        oh.make_node(
+            "Attention", ["q", "k", "v"], ["y"], name="attn", q_num_heads=4, kv_num_heads=4
+        )
+    )
+    graph = oh.make_graph(
+        nodes,
+        "attention",
+        [oh.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["batch", 16, d])],
+        [oh.make_tensor_value_info("y", onnx.TensorProto.FLOAT, ["batch", 16, d])],
+        weights,
+    )
+    model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 23)])
+    model.ir_version = 10
+    onnx.checker.check_model(model, full_check=True)
+    onnx.save(model, str(path))
+    return path
+
+
+def test_int8_dynamic_keeps_standard_attention_in_float(tmp_path):
+    """onnxruntime's dynamic quantizer would turn a standard Attention into a contrib QAttention
+    that reads K as a packed weight: a model onnxruntime refuses to load. The projections are
+    quantized, the Attention stays as it is."""
+    src = _attention_model(tmp_path / "attention.onnx")
+    dst = tmp_path / "attention.int8.onnx"
+    build_variant(src, dst, "int8-dynamic")
+    model = onnx.load(str(dst))
+    ops = Counter((n.domain or "", n.op_type) for n in model.graph.node)
+    assert ops[("", "Attention")] == 1 and ops[("com.microsoft", "QAttention")] == 0, ops
+    assert ops[("", "MatMulInteger")] + ops[("com.microsoft", "DynamicQuantizeMatMul")] >= 3, ops
+    x = np.random.default_rng(4).standard_normal((2, 16, 32)).astype(np.float32)
+    ref = _session(src).run(None, {"x": x})[0]
+    got = _session(dst).run(None, {"x": x})[0]
+    assert got.shape == ref.shape
+    assert _cosine(ref, got) >= 0.999, _cosine(ref, got)
