@@ -152,6 +152,14 @@ def _external_int(
 
 def read_proto(path: str | os.PathLike[str]) -> onnx.ModelProto:
     """Parse and validate the model's protobuf without loading external data."""
+    return _read_validated(path)[0]
+
+
+def _read_validated(path: str | os.PathLike[str]) -> tuple[onnx.ModelProto, bytes, bool]:
+    """The parsed and validated model, the file's bytes and whether it has external data.
+
+    onnx's checker and shape inference work on serialized bytes; handing them the file's own
+    bytes saves serializing the parsed model again (several times the cost of the check)."""
     p = Path(path)
     if not p.exists():
         raise InvalidModelError.at(p, "no such file")
@@ -160,7 +168,11 @@ def read_proto(path: str | os.PathLike[str]) -> onnx.ModelProto:
     if p.stat().st_size == 0:
         raise InvalidModelError.at(p, "empty file")
     try:
-        proto = onnx.load(str(p), load_external_data=False)
+        data = p.read_bytes()
+    except OSError as exc:
+        raise InvalidModelError.at(p, f"cannot read the file: {exc.strerror or exc}") from exc
+    try:
+        proto = onnx.ModelProto.FromString(data)
     except (DecodeError, RuntimeError, ValueError, UnicodeDecodeError) as exc:
         raise InvalidModelError.at(p, f"not an ONNX model (protobuf parse failed: {exc})") from exc
     if proto.ir_version <= 0 or (not proto.graph.node and not proto.graph.output):
@@ -177,28 +189,28 @@ def read_proto(path: str | os.PathLike[str]) -> onnx.ModelProto:
     external = _check_external_data(proto, p)
     try:
         # with external data, check the file: the checker resolves data locations against the
-        # model's folder only when it knows the path; without, the parsed proto saves a reparse
-        onnx.checker.check_model(str(p) if external else proto)
+        # model's folder only when it knows the path
+        onnx.checker.check_model(str(p) if external else data)
     except onnx.checker.ValidationError as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise InvalidModelError.at(p, f"invalid model (possibly truncated): {first}") from exc
-    return proto
+    return proto, data, external
 
 
 def load_model(path: str | os.PathLike[str]) -> ir.Model:
     """Load a validated model into ``onnx_ir``; external data stays memory-mapped."""
-    proto = read_proto(path)
-    external = any(True for _ in _external_tensors(proto))
+    proto, data, external = _read_validated(path)
     # inferring on the protobuf (weights not loaded) is far cheaper than on the IR later;
     # it is an aid only: custom ops and odd models load without it
     inferred: dict[str, onnx.TypeProto] = {}
     ran = False
     with contextlib.suppress(Exception):
         result = onnx.shape_inference.infer_shapes(
-            proto, check_type=False, strict_mode=False, data_prop=True
+            data, check_type=False, strict_mode=False, data_prop=True
         )
         inferred = {vi.name: vi.type for vi in result.graph.value_info}
         ran = True
+    del data
     model = ir.serde.deserialize_model(proto)
     _apply_inferred_types(model.graph, inferred)
     if ran and not _has_subgraphs(proto.graph):

@@ -82,6 +82,28 @@ def more_specific(new: ir.Shape | None, old: ir.Shape | None) -> bool:
     return False
 
 
+def _adds(tp: onnx.TypeProto, old: ir.Shape | None) -> bool:
+    """Whether the inferred tensor type ``tp`` may say more about the shape than ``old``: the
+    test of ``more_specific`` on the protobuf itself, which saves deserializing every value's
+    type when (as after most rewrites) inference finds nothing new. Non-tensor types: True."""
+    if old is None or tp.WhichOneof("value") != "tensor_type":
+        return True
+    tt = tp.tensor_type
+    if not tt.HasField("shape"):
+        return False
+    dims = tt.shape.dim
+    if len(dims) != len(old):
+        return False  # conflicting ranks: ``more_specific`` keeps the old shape
+    for n, o in zip(dims, old.dims, strict=True):
+        if isinstance(o, int):
+            continue
+        if n.HasField("dim_value"):
+            return True
+        if o.value is None and n.HasField("dim_param"):
+            return True
+    return False
+
+
 def unknown_shape_ids(model: ir.Model) -> set[int]:
     """Ids of node outputs with no type, no shape, or a dim nobody could name."""
     out: set[int] = set()
@@ -144,7 +166,7 @@ class ShapeInference(ir.passes.InPlacePass):
             for node in graph:
                 for value in node.outputs:
                     tp = types.get(value.name or "")
-                    if tp is None:
+                    if tp is None or (value.type is not None and not _adds(tp, value.shape)):
                         continue
                     try:
                         shape = ir.serde.deserialize_type_proto_for_shape(tp)
