@@ -105,7 +105,7 @@ def run_model(
 
     from optimizer_core.data import input_specs, load_npz
     from optimizer_core.gates import GatePolicy, evaluate
-    from optimizer_core.quantize import build_variant
+    from optimizer_core.quantize import QuantizeConfig, build_variant
 
     src, calib_path, eval_path = MODELS[name](cache)
     folder = out / name
@@ -121,7 +121,9 @@ def run_model(
         dst = folder / f"{variant}.onnx"
         log.info("%s: building %s", name, variant)
         t0 = time.perf_counter()
-        b = build_variant(src, dst, variant, calibration=calib.batches)
+        b = build_variant(
+            src, dst, variant, config=QuantizeConfig(tune_device="cpu"), calibration=calib.batches
+        )
         build_seconds[variant] = time.perf_counter() - t0
         builds[variant] = b.to_json()
         paths[variant] = dst

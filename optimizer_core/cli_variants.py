@@ -71,6 +71,12 @@ def _add_quant_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--preset", default="default", help="graph optimization preset run first")
     p.add_argument(
+        "--no-tune",
+        action="store_true",
+        help="skip timing runtime-specific rewrites on --device (residual-sum: Add before a "
+        "LayerNormalization written as Sum where onnxruntime runs it faster)",
+    )
+    p.add_argument(
         "--fp16-io",
         action="store_true",
         help="fp16: convert the model's inputs and outputs too (default: they stay float32)",
@@ -185,6 +191,7 @@ def _config(args: argparse.Namespace) -> Any:
         nodes_to_exclude=list(args.exclude),
         max_attempts=args.max_attempts,
         keep_io_types=not args.fp16_io,
+        tune_device=None if args.no_tune else args.device,
     )
 
 

@@ -186,7 +186,7 @@ class ChangeLog:
             t = self.target
             lines.append(
                 f"  target {t['target']}: kept the {t['kept']} model "
-                f"(p50 portable {t['p50_ms']['portable']:.3f} ms, fused {t['p50_ms']['fused']:.3f} ms; "
+                "(p50 " + ", ".join(f"{k} {v:.3f} ms" for k, v in t["p50_ms"].items()) + f"; "
                 f"contrib ops {t['contrib_ops'] or 'none'})"
             )
         for name, agg in self.per_pass().items():

@@ -94,6 +94,6 @@ def optimize_model(
     driver.log.target = {"target": options.target}
     if options.target in ("ort-cpu", "ort-cuda"):
         out, driver.log.target = apply_ort_target(out, options.target)
-        modified = modified or driver.log.target["kept"] == "fused"
+        modified = modified or driver.log.target["kept"] != "portable"
     record_metadata(out, options.target, driver.log.fusions())
     return OptimizeResult(model=out, log=driver.log, modified=modified)

@@ -64,6 +64,9 @@ class QuantizeConfig:
     fallback_fraction: float = 0.1
     keep_io_types: bool = True
     fp16_keep_float: list[str] = dataclasses.field(default_factory=lambda: list(FP16_KEEP_FLOAT))
+    # the device the variant is built for (``cpu`` / ``gpu``): rewrites that only pay off on
+    # some runtimes (``residual-sum``) are timed there and kept where faster; None: not tuned
+    tune_device: str | None = None
 
     def validate(self) -> None:
         if self.method not in CALIBRATION_METHODS:
@@ -73,6 +76,8 @@ class QuantizeConfig:
         for field in ("activation_type", "weight_type"):
             if getattr(self, field) not in QUANT_TYPES:
                 raise QuantizeError(f"{field} must be one of {', '.join(QUANT_TYPES)}")
+        if self.tune_device not in (None, "cpu", "gpu"):
+            raise QuantizeError("tune_device must be 'cpu', 'gpu' or None")
         if self.max_attempts < 1:
             raise QuantizeError("max_attempts must be at least 1")
         if not 0 < self.fallback_fraction <= 1:
@@ -113,6 +118,8 @@ class VariantBuild:
     attempts: list[Attempt]
     optimization: dict[str, Any]
     cleanup: dict[str, Any] | None
+    # what tuning for ``config.tune_device`` measured and kept (None: not tuned)
+    tuning: dict[str, Any] | None = None
 
     @property
     def excluded(self) -> list[str]:
@@ -135,6 +142,7 @@ class VariantBuild:
             "attempts": [a.to_json() for a in self.attempts],
             "optimization": self.optimization,
             "cleanup": self.cleanup,
+            "tuning": self.tuning,
         }
 
 
@@ -438,6 +446,10 @@ def build_variant(
         def finish(
             built: Path, attempts: list[Attempt], cleanup: dict[str, Any] | None
         ) -> VariantBuild:
+            tuning = None
+            if cfg.tune_device is not None:
+                _say(progress, f"{variant}: timing runtime-specific rewrites on {cfg.tune_device}")
+                tuning = _tune(built, cfg.tune_device, feeds)
             _publish(built, target)
             return VariantBuild(
                 variant,
@@ -448,6 +460,7 @@ def build_variant(
                 attempts,
                 opt.to_json(),
                 cleanup,
+                tuning,
             )
 
         _name_nodes(pre)
@@ -521,6 +534,16 @@ def build_variant(
         return finish(final, attempts, cleanup)
     finally:
         shutil.rmtree(stage, ignore_errors=True)
+
+
+def _tune(built: Path, device: str, feeds: Sequence[Feeds]) -> dict[str, Any]:
+    """Keep ``residual-sum`` in the built model where it is measurably faster on ``device``
+    (timed on the first calibration batch, or random inputs without calibration data)."""
+    from optimizer_core.graph.targets import tune_residual_sum
+    from optimizer_core.runtime import providers_for
+
+    provider = providers_for(device)[0]
+    return tune_residual_sum(built, provider, feeds=feeds[0] if feeds else None)
 
 
 def _publish(built: Path, target: Path) -> None:

@@ -333,7 +333,7 @@ def quantize(
     source = exported["source"]
     store = ctx.store()
     policy = config.gate_policy()
-    qconfig = QuantizeConfig(preset=config.preset)
+    qconfig = QuantizeConfig(preset=config.preset, tune_device=config.device)
     out: dict[str, Any] = {}
     label = "quantize" if only is None else "quantize." + "-".join(only)
     with _stage(ctx, run_id, "quantize", label=label) as client, ctx.scratch("quantize") as tmp:

@@ -1,0 +1,213 @@
+"""``residual-sum``: Add in front of a normalization written as Sum, and the measurement that
+decides where it is kept (the ``ort-cpu`` target, variant builds tuned for the CPU)."""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+import onnxruntime as ort
+import pytest
+from onnx import helper, numpy_helper
+
+from optimizer_core.graph import targets
+from optimizer_core.graph.framework import OptimizeOptions
+from optimizer_core.graph.optimize import optimize_model
+from optimizer_core.graph.presets import PRESETS
+from optimizer_core.graph.targets import tune_residual_sum
+from tests.helpers import assert_equivalent, op_types, rules_fired, run_passes
+
+HIDDEN = 384
+
+
+def _residual_ln(
+    layers: int = 1, *, opset: int = 17, extra_reader: bool = False, norm: str = "ln"
+) -> onnx.ModelProto:
+    """``layers`` blocks of x -> LayerNormalization(x + MatMul(x, W)); [batch, 128, HIDDEN]."""
+    rng = np.random.default_rng(0)
+    nodes, inits = [], []
+    x = "x"
+    outputs = []
+    for i in range(layers):
+        w = (rng.standard_normal((HIDDEN, HIDDEN)) / np.sqrt(HIDDEN)).astype(np.float32)
+        inits += [
+            numpy_helper.from_array(w, f"w{i}"),
+            numpy_helper.from_array(rng.uniform(0.5, 1.5, HIDDEN).astype(np.float32), f"g{i}"),
+        ]
+        nodes.append(helper.make_node("MatMul", [x, f"w{i}"], [f"h{i}"]))
+        nodes.append(helper.make_node("Add", [x, f"h{i}"], [f"s{i}"]))
+        if norm == "ln":
+            inits.append(
+                numpy_helper.from_array(rng.standard_normal(HIDDEN).astype(np.float32), f"b{i}")
+            )
+            nodes.append(
+                helper.make_node(
+                    "LayerNormalization", [f"s{i}", f"g{i}", f"b{i}"], [f"y{i}"], epsilon=1e-5
+                )
+            )
+        else:
+            nodes.append(
+                helper.make_node("RMSNormalization", [f"s{i}", f"g{i}"], [f"y{i}"], epsilon=1e-5)
+            )
+        if extra_reader:
+            nodes.append(helper.make_node("Relu", [f"s{i}"], [f"r{i}"]))
+            outputs.append(
+                helper.make_tensor_value_info(
+                    f"r{i}", onnx.TensorProto.FLOAT, ["batch", 128, HIDDEN]
+                )
+            )
+        x = f"y{i}"
+    graph = helper.make_graph(
+        nodes,
+        "residual",
+        [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["batch", 128, HIDDEN])],
+        [
+            helper.make_tensor_value_info(x, onnx.TensorProto.FLOAT, ["batch", 128, HIDDEN]),
+            *outputs,
+        ],
+        inits,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = 10
+    onnx.checker.check_model(model, full_check=True)
+    return model
+
+
+@pytest.mark.parametrize(("opset", "norm"), [(17, "ln"), (23, "ln"), (23, "rms")])
+def test_add_feeding_a_normalization_becomes_sum(opset, norm):
+    proto = _residual_ln(2, opset=opset, norm=norm)
+    out, result = run_passes(proto, ["residual-sum"])
+    assert rules_fired(result) == {"residual-sum": 2}
+    assert op_types(out).count("Sum") == 2 and "Add" not in op_types(out)
+    assert_equivalent(proto, out)  # exact: Sum of two is their Add
+
+
+def test_add_with_another_reader_or_as_graph_output_is_kept():
+    proto = _residual_ln(1, extra_reader=True)
+    out, result = run_passes(proto, ["residual-sum"])
+    assert rules_fired(result) == {} and "Sum" not in op_types(out)
+
+    graph_output = _residual_ln(1)
+    graph_output.graph.output.append(
+        helper.make_tensor_value_info("s0", onnx.TensorProto.FLOAT, ["batch", 128, HIDDEN])
+    )
+    out, result = run_passes(graph_output, ["residual-sum"])
+    assert rules_fired(result) == {}
+
+
+def test_add_into_a_normalizations_scale_is_kept():
+    proto = _residual_ln(1)
+    ln = next(n for n in proto.graph.node if n.op_type == "LayerNormalization")
+    # the sum is the scale, not the data: no fusion would take it, nothing to rewrite
+    ln.input[0], ln.input[1] = ln.input[1], ln.input[0]
+    _out, result = run_passes(proto, ["residual-sum"])
+    assert rules_fired(result) == {}
+
+
+def test_integer_add_is_kept():
+    model = onnx.parser.parse_model(
+        """<ir_version: 10, opset_import: ["" : 17]>
+        g (int64[4] a, int64[4] b) => (int64[4] y) { y = Add(a, b) }"""
+    )
+    _out, result = run_passes(model, ["residual-sum"])
+    assert rules_fired(result) == {}
+
+
+def test_residual_sum_is_in_no_preset():
+    assert all("residual-sum" not in names for names in PRESETS.values())
+
+
+def _kernels(path) -> list[str]:
+    """The ops onnxruntime's CPU provider runs for the model (its optimizations on)."""
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+    so.optimized_model_filepath = str(path) + ".ort.onnx"
+    so.log_severity_level = 3
+    ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+    return [n.op_type for n in onnx.load(str(path) + ".ort.onnx").graph.node]
+
+
+def test_sum_keeps_onnxruntime_off_skip_layer_normalization(tmp_path):
+    """The reason for the rewrite, checked against the installed onnxruntime: it fuses Add +
+    LayerNormalization into SkipLayerNormalization, and not Sum + LayerNormalization."""
+    proto = _residual_ln(1)
+    plain = tmp_path / "plain.onnx"
+    onnx.save(proto, plain)
+    summed_proto, _ = run_passes(proto, ["residual-sum"])
+    summed = tmp_path / "summed.onnx"
+    onnx.save(summed_proto, summed)
+    assert "SkipLayerNormalization" in _kernels(plain)
+    kernels = _kernels(summed)
+    assert "SkipLayerNormalization" not in kernels and "Sum" in kernels
+
+
+@pytest.mark.parametrize(("rewritten_p50", "kept"), [(0.5, "rewritten"), (0.99, "original")])
+def test_tuning_keeps_the_rewrite_only_when_measurably_faster(
+    tmp_path, monkeypatch, rewritten_p50, kept
+):
+    # the decision, with the timing replaced (the real timing runs in the test below)
+    path = tmp_path / "model.onnx"
+    onnx.save(_residual_ln(2), path)
+    monkeypatch.setattr(targets, "_p50s", lambda paths, *a: ([0.0, 0.0], [1.0, rewritten_p50]))
+    record = tune_residual_sum(path)
+    assert record["kept"] == kept
+    ops = op_types(onnx.load(str(path)))
+    assert ("Sum" in ops) == (kept == "rewritten")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model.onnx"]  # nothing left behind
+    if kept == "original":
+        assert "margin" in record["why"]
+
+
+def test_tuning_a_model_without_the_pattern_leaves_it_alone(tmp_path):
+    path = tmp_path / "model.onnx"
+    onnx.save(_residual_ln(1, extra_reader=True), path)
+    before = path.read_bytes()
+    assert tune_residual_sum(path) == {
+        "rewrite": "residual-sum",
+        "kept": "original",
+        "why": "nothing to rewrite",
+    }
+    assert path.read_bytes() == before
+
+
+def test_tuning_measures_on_onnxruntime(tmp_path):
+    """Real timing: whichever form wins, the file afterwards is a valid model with the same
+    outputs, and the record holds both measurements."""
+    proto = _residual_ln(4)
+    path = tmp_path / "model.onnx"
+    onnx.save(proto, path)
+    feeds = {"x": np.random.default_rng(1).standard_normal((1, 128, HIDDEN)).astype(np.float32)}
+    record = tune_residual_sum(path, feeds=feeds, runs=40)
+    assert set(record["p50_ms"]) == {"original", "rewritten"}
+    assert all(v > 0 for v in record["p50_ms"].values())
+    tuned = onnx.load(str(path))
+    assert ("Sum" in op_types(tuned)) == (record["kept"] == "rewritten")
+    assert_equivalent(proto, tuned)
+
+
+def test_ort_cpu_target_times_the_residual_sum_forms(monkeypatch):
+    """With the rewrite measured faster, ``ort-cpu`` keeps it (here on top of onnxruntime's
+    fused model), and the record holds all four timings."""
+    proto = _residual_ln(2)
+
+    def timing(paths, *a):
+        fast = {"fused-sum.onnx": 0.5, "portable-sum.onnx": 0.6}
+        return [0.0] * len(paths), [fast.get(p.name, 1.0) for p in paths]
+
+    monkeypatch.setattr(targets, "_p50s", timing)
+    model = ir.serde.deserialize_model(copy.deepcopy(proto))
+    result = optimize_model(model, options=OptimizeOptions(target="ort-cpu"))
+    # onnxruntime wrote the fused weights beside its model: read them in before serializing
+    out = ir.serde.serialize_model(ir.external_data.load_to_model(result.model))
+    record = result.log.target
+    assert record["kept"] == "fused+residual-sum"
+    assert set(record["p50_ms"]) == {
+        "portable",
+        "fused",
+        "portable+residual-sum",
+        "fused+residual-sum",
+    }
+    assert "SkipLayerNormalization" not in op_types(out) and "Sum" in op_types(out)
+    assert_equivalent(proto, out, rtol=1e-5, atol=1e-5)
