@@ -100,6 +100,10 @@ def parity(src: Path, dst: Path) -> dict[str, Any]:
     return {"parity_ok": ok, "max_rel_diff": rec.max_rel_diff, "max_abs_diff": rec.max_abs_diff}
 
 
+MIN_SECONDS = 8.0  # per model and setting, for models fast enough to afford it
+MAX_RUNS = 2000
+
+
 def latency(paths: dict[str, Path], runs: int, enable_ort_opt: bool) -> dict[str, float]:
     """p50 latency (ms) per variant; variants run interleaved so drift hits all alike."""
     import onnxruntime as ort
@@ -140,12 +144,18 @@ def latency(paths: dict[str, Path], runs: int, enable_ort_opt: bool) -> dict[str
         for s in sessions.values():
             s.run(None, feeds)
     per_round = (time.perf_counter() - t0) / 3
-    # big models (vgg19 runs seconds per round): keep each setting within about a minute
-    runs = max(5, min(runs, int(60 / per_round) if per_round > 0 else runs))
-    for _ in range(runs):
-        for key, s in sessions.items():
+    # small models get more rounds (at least ``runs``, up to about MIN_SECONDS of them: their
+    # sub-millisecond medians need many samples); big ones (vgg19 runs seconds per round)
+    # stay within about a minute per setting
+    if per_round > 0:
+        runs = max(runs, min(MAX_RUNS, int(MIN_SECONDS / per_round)))
+        runs = max(5, min(runs, int(60 / per_round)))
+    keys = list(sessions)
+    for r in range(runs):
+        # rotate the order: no variant always runs first (or right after the same one)
+        for key in keys[r % len(keys) :] + keys[: r % len(keys)]:
             t0 = time.perf_counter()
-            s.run(None, feeds)
+            sessions[key].run(None, feeds)
             times[key].append(time.perf_counter() - t0)
     return {k: statistics.median(v) * 1000 for k, v in times.items()}
 
@@ -164,7 +174,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--out", type=Path, default=ROOT / "results", help="where outputs and results.json go"
     )
-    ap.add_argument("--runs", type=int, default=30, help="interleaved latency runs per variant")
+    ap.add_argument(
+        "--runs",
+        type=int,
+        default=30,
+        help="interleaved latency runs per variant at least (small models get more, up to "
+        f"about {MIN_SECONDS:.0f} s per model and setting)",
+    )
     ap.add_argument(
         "--repeat",
         type=int,
