@@ -82,8 +82,8 @@ TOOLS = {
 
 # import each tool's modules before timing so the time is the optimization alone
 _IMPORTS = {
-    "graphtrim": ["optimizer_core.graph.optimize", "onnxruntime"],
-    "graphtrim-grow": ["optimizer_core.graph.optimize", "onnxruntime"],
+    "graphtrim": ["optimizer_core.graph.optimize", "optimizer_core.modelio", "onnxruntime"],
+    "graphtrim-grow": ["optimizer_core.graph.optimize", "optimizer_core.modelio", "onnxruntime"],
     "onnxsim": ["onnxsim"],
     "onnxslim": ["onnxslim"],
     "onnxoptimizer": ["onnxoptimizer"],

@@ -176,10 +176,11 @@ def _name_reshape_dims(node: ir.Node, target: list[int]) -> None:
     )
 
 
-def _rename(out: ir.Value, dims: list[int | str]) -> bool:
+def _rename(out: ir.Value, dims: list[int | str], forgotten: list[ir.Value]) -> bool:
     """Give ``out`` the dims ``dims`` (proved by its producer) and forget the shapes onnx's
-    inference derived downstream from the unnamed dims (named ``unk__*``), so that the next
-    inference names them too. False when there is nothing to do."""
+    inference derived downstream from the unnamed dims (named ``unk__*``, appended to
+    ``forgotten``), so that the next inference names them too. False when there is nothing to
+    do."""
     current = u.symbolic_dims(out)
     if current == dims or out.is_graph_output():
         return False
@@ -203,6 +204,7 @@ def _rename(out: ir.Value, dims: list[int | str]) -> bool:
                 if any(isinstance(d, str) and d.startswith("unk__") for d in found):
                     o.shape = None
                     pending.append(o)
+                    forgotten.append(o)
     return True
 
 
@@ -215,12 +217,37 @@ class SymbolicShapes(GraphtrimPass):
     exact = True
     summary = "computed Reshape/Expand shapes made constant where symbolic dims prove the entries"
 
+    # rounds of renaming and re-inference within one run (see ``apply``)
+    max_rounds = 4
+
     def apply(self, model: ir.Model) -> bool:
+        """Rewrite what the current shapes prove. Renaming dims forgets the shapes inference
+        derived from them; inference then runs at once and the rules again, so that what the
+        new names prove is found in this run rather than one whole fixed-point iteration later
+        (each iteration runs every pass again)."""
+        from optimizer_core.graph.shape_inference import ShapeInference
+
+        changed = False
+        for _ in range(self.max_rounds):
+            forgotten: list[ir.Value] = []
+            changed |= self._apply_once(model, forgotten)
+            if not forgotten:
+                break
+            ShapeInference().call(model)
+            if all(v.shape is None for v in forgotten):
+                break  # inference found none of them again: another round would not either
+        return changed
+
+    def _apply_once(self, model: ir.Model, forgotten: list[ir.Value]) -> bool:
         changed = False
         namer: u.NameGenerator | None = None
         for graph, node in u.standard_nodes(model):
             if node.op_type in ("Range", "ConstantOfShape"):
-                named = self._name_range(node) if node.op_type == "Range" else self._name_fill(node)
+                named = (
+                    self._name_range(node, forgotten)
+                    if node.op_type == "Range"
+                    else self._name_fill(node, forgotten)
+                )
                 if named:
                     self.hit("range-dim" if node.op_type == "Range" else "fill-dims")
                     changed = True
@@ -251,7 +278,7 @@ class SymbolicShapes(GraphtrimPass):
         return changed
 
     @staticmethod
-    def _name_range(node: ir.Node) -> bool:
+    def _name_range(node: ir.Node, forgotten: list[ir.Value]) -> bool:
         """``Range(0, d, 1)`` for a dim ``d`` read from a tensor has that dim's length."""
         if len(node.inputs) != 3 or u.const_ints(node.inputs[0]) != [0]:
             return False
@@ -260,10 +287,10 @@ class SymbolicShapes(GraphtrimPass):
         limit = _entries(node.inputs[1]) if node.inputs[1] is not None else None
         if limit is None or len(limit) != 1 or not isinstance(limit[0], _Dim):
             return False
-        return _rename(node.outputs[0], [limit[0].value])
+        return _rename(node.outputs[0], [limit[0].value], forgotten)
 
     @staticmethod
-    def _name_fill(node: ir.Node) -> bool:
+    def _name_fill(node: ir.Node, forgotten: list[ir.Value]) -> bool:
         """``ConstantOfShape(s)`` has the shape ``s`` says, dim by dim."""
         entries = _entries(node.inputs[0]) if node.inputs and node.inputs[0] is not None else None
         if entries is None:
@@ -276,7 +303,7 @@ class SymbolicShapes(GraphtrimPass):
                 dims.append(e)
             else:
                 return False
-        return _rename(node.outputs[0], dims)
+        return _rename(node.outputs[0], dims, forgotten)
 
     @staticmethod
     def _computed(node: ir.Node) -> list[_Entry] | None:
