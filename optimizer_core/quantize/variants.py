@@ -26,7 +26,7 @@ import numpy as np
 import onnx
 
 from optimizer_core.data import CalibrationReader, Feeds
-from optimizer_core.errors import GraphtrimError
+from optimizer_core.errors import GraphtrimError, VerificationError
 from optimizer_core.quantize.sensitivity import NodeError, node_errors
 
 logger = logging.getLogger("graphtrim.quantize")
@@ -449,7 +449,9 @@ def build_variant(
             tuning = None
             if cfg.tune_device is not None:
                 _say(progress, f"{variant}: timing runtime-specific rewrites on {cfg.tune_device}")
-                tuning = _tune(built, cfg.tune_device, feeds)
+                # fp16 inputs (``keep_io_types=False``) cannot take the float32 calibration feeds
+                fp16_io = variant == "fp16" and not cfg.keep_io_types
+                tuning = _tune(built, cfg.tune_device, [] if fp16_io else feeds)
             _publish(built, target)
             return VariantBuild(
                 variant,
@@ -543,7 +545,17 @@ def _tune(built: Path, device: str, feeds: Sequence[Feeds]) -> dict[str, Any]:
     from optimizer_core.runtime import providers_for
 
     provider = providers_for(device)[0]
-    return tune_residual_sum(built, provider, feeds=feeds[0] if feeds else None)
+    try:
+        return tune_residual_sum(built, provider, feeds=feeds[0] if feeds else None)
+    except VerificationError:
+        raise  # a rewrite that changed results: never a model to publish
+    except Exception as exc:  # the timing itself failed: the variant stays as built
+        logger.warning("tuning for %s skipped: %s", device, exc)
+        return {
+            "rewrite": "residual-sum",
+            "kept": "original",
+            "why": f"could not be timed: {type(exc).__name__}: {exc}",
+        }
 
 
 def _publish(built: Path, target: Path) -> None:

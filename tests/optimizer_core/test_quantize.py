@@ -753,3 +753,15 @@ def test_variant_without_tune_device_is_not_tuned(tmp_path):
 def test_tune_device_is_validated():
     with pytest.raises(QuantizeError, match="tune_device"):
         QuantizeConfig(tune_device="tpu").validate()
+
+
+def test_fp16_variant_with_fp16_inputs_is_tuned_on_random_inputs(tmp_path):
+    """The float32 calibration feeds cannot drive a model whose inputs became float16: the
+    timing uses random inputs of the right type instead of failing the build."""
+    src = _residual_ln_model(tmp_path / "block.onnx")
+    dst = tmp_path / "block.fp16.onnx"
+    feeds = [{"x": np.zeros((1, 16, 64), np.float32)}]
+    config = QuantizeConfig(tune_device="cpu", keep_io_types=False)
+    build = build_variant(src, dst, "fp16", config=config, calibration=feeds)
+    assert build.tuning is not None and set(build.tuning["p50_ms"]) == {"original", "rewritten"}
+    assert _session(dst).get_inputs()[0].type == "tensor(float16)"
