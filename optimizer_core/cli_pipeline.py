@@ -79,6 +79,11 @@ def _add_pipeline_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--experiment", default="graphtrim", help="MLflow experiment of the runs")
     p.add_argument("--no-fallback", action="store_true", help="no sensitivity fallback")
+    p.add_argument(
+        "--fx-simplify",
+        action="store_true",
+        help="PyTorch models: torch.fx dead-code elimination and constant folding before export",
+    )
     p.add_argument("--workdir", help="scratch folder (default: the system's temporary folder)")
     p.add_argument(
         "--orchestrator-run-id",
@@ -311,6 +316,7 @@ def _context_and_config(args: argparse.Namespace) -> tuple[Any, Any]:
         target_name=args.target_name or None,
         experiment=args.experiment,
         fallback=not args.no_fallback,
+        fx_simplify=args.fx_simplify,
     )
     return ctx, config
 

@@ -44,6 +44,8 @@ class PipelineConfig:
     target_name: str | None = None  # registered model for the variants; default: the source's
     experiment: str = "graphtrim"
     fallback: bool = True
+    # PyTorch models: torch.fx dead-code elimination and constant folding before export
+    fx_simplify: bool = False
 
     def __post_init__(self) -> None:
         from optimizer_core.graph.presets import PRESETS
@@ -112,6 +114,8 @@ class PipelineConfig:
         doc = self.to_json()
         for k in ("calibration", "eval_data", "experiment", "target_name"):
             doc.pop(k)
+        if not doc["fx_simplify"]:
+            doc.pop("fx_simplify")  # off: the hash of configs from before the option existed
         if parts:
             doc = {k: doc[k] for k in parts}
         return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()

@@ -174,9 +174,14 @@ def _export_torch(
 
 
 def to_onnx(
-    folder: str | Path, dst: str | Path, *, registry: str = "the configured registry"
+    folder: str | Path,
+    dst: str | Path,
+    *,
+    registry: str = "the configured registry",
+    fx_simplify: bool = False,
 ) -> ExportInfo:
-    """Write the model in MLflow model folder ``folder`` as ONNX at ``dst``."""
+    """Write the model in MLflow model folder ``folder`` as ONNX at ``dst``; with
+    ``fx_simplify`` a PyTorch model goes through ``torch_simplify.fx_simplify`` first."""
     src = Path(folder)
     out = Path(dst)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -218,6 +223,11 @@ def to_onnx(
         raise ExportError(f"cannot load the PyTorch model: {type(exc).__name__}: {exc}") from exc
     if hasattr(module, "eval") and not type(module).__name__.endswith("GraphModule"):
         module.eval()
+    if fx_simplify:
+        from optimizer_core.stages.torch_simplify import fx_simplify as simplify
+
+        module, fx_notes = simplify(module)
+        notes += fx_notes
     names = [s["name"] for s in specs] if specs else [f"input_{i}" for i in range(len(arrays))]
     dyn = _dynamic_dims(specs, arrays)
     exporter, more = _export_torch(module, arrays, dyn, names, out)

@@ -194,7 +194,9 @@ def export(ctx: StageContext, config: PipelineConfig, model_uri: str) -> dict[st
         ctx.say(f"export: downloading {source.uri}")
         folder = registry.download(source, str(tmp / "download"))
         onnx_path = tmp / "onnx" / "model.onnx"
-        info = to_onnx(folder, onnx_path, registry=registry.tracking_uri)
+        info = to_onnx(
+            folder, onnx_path, registry=registry.tracking_uri, fx_simplify=config.fx_simplify
+        )
         read_proto(onnx_path)  # the exported file is a valid model before anything refers to it
         stored = store.put_model(
             onnx_path,
