@@ -55,6 +55,49 @@ def _stats(xs: list[float]) -> dict[str, float | None]:
     }
 
 
+# the stage each task of graphtrim_optimize_model runs (``graphtrim.seconds.<label>`` tags)
+_STAGE_OF_TASK = {
+    "export": "export",
+    "optimize": "optimize",
+    "quantize": "quantize",
+    "gate": "validate",
+    "register": "register",
+    "promote": "promote",
+}
+
+
+def _stage_seconds(mlflow_url: str, dag_run_id: str) -> dict[tuple[str, int], float]:
+    """(task id, map index) -> seconds the stage itself worked, from the pipeline's MLflow run
+    (mapped tasks pair with their stage labels in variant order, as the DAG maps them)."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(mlflow_url)
+    exp = client.get_experiment_by_name("graphtrim")
+    if exp is None:
+        return {}
+    key = f"airflow:graphtrim_optimize_model:{dag_run_id}"
+    found = client.search_runs(
+        [exp.experiment_id], f"tags.`graphtrim.orchestrator_run_id` = '{key}'", max_results=1
+    )
+    if not found:
+        return {}
+    tags = found[0].data.tags
+    variants = [v for v in found[0].data.params.get("variants", "").split(",") if v]
+    out: dict[tuple[str, int], float] = {}
+    for task, stage in _STAGE_OF_TASK.items():
+        plain = tags.get(f"graphtrim.seconds.{stage}")
+        if plain is not None:
+            out[(task, -1)] = float(plain)
+        for i, v in enumerate(variants):
+            # a stage over all the config's variants is labelled by its name alone
+            mapped = tags.get(f"graphtrim.seconds.{stage}.{v}")
+            if mapped is None and len(variants) == 1:
+                mapped = plain
+            if mapped is not None:
+                out[(task, i)] = float(mapped)
+    return out
+
+
 def run_once(executor: str, versions: int, model: Path, root: Path) -> dict[str, Any]:
     import boto3
 
@@ -101,11 +144,13 @@ def run_once(executor: str, versions: int, model: Path, root: Path) -> dict[str,
                 for down in u.get("downstream_task_ids") or []:
                     upstream.setdefault(down, []).append(u["task_id"])
             gaps, decide, slot, sched, waits, walls = [], [], [], [], [], []
+            added, stage_gaps = [], []  # per stage task: wall minus the stage's own work; gap
             for r in runs:
                 tis = _get(
                     api,
                     f"/api/v2/dags/graphtrim_optimize_model/dagRuns/{r['dag_run_id']}/taskInstances",
                 )["task_instances"]
+                compute = _stage_seconds(d["mlflow"], r["dag_run_id"])
                 ends: dict[str, float] = {}
                 for t in tis:
                     e = _ts(t.get("end_date"))
@@ -129,6 +174,11 @@ def run_once(executor: str, versions: int, model: Path, root: Path) -> dict[str,
                         slot.append(max(0.0, queued - scheduled))  # a free executor slot
                     if queued is not None:
                         waits.append(start - queued)  # broker + waiting for a free slot
+                    work = compute.get((t["task_id"], t.get("map_index", -1)))
+                    if work is not None:
+                        added.append(max(0.0, stop - start - work))
+                        if ready is not None:
+                            stage_gaps.append(start - ready)
             models = {(r.get("conf") or {}).get("model_name") for r in runs}
             return {
                 "executor": kind,
@@ -144,6 +194,11 @@ def run_once(executor: str, versions: int, model: Path, root: Path) -> dict[str,
                 "scheduled_to_queued_s": _stats(slot),
                 "queued_to_start_s": _stats(waits),
                 "task_wall_s": _stats(walls),
+                # what the orchestrator adds to a stage inside its task (process start, DAG
+                # parse, imports not preloaded, XCom) and before it (ready -> start)
+                "stage_task_added_s": _stats(added),
+                "stage_overhead_s": _stats([a + g for a, g in zip(added, stage_gaps, strict=True)]),
+                "stage_tasks": len(added),
                 "tasks": len(walls),
             }
 

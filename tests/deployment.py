@@ -198,6 +198,9 @@ def deployment(
                 # with 1, 29 held it 1 s, none longer, 167 versions/h (the price: one heartbeat
                 # a second per running task to the API server)
                 AIRFLOW__WORKERS__MIN_HEARTBEAT_INTERVAL="1",
+                # workers import graphtrim's stage modules (MLflow, onnx, boto3) once at start;
+                # each task process they fork inherits them instead of importing them again
+                AIRFLOW__CELERY__CELERY_CONFIG_OPTIONS="operators.airflow.celery_config.CELERY_CONFIG",
                 AIRFLOW_CONN_MLFLOW_DEFAULT=json.dumps(
                     {"conn_type": "graphtrim_mlflow", "host": mlflow_url}
                 ),

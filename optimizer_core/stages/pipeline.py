@@ -136,7 +136,12 @@ def _stage(
     ctx: StageContext, run_id: str, name: str, *, last: bool = False, label: str | None = None
 ) -> Iterator[Any]:
     """Mark the run RUNNING while the stage works; FAILED (with the error) if it raises. The
-    MLflow run records where the stage (``label``: the stage and its variants) ran."""
+    MLflow run records where the stage (``label``: the stage and its variants) ran, and how long
+    its own work took (``graphtrim.seconds.<label>``: what an orchestrator adds is the task's
+    wall time minus this)."""
+    import time
+
+    start = time.perf_counter()
     client = _client(ctx)
     client.update_run(run_id, status="RUNNING")
     client.set_tag(
@@ -152,6 +157,7 @@ def _stage(
             client.set_terminated(run_id, status="FAILED")
         raise
     client.set_tag(run_id, T + "last_stage", name)
+    client.set_tag(run_id, f"{T}seconds.{label or name}", f"{time.perf_counter() - start:.3f}")
     if last:
         client.set_terminated(run_id, status="FINISHED")
     ctx.say(f"{name}: done")

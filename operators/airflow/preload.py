@@ -1,0 +1,55 @@
+"""Imported once by a Celery worker at start (see :mod:`operators.airflow.celery_config`): the
+modules graphtrim's stage tasks need, so that the task processes the worker forks inherit them.
+
+Only imports: no thread, session or connection is opened here, so forking stays safe. torch is
+left out (only the export of PyTorch models needs it, and it would triple the worker's memory).
+A module that fails to import is logged and skipped: the worker still starts, and the task that
+needs it reports the error itself.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import time
+
+logger = logging.getLogger("graphtrim.preload")
+
+MODULES = (
+    "numpy",
+    "onnx",
+    "onnx_ir",
+    "onnxruntime",
+    "boto3",
+    "mlflow",
+    "mlflow.tracking",
+    "mlflow.onnx",
+    "optimizer_core.stages.pipeline",
+    "optimizer_core.stages.export",
+    "optimizer_core.integrations.registry",
+    "optimizer_core.integrations.artifacts",
+    "optimizer_core.gates",
+    "optimizer_core.quantize",
+    "operators.airflow.operators",
+)
+
+
+def preload(modules: tuple[str, ...] = MODULES) -> dict[str, float]:
+    """Import ``modules``; seconds per module (``-1`` for one that failed)."""
+    took: dict[str, float] = {}
+    for name in modules:
+        start = time.perf_counter()
+        try:
+            importlib.import_module(name)
+        except Exception as exc:  # a worker must start even if an optional module is missing
+            logger.warning("graphtrim preload: %s not imported: %s", name, exc)
+            took[name] = -1.0
+            continue
+        took[name] = time.perf_counter() - start
+    logger.info(
+        "graphtrim preload: %d modules in %.2f s", len(took), sum(max(t, 0) for t in took.values())
+    )
+    return took
+
+
+SECONDS = preload()
