@@ -158,10 +158,10 @@ def test_expand_to_own_dims_becomes_a_no_op():
     assert_equivalent(proto, out, dim_values=DIMS)
 
 
-def test_range_and_fill_dims_are_named_so_later_reshapes_resolve():
+def _relative_position_model():
     # relative-position style: Range over seq, a bias computed from it, added to the scores,
     # then a Reshape whose shape reads seq from elsewhere: only names prove it copies dim 2
-    proto = parse(
+    return parse(
         """
         <ir_version: 8, opset_import: ["" : 17]>
         g (float[batch, 4, seq, 8] x) => (float[batch, 4, seq, 8] y) {
@@ -195,6 +195,10 @@ def test_range_and_fill_dims_are_named_so_later_reshapes_resolve():
         }
         """
     )
+
+
+def test_range_and_fill_dims_are_named_so_later_reshapes_resolve():
+    proto = _relative_position_model()
     out, result = run_passes(proto)
     fired = rules_fired(result)
     assert fired["range-dim"] == 1 and fired["fill-dims"] == 1
@@ -203,6 +207,16 @@ def test_range_and_fill_dims_are_named_so_later_reshapes_resolve():
     assert fired["reshape-noop"] == 1
     assert "Reshape" not in op_types(out) and "Concat" not in op_types(out)
     assert_equivalent(proto, out, rtol=1e-6, atol=1e-6, dim_values={"batch": 2, "seq": 5})
+
+
+def test_what_new_names_prove_is_found_in_the_same_run():
+    """The names given by range-dim / fill-dims make inference name the bias and the scores;
+    the pass re-infers at once, so the Reshape resolves in its first run, not an iteration
+    later."""
+    _, result = run_passes(_relative_position_model(), ["symbolic-shapes"])
+    first = next(r for r in result.log.records if r.pass_name == "symbolic-shapes")
+    assert first.iteration == 1
+    assert first.rules == {"range-dim": 1, "fill-dims": 1, "reshape-copy-dims": 1}
 
 
 # K of attention as torch's dynamo exporter writes it: [b, h, s, d] -> [b*h, s, d] ->
