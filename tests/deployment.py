@@ -125,6 +125,41 @@ def _wait_http(url: str, procs: Processes, timeout: float, ok: Any = None) -> No
 
 
 @contextlib.contextmanager
+def redis_database() -> Iterator[int]:
+    """A Redis database number (1-15) no other deployment on this machine uses meanwhile.
+
+    Two deployments on one broker database would take each other's tasks: a worker would run
+    a task of the other deployment and call its own API server with the other scheduler's
+    token ("Invalid auth token"), and both runs would hang. A lock file per number, held for
+    the deployment's lifetime, keeps concurrent test processes apart; a database that already
+    holds keys (someone else's) is never taken, since the deployment flushes it."""
+    import fcntl
+    import tempfile
+
+    numbers = list(range(1, 16))
+    random.shuffle(numbers)
+    for n in numbers:
+        lock = open(Path(tempfile.gettempdir()) / f"graphtrim-redis-db-{n}.lock", "w")  # noqa: SIM115
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            lock.close()
+            continue
+        size = subprocess.run(
+            ["redis-cli", "-u", f"{REDIS}/{n}", "DBSIZE"], capture_output=True, text=True
+        ).stdout.strip()
+        if size not in ("0", ""):
+            lock.close()  # someone else's data: leave it alone
+            continue
+        try:
+            yield n
+        finally:
+            lock.close()  # closing the file releases the lock
+        return
+    raise RuntimeError("no free Redis database (1-15) on this machine")
+
+
+@contextlib.contextmanager
 def deployment(
     root: Path, *, s3: str, bucket: str, executor: str = "CeleryExecutor"
 ) -> Iterator[dict[str, Any]]:
@@ -135,8 +170,11 @@ def deployment(
     logs = root / "logs"
     logs.mkdir(exist_ok=True)
     procs = Processes(logs)
-    redis_db = random.randint(1, 15)
-    with database("graphtrim_airflow") as airflow_db, database("graphtrim_mlflow") as mlflow_db:
+    with (
+        redis_database() as redis_db,
+        database("graphtrim_airflow") as airflow_db,
+        database("graphtrim_mlflow") as mlflow_db,
+    ):
         try:
             base = dict(os.environ)
             base.update(
