@@ -311,3 +311,15 @@ def save_model(
         return written
     finally:
         shutil.rmtree(tmpdir, ignore_errors=True)
+
+
+def publish_model(built: Path, target: Path) -> None:
+    """Move a finished model file (and its ``.data`` file) over ``target``, data first; a data
+    file ``target`` had that ``built`` does not need goes."""
+    data = built.with_name(built.name + ".data")
+    target_data = target.with_name(target.name + ".data")
+    if data.exists():
+        os.replace(data, target_data)
+    else:
+        target_data.unlink(missing_ok=True)
+    os.replace(built, target)

@@ -98,14 +98,15 @@ def _p50s(
     if feeds is None:
         specs = [(i.name, i.type, list(i.shape)) for i in sessions[0].get_inputs()]
         feeds = make_inputs(specs, seed=0)
+    feeds = dict(feeds)
     times: list[list[float]] = [[] for _ in sessions]
     for s in sessions:  # warm-up
-        s.run(None, dict(feeds))
+        s.run(None, feeds)
     order = list(range(len(sessions)))
     for r in range(runs):
         for k in order[r % len(order) :] + order[: r % len(order)]:
             start = time.perf_counter()
-            sessions[k].run(None, dict(feeds))
+            sessions[k].run(None, feeds)
             times[k].append(time.perf_counter() - start)
     return loads, [statistics.median(t) for t in times]
 
@@ -122,7 +123,7 @@ def tune_residual_sum(
     faster on ``provider`` (as deployed, onnxruntime's optimizations on); the record says what
     was measured and what was kept. The file is replaced only by a complete new one."""
     from optimizer_core.graph.passes.residual import ResidualSum
-    from optimizer_core.modelio import load_model, save_model
+    from optimizer_core.modelio import load_model, publish_model, save_model
 
     target = Path(path)
     model = load_model(target)
@@ -130,7 +131,7 @@ def tune_residual_sum(
         return {"rewrite": "residual-sum", "kept": "original", "why": "nothing to rewrite"}
     with tempfile.TemporaryDirectory(prefix=".graphtrim-tune-", dir=target.parent) as tmp:
         candidate = Path(tmp) / target.name
-        written = save_model(model, candidate)
+        save_model(model, candidate)
         del model
         _, p50 = _p50s([target, candidate], provider, runs, threads, feeds)
         faster = p50[1] < p50[0] * (1 - NOISE_MARGIN)
@@ -156,12 +157,7 @@ def tune_residual_sum(
                     pass_name="residual-sum",
                     record=check,
                 )
-            data_name = f"{target.name}.data"
-            # the data file first: the model file names it
-            for f in sorted(written, key=lambda f: f.name != data_name):
-                os.replace(f, target.parent / f.name)
-            if all(f.name != data_name for f in written):
-                (target.parent / data_name).unlink(missing_ok=True)
+            publish_model(candidate, target)
         else:
             record["why"] = (
                 f"rewritten model ran at {p50[1] * 1e3:.3f} ms p50 against "

@@ -421,6 +421,7 @@ def build_variant(
             kept in float and the variant rebuilt (``config.max_attempts`` builds at most). The
             last attempt's file is written either way; ``accuracy_passed`` says how it went.
     """
+    from optimizer_core.modelio import publish_model
     from optimizer_core.optimize import optimize_file
 
     cfg = config or QuantizeConfig()
@@ -452,7 +453,7 @@ def build_variant(
                 # fp16 inputs (``keep_io_types=False``) cannot take the float32 calibration feeds
                 fp16_io = variant == "fp16" and not cfg.keep_io_types
                 tuning = _tune(built, cfg.tune_device, [] if fp16_io else feeds)
-            _publish(built, target)
+            publish_model(built, target)
             return VariantBuild(
                 variant,
                 str(source),
@@ -556,14 +557,3 @@ def _tune(built: Path, device: str, feeds: Sequence[Feeds]) -> dict[str, Any]:
             "kept": "original",
             "why": f"could not be timed: {type(exc).__name__}: {exc}",
         }
-
-
-def _publish(built: Path, target: Path) -> None:
-    """Move a finished model (and its external data) into place, data first."""
-    data = built.with_name(built.name + ".data")
-    target_data = target.with_name(target.name + ".data")
-    if data.exists():
-        os.replace(data, target_data)
-    else:
-        target_data.unlink(missing_ok=True)
-    os.replace(built, target)
