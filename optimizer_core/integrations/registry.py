@@ -47,6 +47,13 @@ class SourceVersion:
         return dataclasses.asdict(self)
 
 
+def is_graphtrim_output(tags: Mapping[str, str] | None) -> bool:
+    """Whether a model version with these tags was registered by graphtrim (a variant of
+    another version): triggers and scans skip such versions, or every variant would be
+    optimized again as a new source (a feedback loop)."""
+    return bool(tags) and (VARIANT_TAG in tags or KEY_TAG in tags)  # type: ignore[operator]
+
+
 def parse_models_uri(uri: str) -> tuple[str, str | None, str | None]:
     """``models:/NAME/VERSION`` or ``models:/NAME@ALIAS`` -> (name, version, alias)."""
     m = _MODELS_URI.match(uri.strip())
