@@ -150,6 +150,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=16,
         help="unroll Loops whose constant trip count is at most this (0 disables unrolling)",
     )
+    opt.add_argument(
+        "--keep-metadata",
+        action="store_true",
+        help="keep the exporter's debug metadata (per-node metadata_props such as torch's "
+        "stack traces, doc strings); by default it is removed. The model's own "
+        "metadata_props are always kept",
+    )
     opt.add_argument("-q", "--quiet", action="store_true", help="print nothing but errors")
     opt.add_argument(
         "--progress",
@@ -236,6 +243,7 @@ def _cmd_optimize(args: argparse.Namespace) -> int:
         trials=args.trials,
         dim_values=_dims(args.dim),
         progress=progress if show_progress else None,
+        keep_metadata=args.keep_metadata,
     )
     if args.report:
         report.write_json(args.report)
@@ -243,6 +251,11 @@ def _cmd_optimize(args: argparse.Namespace) -> int:
         print(report.table())
         print()
         print(report.log.summary())
+        if report.metadata_stripped is not None and report.metadata_stripped.items:
+            print(
+                f"debug metadata: removed {report.metadata_stripped.items} item(s), "
+                f"{report.metadata_stripped.bytes} bytes (--keep-metadata keeps them)"
+            )
         if report.verification is not None:
             print(f"verification: {report.verification.summary()}")
         print(f"wrote {args.output}")

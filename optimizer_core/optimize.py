@@ -17,6 +17,7 @@ import onnx
 from optimizer_core import __version__
 from optimizer_core.errors import GraphtrimError, VerificationError
 from optimizer_core.graph.framework import ChangeLog, Instrument, OptimizeOptions, ProgressFn
+from optimizer_core.graph.metadata import StrippedMetadata, strip_debug_metadata_stats
 from optimizer_core.graph.optimize import optimize_model
 from optimizer_core.modelio import load_model, read_proto, save_model
 from optimizer_core.report import ModelStats, before_after_table
@@ -32,6 +33,8 @@ class OptimizeReport:
     log: ChangeLog
     seconds: float
     verification: VerificationRecord | None = None
+    # exporter debug metadata removed from the output; None when it was kept
+    metadata_stripped: StrippedMetadata | None = None
 
     def table(self) -> str:
         return before_after_table(self.before, self.after, self.seconds)
@@ -45,6 +48,11 @@ class OptimizeReport:
             "before": self.before.to_json(),
             "after": self.after.to_json(),
             "optimization": self.log.to_json(),
+            "debug_metadata": (
+                {"stripped": True, **self.metadata_stripped.to_json()}
+                if self.metadata_stripped is not None
+                else {"stripped": False}
+            ),
             "verification": self.verification.to_json() if self.verification else None,
         }
 
@@ -101,12 +109,16 @@ def optimize_file(
     trials: int = 3,
     dim_values: Mapping[str, int] | None = None,
     progress: ProgressFn | None = None,
+    keep_metadata: bool = False,
 ) -> OptimizeReport:
     """Optimize the model at ``src`` into ``dst``.
 
     The input is never written. With ``check`` the saved result is compared with the input in
     onnxruntime; with ``check_each_pass`` every pass is checked and the first one to change
     results is named. Either failure raises :class:`VerificationError` and leaves no output.
+    Exporter debug metadata (node ``metadata_props``, doc strings: see
+    :mod:`optimizer_core.graph.metadata`) is removed from the output unless ``keep_metadata``;
+    the model's own ``metadata_props`` always stay. The report says how much went.
 
     Raises:
         InvalidModelError: the input cannot be optimized (corrupt, unsafe, unsupported).
@@ -137,6 +149,7 @@ def optimize_file(
         instruments=instruments,
         progress=progress,
     )
+    stripped = None if keep_metadata else strip_debug_metadata_stats(result.model)
     seconds = time.perf_counter() - start
     dst_p.parent.mkdir(parents=True, exist_ok=True)
     # stage beside the target: a model that fails verification never reaches ``dst``
@@ -144,7 +157,9 @@ def optimize_file(
     try:
         staged = save_model(result.model, staging / dst_p.name)
         after = ModelStats.of(result.model, staged)
-        report = OptimizeReport(str(src_p), str(dst_p), before, after, result.log, seconds)
+        report = OptimizeReport(
+            str(src_p), str(dst_p), before, after, result.log, seconds, metadata_stripped=stripped
+        )
         if check:
             if progress is not None:
                 progress("verifying the optimized model against the input")
