@@ -90,7 +90,34 @@ def _add_pipeline_args(p: argparse.ArgumentParser) -> None:
         help="the orchestrator's run id, recorded in the lineage; a retry with the same id "
         "logs into the same MLflow run",
     )
-    p.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
+    p.add_argument(
+        "--rejudge",
+        action="store_true",
+        help="build and measure again the variants earlier runs already judged under this "
+        "config (by default they are reported with their recorded verdicts)",
+    )
+    p.add_argument(
+        "--allow-variant-source",
+        action="store_true",
+        help="optimize a version that graphtrim itself registered (refused by default: the "
+        "pipeline would feed on its own output)",
+    )
+    p.add_argument(
+        "--force-promotion",
+        action="store_true",
+        help="move the champion alias even where a person holds it (promote / rollback)",
+    )
+    p.add_argument(
+        "--child-timeout",
+        type=float,
+        default=1800.0,
+        metavar="SECONDS",
+        help="limit for one variant's build or gates, each run in a child process (a crash "
+        "or a hang there fails that variant only)",
+    )
+    p.add_argument(
+        "-q", "--quiet", action="store_true", help="no progress lines, only the result table"
+    )
 
 
 def add_parsers(sub: Any) -> None:
@@ -304,7 +331,15 @@ def _context_and_config(args: argparse.Namespace) -> tuple[Any, Any]:
         s3_endpoint_url=args.s3_endpoint_url,
         orchestrator_run_id=args.orchestrator_run_id,
         progress=None if args.quiet else progress,
+        rejudge=args.rejudge,
+        allow_variant_source=args.allow_variant_source,
+        force_promotion=args.force_promotion,
+        child_timeout=args.child_timeout,
     )
+    if args.child_timeout <= 0:
+        raise GraphtrimError("--child-timeout must be a positive number of seconds")
+    if args.quiet:
+        _quiet()
     config = PipelineConfig(
         variants=tuple(args.variants),
         preset=args.preset,
@@ -321,13 +356,38 @@ def _context_and_config(args: argparse.Namespace) -> tuple[Any, Any]:
     return ctx, config
 
 
+def _quiet() -> None:
+    """``-q``: warnings and errors only, from graphtrim, MLflow and the exporters alike."""
+    import logging
+    import warnings
+
+    os.environ["MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"] = "true"  # "View run ... at" links
+    logging.getLogger().setLevel(logging.WARNING)
+    for name in ("graphtrim", "mlflow", "torch", "torch.onnx", "onnxscript", "alembic"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+    warnings.filterwarnings("ignore", category=DeprecationWarning)
+    warnings.filterwarnings("ignore", category=FutureWarning)
+
+
 def table(records: dict[str, Any]) -> str:
     """Variants, their gate verdicts, key numbers and the versions registered."""
     validated = records.get("validate", {})
     registered = records.get("register", {}).get("registered", {})
     aliases = records.get("promote", {}).get("aliases", {})
     champion = records.get("promote", {}).get("champion", {})
-    rows = [("variant", "result", "size", "accuracy", "latency", "speedup", "size", "registered")]
+    rows = [
+        (
+            "variant",
+            "result",
+            "serving",
+            "size gate",
+            "accuracy",
+            "latency",
+            "speedup",
+            "size ratio",
+            "registered",
+        )
+    ]
     for name, s in validated.get("variants", {}).items():
         g, m = s["gates"], s["metrics"]
         reg = registered.get(name)
@@ -343,7 +403,8 @@ def table(records: dict[str, Any]) -> str:
         rows.append(
             (
                 name,
-                "PASS" if s["passed"] else "FAIL",
+                ("PASS" if s["passed"] else "FAIL") + (" (recorded)" if s.get("reused") else ""),
+                g.get("serving", g.get("runtime", "-")),
                 g.get("size", "-"),
                 g.get("accuracy", g.get("build", "-")),
                 g.get("latency", "-"),
@@ -460,12 +521,24 @@ def cmd_promote(args: argparse.Namespace) -> int:
     )
     before = f" (was v{result['previous']})" if result["previous"] else ""
     print(f"{name}@{args.alias} -> v{version}{before}")
+    print(_held_line(result.get("held_until_source_after")))
     return 0
 
 
 def cmd_rollback(args: argparse.Namespace) -> int:
     from optimizer_core.integrations.registry import Registry
+    from optimizer_core.stages.promote import rollback_alias
 
-    old, new = Registry(_tracking(args)).rollback(args.name, args.alias, why=args.why)
-    print(f"{args.name}@{args.alias}: v{old} -> v{new}")
+    result = rollback_alias(Registry(_tracking(args)), args.name, args.alias, why=args.why)
+    print(f"{args.name}@{args.alias}: v{result['from']} -> v{result['to']}")
+    print(_held_line(result["held"].get("since_source")))
     return 0
+
+
+def _held_line(since: str | None) -> str:
+    return (
+        "held there: pipeline runs leave it until a source version newer than "
+        f"v{since} arrives (or --force-promotion)"
+        if since
+        else "held there: pipeline runs leave it unless --force-promotion"
+    )

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 from optimizer_core.errors import GraphtrimError
@@ -99,3 +99,53 @@ def open_session(
             f"(got {', '.join(sess.get_providers())})"
         )
     return sess
+
+
+def load_probe(
+    path: str | os.PathLike[str],
+    *,
+    device: str = "cpu",
+    tensorrt: bool = False,
+    feeds: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Open ``path`` as a serving process would (onnxruntime's default session options:
+    ``ORT_ENABLE_ALL``, its own thread settings) on ``device`` and run ``feeds`` once (seeded
+    random inputs without them). Meant for a child process (:mod:`optimizer_core.isolation`):
+    a model that crashes the runtime takes only the child down."""
+    import onnxruntime as ort
+
+    from optimizer_core.isolation import step
+
+    providers = providers_for(device, tensorrt=tensorrt)
+    step(f"opening an onnxruntime session (ORT_ENABLE_ALL, {providers[0]})")
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    sess = ort.InferenceSession(str(path), so, providers=providers)
+    if feeds is None:
+        feeds = _probe_feeds(sess)
+    step(f"running the model once (ORT_ENABLE_ALL, {providers[0]})")
+    outs = sess.run(None, dict(feeds))
+    return {
+        "level": "ORT_ENABLE_ALL",
+        "providers": sess.get_providers(),
+        "outputs": [list(getattr(o, "shape", ())) for o in outs],
+    }
+
+
+def _probe_feeds(sess: Any) -> dict[str, Any]:
+    """Seeded inputs of the session's types; symbolic dims of size 2."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    feeds: dict[str, Any] = {}
+    for i in sess.get_inputs():
+        shape = [d if isinstance(d, int) and d > 0 else 2 for d in i.shape]
+        kind = str(i.type).removeprefix("tensor(").removesuffix(")")
+        dtype = {"float": np.float32, "double": np.float64, "float16": np.float16}.get(kind)
+        if dtype is not None:
+            feeds[i.name] = rng.standard_normal(shape).astype(dtype)
+        elif kind == "bool":
+            feeds[i.name] = np.zeros(shape, dtype=np.bool_)
+        else:
+            feeds[i.name] = np.zeros(shape, dtype=np.dtype(kind) if kind != "string" else object)
+    return feeds

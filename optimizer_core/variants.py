@@ -133,3 +133,38 @@ def build_and_evaluate(
     )
     reports = evaluation.write(out, stem=f"{src.stem}.evaluation")
     return VariantsResult(evaluation, outputs, reports)
+
+
+def build_job(variant: str, **job: Any) -> Any:
+    """One variant's build as a child process runs it (:mod:`optimizer_core.isolation`): the
+    accuracy check is made here from plain values, since a callable cannot cross processes.
+
+    ``job``: ``src``, ``dst_root`` (the variant goes to ``dst_root/<variant>/model.onnx``),
+    ``config`` (:class:`QuantizeConfig`), ``calibration`` (feeds),
+    ``reference`` (the model the accuracy check compares with; None: no fallback), ``data``
+    (:class:`EvalData`), ``policy`` (a policy document or None), ``device``, ``tensorrt``,
+    ``probe_timeout``. Returns the :class:`VariantBuild`."""
+    from optimizer_core.isolation import step
+
+    policy = GatePolicy(job["policy"], source="pipeline policy") if job["policy"] else GatePolicy()
+    check = None
+    if job["reference"] is not None:
+        step(f"opening the reference model for {variant}'s accuracy check")
+        check = accuracy_check(
+            job["reference"],
+            job["data"],
+            policy,
+            variant,
+            device=job["device"],
+            tensorrt=job["tensorrt"],
+        )
+    step(f"building {variant}")
+    return build_variant(
+        job["src"],
+        Path(job["dst_root"]) / variant / "model.onnx",
+        variant,
+        config=job["config"],
+        calibration=job["calibration"],
+        accuracy_check=check,
+        probe_timeout=job["probe_timeout"],
+    )

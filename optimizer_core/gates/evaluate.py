@@ -306,3 +306,22 @@ def evaluate(
         started,
         time.perf_counter() - t0,
     )
+
+
+def evaluate_job(variants: Mapping[str, str], **job: Any) -> Evaluation:
+    """:func:`evaluate` as a child process runs it (:mod:`optimizer_core.isolation`), from
+    plain values: ``reference``, ``policy`` (a policy document or None), ``data``, ``device``,
+    ``tensorrt``."""
+    from optimizer_core.isolation import step
+
+    policy = GatePolicy(job["policy"], source="pipeline policy") if job["policy"] else GatePolicy()
+    step(f"measuring {', '.join(variants)} against the reference")
+    return evaluate(
+        job["reference"],
+        dict(variants),
+        policy=policy,
+        data=job["data"],
+        device=job["device"],
+        tensorrt=job["tensorrt"],
+        progress=lambda line: step(f"gates: {line}"),
+    )

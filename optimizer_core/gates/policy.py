@@ -81,7 +81,8 @@ class PromotionPolicy:
     champion_alias: str | None = "champion"
     candidate_suffix: str = "-candidate"
     metric: str = "p50_ms"
-    margin: float = 0.0
+    # on top of the measured noise (a win must hold in every timing block)
+    margin: float = 0.02
     eligible: tuple[str, ...] = ("int8-static", "int8-dynamic", "fp16", "graph")
 
     def to_json(self) -> dict[str, Any]:
@@ -212,7 +213,7 @@ def _promotion(body: Any, source: str) -> PromotionPolicy:
     kw = dict(body)
     if kw.get("metric", "p50_ms") not in ("p50_ms", "bytes"):
         raise PolicyError(f"{source}: promotion.metric: 'p50_ms' or 'bytes'")
-    margin = kw.get("margin", 0.0)
+    margin = kw.get("margin", PromotionPolicy.margin)
     if isinstance(margin, bool) or not isinstance(margin, int | float) or not 0 <= margin < 1:
         raise PolicyError(f"{source}: promotion.margin: a fraction in [0, 1), got {margin!r}")
     if "eligible" in kw:

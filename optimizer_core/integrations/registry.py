@@ -7,6 +7,7 @@ missing (model, version, alias) or unreachable (the tracking server) in one line
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime as dt
 import getpass
@@ -22,6 +23,8 @@ TAG = "graphtrim."
 KEY_TAG = TAG + "key"
 VARIANT_TAG = TAG + "variant"
 HISTORY_TAG = TAG + "alias_history."  # registered-model tag, one per alias: JSON list of versions
+MOVES_TAG = TAG + "moves."  # registered-model tags ``moves.<alias>.<n>``: every move's audit
+HOLD_TAG = TAG + "hold."  # registered-model tag per alias: set by a person, kept by the pipeline
 
 _MODELS_URI = re.compile(r"^models:/(?P<name>[^/@]+)(?:/(?P<version>\d+)|@(?P<alias>[\w.-]+))$")
 
@@ -279,10 +282,78 @@ class Registry:
             history.append(previous)
         self.client.set_registered_model_tag(name, HISTORY_TAG + alias, json.dumps(history[-50:]))
         audit = _audit("promote", alias, previous, str(version), why, who)
-        self.client.set_model_version_tag(name, str(version), f"{TAG}audit.{alias}", audit)
-        if previous is not None:
-            self.client.set_model_version_tag(name, previous, f"{TAG}audit.{alias}", audit)
+        self._record_move(name, alias, audit, [str(version), *([previous] if previous else [])])
         return previous
+
+    def _record_move(self, name: str, alias: str, audit: str, versions: list[str]) -> None:
+        """Keep the move: a numbered registered-model tag per move (the full history), and on
+        each version involved the list of moves that touched it."""
+        rm = self.client.get_registered_model(name)
+        prefix = f"{MOVES_TAG}{alias}."
+        n = 1 + sum(1 for k in (rm.tags or {}) if k.startswith(prefix))
+        self.client.set_registered_model_tag(name, f"{prefix}{n:05d}", audit)
+        entry = json.loads(audit)
+        for version in versions:
+            key = f"{TAG}audit.{alias}"
+            try:
+                raw = dict(self.client.get_model_version(name, version).tags or {}).get(key)
+                past = json.loads(raw) if raw else []
+            except (ValueError, TypeError):
+                past = []
+            past = past if isinstance(past, list) else [past]  # one entry before lists
+            past.append(entry)
+            text = json.dumps(past)
+            while len(text) > 7500 and len(past) > 1:  # the tag's limit; moves.* keeps all
+                past.pop(0)
+                text = json.dumps(past)
+            self.client.set_model_version_tag(name, version, key, text)
+
+    def moves(self, name: str, alias: str) -> list[dict[str, Any]]:
+        """Every recorded move of ``alias``, oldest first."""
+        rm = self.client.get_registered_model(name)
+        prefix = f"{MOVES_TAG}{alias}."
+        found = sorted((k, v) for k, v in (rm.tags or {}).items() if k.startswith(prefix))
+        return [json.loads(v) for _, v in found]
+
+    # ------------------------------------------------------------------ holds
+
+    def hold(self, name: str, alias: str) -> dict[str, Any] | None:
+        """The hold a person put on ``alias`` (by ``promote`` or ``rollback``), if any."""
+        rm = self._call(f"registered model '{name}'", self.client.get_registered_model, name)
+        raw = (rm.tags or {}).get(HOLD_TAG + alias)
+        try:
+            doc = json.loads(raw) if raw else None
+        except ValueError:
+            return None
+        return doc if isinstance(doc, dict) else None
+
+    def set_hold(
+        self, name: str, alias: str, version: str, *, why: str, who: str | None = None
+    ) -> dict[str, Any]:
+        """Hold ``alias`` on ``version``: the pipeline leaves it there until a source version
+        newer than the newest one registered now arrives (or it is forced)."""
+        sources = [
+            int(v.version)
+            for v in self.client.search_model_versions(f"name='{_quote(name)}'")
+            if not is_graphtrim_output(dict(v.tags or {}))
+        ]
+        tags = self.version_tags(name, version)
+        of = tags.get(TAG + "source.version")
+        newest = max([*sources, *([int(of)] if of and of.isdigit() else [])], default=None)
+        doc = json.loads(_audit("hold", alias, None, str(version), why, who))
+        doc.update(
+            version=str(version),
+            source_name=tags.get(TAG + "source.name") or name,
+            since_source=str(newest) if newest is not None else None,
+        )
+        self.client.set_registered_model_tag(name, HOLD_TAG + alias, json.dumps(doc))
+        return doc
+
+    def release_hold(self, name: str, alias: str) -> None:
+        from mlflow.exceptions import MlflowException
+
+        with contextlib.suppress(MlflowException):
+            self.client.delete_registered_model_tag(name, HOLD_TAG + alias)
 
     def rollback(
         self, name: str, alias: str, *, why: str, who: str | None = None
@@ -308,8 +379,7 @@ class Registry:
         )
         self.client.set_registered_model_tag(name, HISTORY_TAG + alias, json.dumps(history))
         audit = _audit("rollback", alias, current, target, why, who)
-        self.client.set_model_version_tag(name, current, f"{TAG}audit.{alias}", audit)
-        self.client.set_model_version_tag(name, target, f"{TAG}audit.{alias}", audit)
+        self._record_move(name, alias, audit, [target, current])
         return current, target
 
 

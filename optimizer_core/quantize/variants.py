@@ -411,6 +411,8 @@ def build_variant(
     calibration: Iterable[Feeds] | None = None,
     accuracy_check: AccuracyCheck | None = None,
     progress: ProgressFn | None = None,
+    probe: bool = True,
+    probe_timeout: float = 600.0,
 ) -> VariantBuild:
     """Build ``variant`` of the model at ``src`` into ``dst``.
 
@@ -420,6 +422,10 @@ def build_variant(
         accuracy_check: judges a candidate file; when it fails, the most sensitive nodes are
             kept in float and the variant rebuilt (``config.max_attempts`` builds at most). The
             last attempt's file is written either way; ``accuracy_passed`` says how it went.
+        probe: before anything else loads a candidate, open it in a child process as it will
+            be served (onnxruntime's default optimization level on ``config.tune_device``,
+            else the CPU) and run it once; a candidate that crashes or hangs the runtime is
+            never written (:class:`QuantizeError` names the signal and the step).
     """
     from optimizer_core.modelio import publish_model
     from optimizer_core.optimize import optimize_file
@@ -467,7 +473,15 @@ def build_variant(
             )
 
         _name_nodes(pre)
+        probe_feeds = feeds[0] if feeds else None
+
+        def probed(candidate: Path, what: str) -> None:
+            if probe:
+                _say(progress, f"{variant}: loading {what} as it will be served (child process)")
+                _probe(candidate, variant, cfg.tune_device or "cpu", probe_feeds, probe_timeout)
+
         if variant == "graph":
+            probed(pre, "the optimized model")
             only = Attempt(1, [], None, {})
             if accuracy_check is not None:
                 only.accuracy_passed, only.measured = accuracy_check(pre)
@@ -509,6 +523,7 @@ def build_variant(
             _say(progress, f"{variant}: cleaning up after the conversion")
             cleaned = optimize_file(raw, clean, preset="safe", check=True)
             cleanup = cleaned.to_json()
+            probed(clean, f"attempt {number}")
             final = clean
             if accuracy_check is None:
                 attempts.append(Attempt(number, list(excluded), None, {}))
@@ -537,6 +552,26 @@ def build_variant(
         return finish(final, attempts, cleanup)
     finally:
         shutil.rmtree(stage, ignore_errors=True)
+
+
+def _probe(
+    path: Path, variant: str, device: str, feeds: Feeds | None, timeout: float
+) -> dict[str, Any]:
+    """:func:`optimizer_core.runtime.load_probe` in a child process; a crash or a hang there is
+    a :class:`QuantizeError` saying what happened."""
+    from optimizer_core.isolation import ChildFailed, call_isolated
+
+    try:
+        result: dict[str, Any] = call_isolated(
+            "optimizer_core.runtime:load_probe",
+            str(path),
+            common={"device": device, "feeds": feeds},
+            timeout=timeout,
+            what=f"{variant} candidate",
+        )
+    except ChildFailed as exc:
+        raise QuantizeError(f"the {variant} model cannot be served: {exc}") from exc
+    return result
 
 
 def _tune(built: Path, device: str, feeds: Sequence[Feeds]) -> dict[str, Any]:

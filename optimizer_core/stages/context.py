@@ -136,6 +136,11 @@ class StageContext:
     orchestrator_run_id: str | None = None  # e.g. Airflow's run_id, recorded in the lineage
     progress: ProgressFn | None = None
     worker: Mapping[str, Any] | None = None  # where the orchestrator placed it (queue, task)
+    # how a run treats earlier results and the registry (none of it changes what is built)
+    rejudge: bool = False  # build and measure variants already judged under this config again
+    allow_variant_source: bool = False  # optimize a version graphtrim itself registered
+    force_promotion: bool = False  # move the champion even where a person holds it
+    child_timeout: float = 1800.0  # seconds for one variant's build or gates in a child process
 
     def say(self, line: str) -> None:
         if self.progress is not None:
@@ -166,6 +171,10 @@ class StageContext:
             "workdir": self.workdir,
             "s3_endpoint_url": self.s3_endpoint_url,
             "orchestrator_run_id": self.orchestrator_run_id,
+            "rejudge": self.rejudge,
+            "allow_variant_source": self.allow_variant_source,
+            "force_promotion": self.force_promotion,
+            "child_timeout": self.child_timeout,
         }
 
 

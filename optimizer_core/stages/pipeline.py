@@ -91,6 +91,7 @@ def _open_run(ctx: StageContext, config: PipelineConfig, source: Any) -> str:
         T + "config_hash": config.config_hash,
         T + "pipeline": "1",
     }
+    _close_dead_runs(client, exp)
     if ctx.orchestrator_run_id:
         tags[T + "orchestrator_run_id"] = ctx.orchestrator_run_id
         found = client.search_runs(
@@ -115,6 +116,58 @@ def _open_run(ctx: StageContext, config: PipelineConfig, source: Any) -> str:
     client.log_batch(run_id, params=[Param(k, str(v)) for k, v in params.items()])
     client.log_dict(run_id, config.to_json(), "graphtrim/config.json")
     return run_id
+
+
+def _alive(pid: int) -> bool:
+    import os
+
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process: alive
+        return True
+    return True
+
+
+def _close_dead_runs(client: Any, experiment_id: str) -> list[str]:
+    """End as KILLED the pipeline runs still RUNNING whose stage process, on this host, is
+    gone (killed, crashed, out of memory): a run never stays RUNNING for a dead process, and
+    the registry scan retries its version."""
+    import os
+    import socket
+
+    host = socket.gethostname()
+    closed: list[str] = []
+    try:
+        runs = client.search_runs(
+            [experiment_id],
+            f"tags.`{T}pipeline` = '1' and attributes.status = 'RUNNING'",
+            max_results=200,
+        )
+    except Exception:  # a store that cannot filter on status: nothing to close
+        return closed
+    for run in runs:
+        try:
+            proc = json.loads(run.data.tags.get(T + "process", "{}"))
+        except ValueError:
+            continue
+        pid = proc.get("pid")
+        if proc.get("host") != host or not isinstance(pid, int) or pid == os.getpid():
+            continue
+        if _alive(pid):
+            continue
+        with contextlib.suppress(Exception):
+            client.set_tag(
+                run.info.run_id,
+                T + "error",
+                f"the process {pid} on {host} ended during stage '{proc.get('stage')}' "
+                "without closing this run (killed or crashed)",
+            )
+            client.set_terminated(run.info.run_id, status="KILLED")
+            closed.append(str(run.info.run_id))
+            logger.warning("closed pipeline run %s of dead process %s", run.info.run_id, pid)
+    return closed
 
 
 def worker(ctx: StageContext) -> dict[str, Any]:
@@ -143,18 +196,29 @@ def _stage(
 
     start = time.perf_counter()
     client = _client(ctx)
+    import os
+    import socket
+
     client.update_run(run_id, status="RUNNING")
     client.set_tag(
         run_id, f"{T}worker.{label or name}", json.dumps(worker(ctx), sort_keys=True)[:5000]
+    )
+    # who holds the run now: a later start on this host closes it if that process is gone
+    client.set_tag(
+        run_id,
+        T + "process",
+        json.dumps({"host": socket.gethostname(), "pid": os.getpid(), "stage": name}),
     )
     ctx.say(f"{name}: started")
     try:
         yield client
     except BaseException as exc:
+        # interrupted (Ctrl-C, a termination signal): KILLED; anything else: FAILED
+        status = "FAILED" if isinstance(exc, Exception) else "KILLED"
         with contextlib.suppress(Exception):
             client.set_tag(run_id, T + "failed_stage", name)
             client.set_tag(run_id, T + "error", f"{type(exc).__name__}: {exc}"[:5000])
-            client.set_terminated(run_id, status="FAILED")
+            client.set_terminated(run_id, status=status)
         raise
     client.set_tag(run_id, T + "last_stage", name)
     client.set_tag(run_id, f"{T}seconds.{label or name}", f"{time.perf_counter() - start:.3f}")
@@ -185,8 +249,128 @@ def _metric_key(key: str) -> str:
 # ---------------------------------------------------------------------------------- stages
 
 
+def _refuse_variant_source(ctx: StageContext, source: Any) -> None:
+    """A version graphtrim registered is a variant, not a new model: optimizing it again would
+    feed the pipeline its own output. Refused unless asked for explicitly."""
+    from optimizer_core.integrations.registry import VARIANT_TAG, is_graphtrim_output
+
+    if ctx.allow_variant_source or not is_graphtrim_output(source.tags):
+        return
+    of = source.tags.get(T + "source.version")
+    raise PipelineError(
+        f"{source.uri} is a graphtrim variant ({source.tags.get(VARIANT_TAG, '?')}"
+        + (f" of version {of}" if of else "")
+        + "), not a source version: skipped (allow_variant_source / --allow-variant-source "
+        "optimizes it anyway)"
+    )
+
+
+def _verdict_from_version(tags: Mapping[str, str]) -> dict[str, Any] | None:
+    """The recorded summary of a registered variant (its gates passed)."""
+    try:
+        gates = json.loads(tags.get(T + "gates", "{}"))
+        metrics = json.loads(tags.get(T + "metrics", "{}"))
+    except ValueError:
+        return None
+    if not isinstance(gates, dict) or not isinstance(metrics, dict):
+        return None
+    return {
+        "passed": True,
+        "gates": gates,
+        "metrics": metrics,
+        "reasons": [],
+        "model": {"uri": tags.get(T + "artifact", ""), "sha256": tags.get(T + "sha256", "")},
+    }
+
+
+def prior_verdicts(
+    ctx: StageContext, config: PipelineConfig, source: Any, target: str
+) -> dict[str, dict[str, Any]]:
+    """What earlier runs decided for each requested variant of ``source`` under ``config``:
+    variants registered under their lineage key (with the verdicts on their tags), and
+    variants that failed in a finished run (with its recorded verdict). Looked up before any
+    work, so a re-run rebuilds and re-times nothing it has an answer for."""
+    from optimizer_core.integrations.registry import RegistryError
+
+    registry = ctx.registry()
+    src = source.to_json()
+    out: dict[str, dict[str, Any]] = {}
+    for variant in config.variants:
+        try:
+            mv = registry.find_by_key(target, lineage_key(src, variant, config.config_hash))
+        except RegistryError:
+            mv = None  # no such registered model yet
+        if mv is None:
+            continue
+        summary = _verdict_from_version(dict(mv.tags or {}))
+        if summary is not None:
+            summary["registered"] = {"name": target, "version": str(mv.version), "created": False}
+            out[variant] = summary
+    missing = [v for v in config.variants if v not in out]
+    if not missing:
+        return out
+    client = _client(ctx)
+    exp = client.get_experiment_by_name(config.experiment)
+    if exp is None:
+        return out
+    runs = client.search_runs(
+        [exp.experiment_id],
+        f"tags.`{T}source.name` = '{_quote(source.name)}' and "
+        f"tags.`{T}source.version` = '{_quote(source.version)}' and "
+        f"tags.`{T}config_hash` = '{config.config_hash}' and attributes.status = 'FINISHED'",
+        order_by=["attributes.start_time DESC"],
+        max_results=20,
+    )
+    for run in runs:
+        for variant in missing:
+            raw = run.data.tags.get(f"{T}verdict.{variant}")
+            if variant in out or not raw:
+                continue
+            try:
+                summary = json.loads(raw)
+            except ValueError:
+                continue
+            # a failed verdict stands; a pass whose version is gone from the registry is redone
+            if isinstance(summary, dict) and not summary.get("passed"):
+                out[variant] = {**summary, "run_id": run.info.run_id}
+    return out
+
+
+def _check_data(ctx: StageContext, config: PipelineConfig, folder: Path, tmp: Path) -> None:
+    """Calibration and evaluation files against the registered model's input signature, before
+    the export runs: a wrong file fails in seconds with one line, and no run is opened."""
+    from optimizer_core.data import check_data, input_specs, specs_from_signature
+    from optimizer_core.integrations.artifacts import fetch_file
+    from optimizer_core.stages.export import _mlmodel
+
+    wanted = {
+        role: uri
+        for role, uri in (("calibration", config.calibration), ("evaluation", config.eval_data))
+        if uri
+    }
+    if not wanted:
+        return
+    doc = _mlmodel(folder)
+    specs = specs_from_signature(doc)
+    if specs is None and "onnx" in doc.get("flavors", {}):
+        onnx_file = doc["flavors"]["onnx"].get("data")
+        if onnx_file and (folder / onnx_file).is_file():
+            specs = input_specs(folder / onnx_file)
+    if specs is None:
+        ctx.say("export: the model has no input signature: data files are checked after export")
+        return
+    for role, uri in wanted.items():
+        path = fetch_file(uri, tmp / f"{role}.npz", endpoint_url=ctx.s3_endpoint_url)
+        check_data(path, specs, role=role)
+
+
 def export(ctx: StageContext, config: PipelineConfig, model_uri: str) -> dict[str, Any]:
-    """Resolve ``models:/NAME/VERSION`` or ``models:/NAME@ALIAS`` and store it as ONNX."""
+    """Resolve ``models:/NAME/VERSION`` or ``models:/NAME@ALIAS`` and store it as ONNX.
+
+    Before any work: a version graphtrim registered is refused (unless
+    ``ctx.allow_variant_source``), the verdicts of earlier runs for the requested variants are
+    looked up (unless ``ctx.rejudge``: what is known is reported, not rebuilt), and the data
+    files are checked against the model's signature."""
     from optimizer_core.integrations.artifacts import model_files
     from optimizer_core.modelio import read_proto
     from optimizer_core.stages.export import to_onnx
@@ -194,40 +378,58 @@ def export(ctx: StageContext, config: PipelineConfig, model_uri: str) -> dict[st
     config = config.resolved(ctx)
     registry = ctx.registry()
     source = registry.resolve(model_uri)
-    store = ctx.store()
-    run_id = _open_run(ctx, config, source)
-    with _stage(ctx, run_id, "export") as client, ctx.scratch("export") as tmp:
-        ctx.say(f"export: downloading {source.uri}")
-        folder = registry.download(source, str(tmp / "download"))
-        onnx_path = tmp / "onnx" / "model.onnx"
-        info = to_onnx(
-            folder, onnx_path, registry=registry.tracking_uri, fx_simplify=config.fx_simplify
-        )
-        read_proto(onnx_path)  # the exported file is a valid model before anything refers to it
-        stored = store.put_model(
-            onnx_path,
-            model=source.name,
-            version=source.version,
-            stage="export",
-            parents=[source.uri],
-            extra={"export": info.to_json(), "source": source.to_json()},
-        )
-        client.log_batch(run_id, params=_params({"exporter": info.exporter, "flavor": info.flavor}))
-        client.set_tag(run_id, T + "export.uri", stored.uri)
-        for note in info.notes:
-            logger.warning("export: %s", note)
-        size = sum(p.stat().st_size for p in model_files(onnx_path))
-        _log_metrics(client, run_id, {"export.bytes": size})
-    return {
+    _refuse_variant_source(ctx, source)
+    target = config.target_name or source.name
+    reused = {} if ctx.rejudge else prior_verdicts(ctx, config, source, target)
+    record: dict[str, Any] = {
         "stage": "export",
         "worker": worker(ctx),
-        "run_id": run_id,
         "source": source.to_json(),
-        "model": stored.to_json(),
-        "export": info.to_json(),
         "config_hash": config.config_hash,
         "config": config.to_json(),
+        "reused": reused,
     }
+    if reused:
+        ctx.say(
+            f"export: {', '.join(sorted(reused))} judged before under this config: reported "
+            "as recorded, not rebuilt or re-timed (rejudge to measure again)"
+        )
+    if all(v in reused for v in config.variants):
+        run_id = _open_run(ctx, config, source)
+        with _stage(ctx, run_id, "export") as client:
+            client.set_tag(run_id, T + "reused", ",".join(sorted(reused)))
+        return {**record, "run_id": run_id, "model": None, "export": None}
+    store = ctx.store()
+    with ctx.scratch("export") as tmp:
+        ctx.say(f"export: downloading {source.uri}")
+        folder = Path(registry.download(source, str(tmp / "download")))
+        _check_data(ctx, config, folder, tmp)
+        run_id = _open_run(ctx, config, source)
+        with _stage(ctx, run_id, "export") as client:
+            if reused:
+                client.set_tag(run_id, T + "reused", ",".join(sorted(reused)))
+            onnx_path = tmp / "onnx" / "model.onnx"
+            info = to_onnx(
+                folder, onnx_path, registry=registry.tracking_uri, fx_simplify=config.fx_simplify
+            )
+            read_proto(onnx_path)  # the exported file is a valid model before anything refers to it
+            stored = store.put_model(
+                onnx_path,
+                model=source.name,
+                version=source.version,
+                stage="export",
+                parents=[source.uri],
+                extra={"export": info.to_json(), "source": source.to_json()},
+            )
+            client.log_batch(
+                run_id, params=_params({"exporter": info.exporter, "flavor": info.flavor})
+            )
+            client.set_tag(run_id, T + "export.uri", stored.uri)
+            for note in info.notes:
+                logger.warning("export: %s", note)
+            size = sum(p.stat().st_size for p in model_files(onnx_path))
+            _log_metrics(client, run_id, {"export.bytes": size})
+    return {**record, "run_id": run_id, "model": stored.to_json(), "export": info.to_json()}
 
 
 def _params(values: Mapping[str, Any]) -> list[Any]:
@@ -253,6 +455,19 @@ def optimize(
     require(exported, ("run_id", "source", "model"), "optimize")
     run_id = exported["run_id"]
     source = exported["source"]
+    if exported["model"] is None:  # every variant judged before: nothing to optimize
+        return {
+            "stage": "optimize",
+            "worker": worker(ctx),
+            "run_id": run_id,
+            "source": source,
+            "model": None,
+            "preset": config.preset,
+            "passes": [],
+            "changed": [],
+            "nodes_before": None,
+            "nodes_after": None,
+        }
     store = ctx.store()
     with _stage(ctx, run_id, "optimize") as client, ctx.scratch("optimize") as tmp:
         src = _fetch(ctx, exported, tmp / "in")
@@ -328,64 +543,69 @@ def quantize(
     only: Sequence[str] | None = None,
 ) -> dict[str, Any]:
     """Build every requested variant (or the ``only`` ones: an orchestrator maps one task per
-    variant) from the optimized model. A variant that cannot be built is recorded with its
-    error; the others go on."""
-    from optimizer_core.errors import GraphtrimError
-    from optimizer_core.quantize.variants import QuantizeConfig, build_variant
-    from optimizer_core.variants import accuracy_check
+    variant) from the optimized model, each in a child process (:mod:`..isolation`): a
+    variant that cannot be built, or whose build crashes or hangs the runtime, is recorded
+    with its error; the others go on. Variants judged before (``exported["reused"]``) are not
+    built again."""
+    from optimizer_core.isolation import map_isolated
+    from optimizer_core.quantize.variants import QuantizeConfig
 
     config = config.resolved(ctx)
     require(exported, ("run_id", "source", "model"), "quantize")
     require(optimized, ("model",), "quantize")
     run_id = exported["run_id"]
     source = exported["source"]
-    store = ctx.store()
-    policy = config.gate_policy()
-    qconfig = QuantizeConfig(preset=config.preset, tune_device=config.device)
+    wanted = list(only) if only is not None else list(config.variants)
+    stray = [v for v in wanted if v not in config.variants]
+    if stray:
+        raise PipelineError(
+            f"quantize: {', '.join(stray)} not among the config's variants "
+            f"({', '.join(config.variants)})"
+        )
+    known = exported.get("reused") or {}
+    reused = [v for v in wanted if v in known]
+    wanted = [v for v in wanted if v not in known]
     out: dict[str, Any] = {}
+    record = {"stage": "quantize", "run_id": run_id, "source": source, "reused": reused}
+    if not wanted:
+        return {**record, "variants": out, "worker": worker(ctx)}
+    store = ctx.store()
+    qconfig = QuantizeConfig(preset=config.preset, tune_device=config.device)
     label = "quantize" if only is None else "quantize." + "-".join(only)
     with _stage(ctx, run_id, "quantize", label=label) as client, ctx.scratch("quantize") as tmp:
         reference = _fetch(ctx, exported, tmp / "reference")
         base = _fetch(ctx, optimized, tmp / "optimized")
         calib, evald = _data(ctx, config, reference, tmp)
-        wanted = list(only) if only is not None else list(config.variants)
-        stray = [v for v in wanted if v not in config.variants]
-        if stray:
-            raise PipelineError(
-                f"quantize: {', '.join(stray)} not among the config's variants "
-                f"({', '.join(config.variants)})"
-            )
-        for variant in wanted:
-            ctx.say(f"quantize: building {variant}")
-            dst = tmp / "variants" / variant / "model.onnx"
-            try:
-                check = (
-                    accuracy_check(
-                        reference,
-                        evald,
-                        policy,
-                        variant,
-                        device=config.device,
-                        tensorrt=config.tensorrt,
-                    )
-                    if config.fallback
-                    else None
-                )
-                build = build_variant(
-                    base,
-                    dst,
-                    variant,
-                    config=qconfig,
-                    calibration=calib.batches,
-                    accuracy_check=check,
-                    progress=ctx.progress,
-                )
-            except GraphtrimError as exc:
-                logger.warning("quantize: %s could not be built: %s", variant, exc)
-                out[variant] = {"model": None, "error": f"{type(exc).__name__}: {exc}"}
-                client.set_tag(run_id, f"{T}build_error.{variant}", str(exc)[:5000])
+        ctx.say(f"quantize: building {', '.join(wanted)}, each in a child process")
+        builds = map_isolated(
+            "optimizer_core.variants:build_job",
+            wanted,
+            common={
+                "src": str(base),
+                "dst_root": str(tmp / "variants"),
+                "config": qconfig,
+                "calibration": calib.batches,
+                "reference": str(reference) if config.fallback else None,
+                "data": evald,
+                "policy": dict(config.policy) if config.policy is not None else None,
+                "device": config.device,
+                "tensorrt": config.tensorrt,
+                "probe_timeout": min(600.0, ctx.child_timeout),
+            },
+            timeout=ctx.child_timeout,
+            what=lambda v: f"building {v}",
+            on_result=lambda i, r: ctx.say(
+                f"quantize: {wanted[i]} "
+                + (f"failed: {r}" if isinstance(r, BaseException) else "built")
+            ),
+        )
+        for variant, build in zip(wanted, builds, strict=True):
+            if isinstance(build, BaseException):
+                logger.warning("quantize: %s could not be built: %s", variant, build)
+                out[variant] = {"model": None, "error": f"{type(build).__name__}: {build}"}
+                client.set_tag(run_id, f"{T}build_error.{variant}", str(build)[:5000])
                 continue
-            doc = build.to_json()
+            dst = tmp / "variants" / variant / "model.onnx"
             stored = store.put_model(
                 dst,
                 model=source["name"],
@@ -395,20 +615,14 @@ def quantize(
                 config_hash=config.config_hash,
                 extra={"variant": variant},
             )
-            client.log_dict(run_id, doc, f"graphtrim/build-{variant}.json")
+            client.log_dict(run_id, build.to_json(), f"graphtrim/build-{variant}.json")
             out[variant] = {
                 "model": stored.to_json(),
                 "attempts": len(build.attempts),
                 "excluded": build.excluded,
                 "accuracy_passed": build.accuracy_passed,
             }
-    return {
-        "stage": "quantize",
-        "run_id": run_id,
-        "source": source,
-        "variants": out,
-        "worker": worker(ctx),
-    }
+    return {**record, "variants": out, "worker": worker(ctx)}
 
 
 def _summary(result: Any) -> dict[str, Any]:
@@ -426,6 +640,9 @@ def _summary(result: Any) -> dict[str, Any]:
                 p95_ms=m.get("p95_ms"),
                 speedup=m.get("speedup_p50"),
                 reference_p50_ms=(m.get("baseline") or {}).get("p50_ms"),
+                # the range of the per-block speedups: promotion needs a win outside it
+                speedup_lo=min(m["block_speedups"]) if m.get("block_speedups") else None,
+                speedup_hi=max(m["block_speedups"]) if m.get("block_speedups") else None,
             )
         elif g.gate == "accuracy" and m:
             metrics.update(
@@ -442,6 +659,65 @@ def _summary(result: Any) -> dict[str, Any]:
     return {"passed": result.passed, "gates": gates, "metrics": metrics, "reasons": reasons}
 
 
+def _evaluate_isolated(
+    ctx: StageContext,
+    config: PipelineConfig,
+    reference: Path,
+    paths: Mapping[str, Path],
+    data: Any,
+) -> Any:
+    """The gates of ``paths`` in a child process. If that child dies (a runtime crash on one
+    variant, a hang), each variant is measured alone in its own child: the one that crashes
+    fails with the signal and the step, the others keep their verdicts."""
+    from optimizer_core.gates.evaluate import GateResult, ModelInfo, VariantResult
+    from optimizer_core.isolation import ChildFailed, map_isolated
+
+    job = {
+        "reference": str(reference),
+        "policy": dict(config.policy) if config.policy is not None else None,
+        "data": data,
+        "device": config.device,
+        "tensorrt": config.tensorrt,
+    }
+    todo = {k: str(v) for k, v in paths.items()}
+    (together,) = map_isolated(
+        "optimizer_core.gates.evaluate:evaluate_job",
+        [todo],
+        common=job,
+        timeout=ctx.child_timeout,
+        what=lambda _i: "gates",
+    )
+    if not isinstance(together, BaseException):
+        return together
+    if not isinstance(together, ChildFailed):
+        raise together
+    ctx.say(f"validate: {together}; measuring each variant alone")
+    names = list(todo)
+    alone = map_isolated(
+        "optimizer_core.gates.evaluate:evaluate_job",
+        [{n: todo[n]} for n in names],
+        common=job,
+        timeout=ctx.child_timeout,
+        what=lambda item: f"gates of {next(iter(item))}",
+    )
+    base = next((e for e in alone if not isinstance(e, BaseException)), None)
+    if base is None:  # the reference itself cannot be measured
+        raise PipelineError(f"validate: no variant could be measured: {alone[0]}")
+    base.variants = []
+    for name, result in zip(names, alone, strict=True):
+        if isinstance(result, BaseException):
+            info = None
+            with contextlib.suppress(Exception):
+                info = ModelInfo.of(todo[name])
+            base.variants.append(
+                VariantResult(name, info, [GateResult("runtime", "error", {}, {}, [str(result)])])
+            )
+            continue
+        base.variants.extend(result.variants)
+        base.latency_samples.update(result.latency_samples)
+    return base
+
+
 def validate(
     ctx: StageContext,
     config: PipelineConfig,
@@ -449,18 +725,42 @@ def validate(
     quantized: Mapping[str, Any],
 ) -> dict[str, Any]:
     """Judge every variant against the exported (unoptimized) model on ``config.device`` and
-    write the reports. A variant that was not built fails its ``build`` gate."""
-    from optimizer_core.gates.evaluate import GateResult, VariantResult, evaluate
+    write the reports. A variant that was not built fails its ``build`` gate. Every step that
+    loads a variant runs in a child process: first the ``serving`` gate (the model saved with
+    MLflow's ONNX flavor, loaded with ``mlflow.pyfunc.load_model`` at onnxruntime's default
+    optimization level, one prediction), then the accuracy, latency and size gates. Variants
+    judged before are reported with their recorded verdicts."""
+    from optimizer_core.gates.evaluate import GateResult, ModelInfo, VariantResult
     from optimizer_core.gates.fingerprint import fingerprint_digest
     from optimizer_core.integrations.artifacts import _safe
+    from optimizer_core.isolation import map_isolated
 
     config = config.resolved(ctx)
     require(exported, ("run_id", "source", "model"), "validate")
     require(quantized, ("variants",), "validate")
     run_id = exported["run_id"]
     source = exported["source"]
-    store = ctx.store()
+    known = exported.get("reused") or {}
+    reused = {v: {**known[v], "reused": True} for v in quantized.get("reused", []) if v in known}
     subset = list(quantized["variants"])
+    record: dict[str, Any] = {
+        "stage": "validate",
+        "worker": worker(ctx),
+        "run_id": run_id,
+        "source": source,
+        "device": config.device,
+    }
+    if not subset:  # everything asked of this task was judged before
+        return {
+            **record,
+            "passed": [n for n, s in reused.items() if s["passed"]],
+            "variants": reused,
+            "reference": None,
+            "fingerprint": "",
+            "policy_hash": config.gate_policy().digest(),
+            "reports": {},
+        }
+    store = ctx.store()
     label = "validate" if set(subset) == set(config.variants) else "validate." + "-".join(subset)
     with _stage(ctx, run_id, "validate", label=label) as client, ctx.scratch("validate") as tmp:
         reference = _fetch(ctx, exported, tmp / "reference")
@@ -469,15 +769,31 @@ def validate(
         for variant, rec in quantized["variants"].items():
             if rec.get("model"):
                 paths[variant] = _fetch(ctx, rec, tmp / "variants" / variant)
-        evaluation = evaluate(
-            reference,
-            paths,
-            policy=config.gate_policy(),
-            data=evald,
-            device=config.device,
-            tensorrt=config.tensorrt,
-            progress=ctx.progress,
-        )
+        serving: dict[str, Any] = {}
+        if paths:
+            ctx.say(f"validate: serving probe of {', '.join(paths)} (mlflow.pyfunc, child process)")
+            probes = map_isolated(
+                "optimizer_core.integrations.serving:serving_probe",
+                [str(p) for p in paths.values()],
+                common={"feeds": evald.batches[0] if evald.batches else None},
+                timeout=min(600.0, ctx.child_timeout),
+                what=lambda p: f"serving {Path(p).parent.name}",
+            )
+            for name, probe in zip(paths, probes, strict=True):
+                if isinstance(probe, BaseException):
+                    serving[name] = GateResult("serving", "error", {}, {}, [str(probe)])
+                else:
+                    serving[name] = GateResult("serving", "pass", probe, {})
+        measurable = {n: p for n, p in paths.items() if serving[n].passed}
+        evaluation = _evaluate_isolated(ctx, config, reference, measurable, evald)
+        for result in evaluation.variants:
+            result.gates.insert(0, serving[result.name])
+        for name, path in paths.items():
+            if name not in measurable:
+                info = None
+                with contextlib.suppress(Exception):
+                    info = ModelInfo.of(path)
+                evaluation.variants.append(VariantResult(name, info, [serving[name]]))
         for variant, rec in quantized["variants"].items():
             if not rec.get("model"):
                 evaluation.variants.append(
@@ -487,6 +803,8 @@ def validate(
                         [GateResult("build", "error", {}, {}, [rec.get("error", "")])],
                     )
                 )
+        order = list(quantized["variants"])
+        evaluation.variants.sort(key=lambda v: order.index(v.name))
         names = list(quantized["variants"])
         # one task per variant writes its own reports beside the others'
         stem = (
@@ -516,12 +834,9 @@ def validate(
             metrics.update({f"{name}.{k}": v for k, v in s["metrics"].items()})
         _log_metrics(client, run_id, metrics)
         fp = evaluation.fingerprint
+        variants.update(reused)
     return {
-        "stage": "validate",
-        "worker": worker(ctx),
-        "run_id": run_id,
-        "source": source,
-        "device": config.device,
+        **record,
         "passed": [n for n, s in variants.items() if s["passed"]],
         "variants": variants,
         "reference": {"bytes": evaluation.reference.bytes, "nodes": evaluation.reference.nodes},
@@ -541,6 +856,8 @@ def merge_validated(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
             f"validate records of different pipeline runs: {', '.join(sorted(runs))}"
         )
     merged = dict(records[0])
+    for key in ("reference", "fingerprint", "policy_hash"):  # from a task that measured
+        merged[key] = next((r[key] for r in records if r.get(key)), merged.get(key))
     merged["variants"] = {}
     merged["reports"] = {}
     for r in records:
@@ -558,35 +875,6 @@ def lineage_key(source: Mapping[str, Any], variant: str, config_hash: str) -> st
     """The idempotency key of one variant of one source version under one config."""
     text = f"{source['name']}\n{source['version']}\n{variant}\n{config_hash}"
     return hashlib.sha256(text.encode()).hexdigest()
-
-
-def _signature(path: Path) -> Any:
-    """An MLflow tensor signature from the ONNX model's inputs and outputs (symbolic dims -1)."""
-    import numpy as np
-    import onnx
-    from mlflow.models import ModelSignature
-    from mlflow.types import Schema, TensorSpec
-
-    proto = onnx.load(str(path), load_external_data=False)
-
-    def specs(values: Any) -> Any:
-        out: list[Any] = []
-        for v in values:
-            t = v.type.tensor_type
-            dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(t.elem_type))
-            shape = tuple(d.dim_value if d.HasField("dim_value") else -1 for d in t.shape.dim)
-            out.append(TensorSpec(dtype, shape, v.name))
-        return Schema(out)
-
-    inits = {i.name for i in proto.graph.initializer}
-    return ModelSignature(
-        specs([i for i in proto.graph.input if i.name not in inits]), specs(proto.graph.output)
-    )
-
-
-def _pip_requirements() -> list[str]:
-    v = library_versions()
-    return [f"onnx=={v['onnx']}", f"onnxruntime=={v['onnxruntime']}"]
 
 
 def _logged_model(client: Any, experiment_id: str, key: str) -> Any | None:
@@ -610,10 +898,10 @@ def _log_onnx(
     """Log the ONNX file at ``path`` as an MLflow model (onnx + pyfunc flavors) of ``run_id``
     through ``client`` alone (no process-wide MLflow state); returns ``models:/<model_id>``.
     The logged model is READY only once its files are uploaded; FAILED if anything breaks."""
-    import mlflow.onnx
-    import onnx
     from mlflow.entities import LoggedModelOutput, LoggedModelStatus
     from mlflow.models import Model
+
+    from optimizer_core.integrations.serving import save_onnx_model
 
     logged = client.create_logged_model(
         experiment_id, name=name, source_run_id=run_id, tags=dict(tags), model_type="onnx"
@@ -626,13 +914,7 @@ def _log_onnx(
             run_id=run_id,
             model_id=logged.model_id,
         )
-        mlflow.onnx.save_model(
-            onnx.load(str(path)),
-            str(local),
-            mlflow_model=meta,
-            signature=_signature(path),
-            pip_requirements=_pip_requirements(),
-        )
+        save_onnx_model(path, local, mlflow_model=meta)
         client.log_model_artifacts(logged.model_id, str(local))
         client.log_outputs(run_id, [LoggedModelOutput(logged.model_id, step=0)])
         client.finalize_logged_model(logged.model_id, LoggedModelStatus.READY)
@@ -667,9 +949,21 @@ def register(
     with _stage(ctx, run_id, "register") as client, ctx.scratch("register") as tmp:
         experiment_id = client.get_run(run_id).info.experiment_id
         for variant, summary in validated["variants"].items():
+            if not summary.get("reused"):  # what a re-run reports instead of judging again
+                verdict = {k: summary.get(k) for k in ("passed", "gates", "metrics", "reasons")}
+                text = json.dumps(verdict, sort_keys=True)
+                if len(text) <= 5000:
+                    client.set_tag(run_id, f"{T}verdict.{variant}", text)
             if not summary["passed"]:
                 failed[variant] = summary["reasons"] or ["failed"]
                 client.set_tag(run_id, f"{T}failed.{variant}", "; ".join(failed[variant])[:5000])
+                continue
+            if summary.get("registered"):  # registered by an earlier run under this key
+                registered[variant] = dict(summary["registered"])
+                ctx.say(
+                    f"register: {variant} is already version {summary['registered']['version']} "
+                    f"of {summary['registered']['name']}"
+                )
                 continue
             key = lineage_key(source, variant, config.config_hash)
             existing = registry.find_by_key(target, key)
@@ -750,6 +1044,7 @@ def promote(
             validated=validated,
             registered=registered["registered"],
             why=f"graphtrim pipeline run {run_id}",
+            force=ctx.force_promotion,
         )
         client.log_dict(run_id, result, "graphtrim/promotion.json")
         champion = result.get("champion") or {}

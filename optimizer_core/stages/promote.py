@@ -66,18 +66,26 @@ def _compare(
             beats = _better(cm["bytes"], hm["bytes"], margin)
             return beats, f"{cm['bytes']} bytes vs the holder's {hm['bytes']} (margin {margin:g})"
         return None, f"version {holder_version} has no graphtrim size on record"
-    # p50_ms: compare through speedups over a common source where possible
+    # p50_ms: compare through speedups over a common source where possible. A win must lie
+    # outside the measured noise: the candidate's slowest block against the holder's fastest
+    # (the gates' undecided rule), and beyond the margin on top of that
     speedup = cm.get("speedup")
     if speedup is None or not speedup > 0:
         return None, "the candidate has no latency measurement (its policy has no latency gate)"
+    lo = float(cm.get("speedup_lo") or speedup)
     if is_source:
-        # cand_p50 <= ref_p50 * (1 - margin)  <=>  speedup >= 1 / (1 - margin)
-        beats = 1.0 / speedup <= 1.0 - margin
-        return beats, f"speedup {speedup:.3f}x over the source version (margin {margin:g})"
-    if same_source and hm.get("speedup"):
-        beats = _better(1.0 / speedup, 1.0 / hm["speedup"], margin)
+        # cand_p50 <= ref_p50 * (1 - margin)  <=>  speedup >= 1 / (1 - margin), in every block
+        beats = lo * (1.0 - margin) >= 1.0
         return beats, (
-            f"speedup {speedup:.3f}x vs the holder's {hm['speedup']:.3f}x over the same source "
+            f"speedup {speedup:.3f}x (slowest block {lo:.3f}x) over the source version "
+            f"(margin {margin:g})"
+        )
+    if same_source and hm.get("speedup"):
+        hi = float(hm.get("speedup_hi") or hm["speedup"])
+        beats = lo * (1.0 - margin) >= hi
+        return beats, (
+            f"speedup {speedup:.3f}x (slowest block {lo:.3f}x) vs the holder's "
+            f"{hm['speedup']:.3f}x (fastest block {hi:.3f}x) over the same source "
             f"(margin {margin:g})"
         )
     if hm.get("p50_ms") is not None and cm.get("p50_ms") is not None:
@@ -86,12 +94,46 @@ def _compare(
                 f"version {holder_version} was timed on other hardware or software "
                 "(fingerprints differ): its p50 is not comparable"
             )
-        beats = _better(cm["p50_ms"], hm["p50_ms"], margin)
-        return beats, f"p50 {cm['p50_ms']:.3f} ms vs the holder's {hm['p50_ms']:.3f} ms"
+        # the relative spread of each measurement widens the bar
+        noise = _noise(cm) + _noise(hm)
+        beats = _better(cm["p50_ms"] * (1.0 + noise), hm["p50_ms"], margin)
+        return beats, (
+            f"p50 {cm['p50_ms']:.3f} ms vs the holder's {hm['p50_ms']:.3f} ms "
+            f"(noise {noise:.3f}, margin {margin:g})"
+        )
     return None, (
         f"version {holder_version} has no graphtrim latency on record and is not this "
         "candidate's source version"
     )
+
+
+def _noise(m: Mapping[str, Any]) -> float:
+    """The relative spread of a latency measurement's block speedups (0 when unknown)."""
+    lo, hi, mid = m.get("speedup_lo"), m.get("speedup_hi"), m.get("speedup")
+    if not (lo and hi and mid):
+        return 0.0
+    return max(0.0, (float(hi) - float(lo)) / float(mid))
+
+
+def _held(
+    registry: Registry, target: str, alias: str, source: Mapping[str, Any]
+) -> dict[str, Any] | None:
+    """The hold a person put on ``alias``, unless ``source`` is newer than every source
+    version there was when it was set (then the hold is released and None returned)."""
+    hold = registry.hold(target, alias)
+    if hold is None:
+        return None
+    since = hold.get("since_source")
+    newer = (
+        hold.get("source_name") == source["name"]
+        and str(source["version"]).isdigit()
+        and since is not None
+        and int(source["version"]) > int(since)
+    )
+    if newer:
+        registry.release_hold(target, alias)
+        return None
+    return hold
 
 
 def _best(
@@ -124,7 +166,11 @@ def apply_policy(
     validated: Mapping[str, Any],
     registered: Mapping[str, Any],
     why: str,
+    force: bool = False,
 ) -> dict[str, Any]:
+    """Move the candidate aliases, then the champion (see the module's docstring). The
+    champion never moves between versions with the same content (sha256), nor where a person
+    holds it (``promote`` / ``rollback``) unless ``force``."""
     aliases: dict[str, Any] = {}
     for variant, reg in registered.items():
         alias = f"{variant}{policy.candidate_suffix}"
@@ -138,9 +184,18 @@ def apply_policy(
     if policy.champion_alias is None:
         champion["reason"] = "the policy names no champion alias"
         return {"aliases": aliases, "champion": champion}
-    best = _best(policy, validated, registered)
     holder = registry.alias_version(target, policy.champion_alias)
     champion["holder"] = holder
+    hold = _held(registry, target, policy.champion_alias, source)
+    if hold is not None and not force:
+        champion["held"] = hold
+        champion["reason"] = (
+            f"held on v{hold.get('version')} by {hold.get('who')} since {hold.get('when')} "
+            f"({hold.get('why')}): a source version newer than v{hold.get('since_source')} "
+            "or a forced promotion releases it"
+        )
+        return {"aliases": aliases, "champion": champion}
+    best = _best(policy, validated, registered)
     if best is None:
         champion["reason"] = (
             "no eligible variant passed its gates"
@@ -158,6 +213,12 @@ def apply_policy(
         beats, reason = True, "the alias was unset"
     else:
         holder_tags = registry.version_tags(target, holder)
+        sha = (validated["variants"][best].get("model") or {}).get("sha256")
+        if sha and holder_tags.get(T + "sha256") == sha:
+            champion["reason"] = (
+                f"left on version {holder}: v{version} has the same content (sha256 {sha[:12]})"
+            )
+            return {"aliases": aliases, "champion": champion}
         beats, reason = _compare(
             policy,
             validated["variants"][best],
@@ -201,4 +262,21 @@ def promote_version(
                 f"({', '.join(f'{g}: {s}' for g, s in failed.items())}); use --force to promote it anyway"
             )
     previous = registry.move_alias(name, alias, version, why=why, who=who)
-    return {"name": name, "alias": alias, "version": str(version), "previous": previous}
+    hold = registry.set_hold(name, alias, str(version), why=why, who=who)
+    return {
+        "name": name,
+        "alias": alias,
+        "version": str(version),
+        "previous": previous,
+        "held_until_source_after": hold.get("since_source"),
+    }
+
+
+def rollback_alias(
+    registry: Registry, name: str, alias: str, *, why: str, who: str | None = None
+) -> dict[str, Any]:
+    """Move ``alias`` back to its previous version and hold it there (the pipeline leaves it
+    until a newer source version arrives)."""
+    old, new = registry.rollback(name, alias, why=why, who=who)
+    hold = registry.set_hold(name, alias, new, why=why, who=who)
+    return {"name": name, "alias": alias, "from": old, "to": new, "held": hold}

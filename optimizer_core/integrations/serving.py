@@ -1,0 +1,95 @@
+"""A model as MLflow serves it: the ONNX flavor's save, ``mlflow.pyfunc.load_model`` and one
+prediction. The registry receives only variants that pass this probe: a model that loads in
+graphtrim's measuring sessions can still crash or be refused where it is served (onnxruntime's
+default optimization level, the flavor's own session options).
+
+:func:`serving_probe` is meant for a child process (:mod:`optimizer_core.isolation`).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from optimizer_core.isolation import step
+
+
+def signature(path: str | os.PathLike[str]) -> Any:
+    """An MLflow tensor signature from the ONNX model's inputs and outputs (symbolic dims -1)."""
+    import numpy as np
+    import onnx
+    from mlflow.models import ModelSignature
+    from mlflow.types import Schema, TensorSpec
+
+    proto = onnx.load(str(path), load_external_data=False)
+
+    def specs(values: Any) -> Any:
+        out: list[Any] = []
+        for v in values:
+            t = v.type.tensor_type
+            dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(t.elem_type))
+            shape = tuple(d.dim_value if d.HasField("dim_value") else -1 for d in t.shape.dim)
+            out.append(TensorSpec(dtype, shape, v.name))
+        return Schema(out)
+
+    inits = {i.name for i in proto.graph.initializer}
+    return ModelSignature(
+        specs([i for i in proto.graph.input if i.name not in inits]), specs(proto.graph.output)
+    )
+
+
+def pip_requirements() -> list[str]:
+    from optimizer_core.stages.context import library_versions
+
+    v = library_versions()
+    return [f"onnx=={v['onnx']}", f"onnxruntime=={v['onnxruntime']}"]
+
+
+def save_onnx_model(path: str | os.PathLike[str], dest: str | os.PathLike[str], **kw: Any) -> None:
+    """Save the ONNX file at ``path`` as an MLflow model folder ``dest`` (onnx + pyfunc)."""
+    import mlflow.onnx
+    import onnx
+
+    mlflow.onnx.save_model(
+        onnx.load(str(path)),
+        str(dest),
+        signature=signature(path),
+        pip_requirements=pip_requirements(),
+        **kw,
+    )
+
+
+def serving_probe(
+    path: str | os.PathLike[str],
+    *,
+    feeds: Mapping[str, Any] | None = None,
+    saved: str | os.PathLike[str] | None = None,
+) -> dict[str, Any]:
+    """Save ``path`` with MLflow's ONNX flavor (or take the saved folder ``saved``), load it
+    with ``mlflow.pyfunc.load_model`` and predict once on ``feeds`` (seeded random inputs
+    without them). Returns what was checked."""
+    os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+    import mlflow.pyfunc
+
+    with tempfile.TemporaryDirectory(prefix="graphtrim-serving-") as tmp:
+        folder = Path(saved) if saved is not None else Path(tmp) / "model"
+        if saved is None:
+            step("saving the model with MLflow's ONNX flavor")
+            save_onnx_model(path, folder)
+        step("loading the model with mlflow.pyfunc.load_model (ORT_ENABLE_ALL)")
+        model = mlflow.pyfunc.load_model(str(folder))
+        if feeds is None:
+            from optimizer_core.runtime import _probe_feeds, open_session
+
+            feeds = _probe_feeds(open_session(path, optimize=False))
+        step("predicting once through mlflow.pyfunc")
+        out = model.predict(dict(feeds))
+    shapes = (
+        {k: list(getattr(v, "shape", ())) for k, v in out.items()}
+        if isinstance(out, Mapping)
+        else {"output": list(getattr(out, "shape", ()))}
+    )
+    return {"flavor": "mlflow.onnx", "loader": "mlflow.pyfunc.load_model", "outputs": shapes}

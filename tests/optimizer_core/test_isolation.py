@@ -1,0 +1,75 @@
+"""Work in a child process: a crash or a hang fails one item, never the caller."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+
+from optimizer_core.errors import GraphtrimError
+from optimizer_core.isolation import ChildFailed, call_isolated, map_isolated, step
+from optimizer_core.quantize.variants import QuantizeError
+
+HERE = "tests.optimizer_core.test_isolation"
+
+
+def work(item: str, *, factor: int = 1) -> object:
+    """The child's side: what each item makes the process do."""
+    step(f"handling {item}")
+    if item == "segfault":
+        os.kill(os.getpid(), signal.SIGSEGV)
+    if item == "abort":
+        os.abort()
+    if item == "hang":
+        time.sleep(3600)
+    if item == "exit":
+        os._exit(3)
+    if item == "quantize-error":
+        raise QuantizeError("no calibration data")
+    if item == "value-error":
+        raise ValueError("bad value")
+    return {"item": item, "pid": os.getpid(), "double": len(item) * factor}
+
+
+def test_results_come_back_from_a_child_process() -> None:
+    out = map_isolated(f"{HERE}:work", ["a", "bb"], common={"factor": 2})
+    assert [r["double"] for r in out] == [2, 4]
+    assert out[0]["pid"] != os.getpid()
+    assert out[0]["pid"] == out[1]["pid"]  # one child for the whole list
+
+
+def test_a_crash_fails_its_item_and_the_others_go_on() -> None:
+    out = map_isolated(f"{HERE}:work", ["a", "segfault", "b", "abort", "c"])
+    assert out[0]["item"] == "a" and out[2]["item"] == "b" and out[4]["item"] == "c"
+    for i, sig in ((1, "SIGSEGV"), (3, "SIGABRT")):
+        assert isinstance(out[i], ChildFailed)
+        assert out[i].signal_name == sig
+        assert out[i].step == f"handling {['a', 'segfault', 'b', 'abort', 'c'][i]}"
+        assert sig in str(out[i]) and "while handling" in str(out[i])
+    assert out[0]["pid"] != out[2]["pid"] != out[4]["pid"]  # a new child after each crash
+
+
+def test_a_hang_is_stopped_at_the_timeout() -> None:
+    out = map_isolated(f"{HERE}:work", ["hang", "a"], timeout=3)
+    assert isinstance(out[0], ChildFailed) and out[0].timed_out
+    assert "no result after 3 s while handling hang" in str(out[0])
+    assert out[1]["item"] == "a"
+
+
+def test_an_exit_without_a_result_is_reported() -> None:
+    out = map_isolated(f"{HERE}:work", ["exit"], what=lambda item: f"variant {item}")
+    assert isinstance(out[0], ChildFailed)
+    assert str(out[0]).startswith("variant exit: the process exited with status 3")
+
+
+def test_errors_raised_in_the_child_keep_their_class() -> None:
+    with pytest.raises(QuantizeError, match="no calibration data"):
+        call_isolated(f"{HERE}:work", "quantize-error")
+    with pytest.raises(GraphtrimError, match="ValueError: bad value"):
+        call_isolated(f"{HERE}:work", "value-error")
+
+
+def test_step_is_a_no_op_in_the_parent() -> None:
+    step("anything")  # no file, no error
