@@ -44,6 +44,37 @@ ProgressFn = Callable[[str], None]
 AccuracyCheck = Callable[[Path], tuple[bool, dict[str, Any]]]
 
 
+@dataclasses.dataclass(frozen=True)
+class RuntimeDefect:
+    """A runtime bug a converted model can hit, and the form of the variant that avoids it.
+    Tried in order when a candidate crashes its runtime at the default optimization level;
+    the form is used only when it loads there (and then passes the usual checks)."""
+
+    name: str
+    runtime: str
+    what: str
+    keep_float: tuple[str, ...]  # fp16: op types computed in float32 instead
+    form: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {**dataclasses.asdict(self), "keep_float": list(self.keep_float)}
+
+
+RUNTIME_DEFECTS: dict[str, tuple[RuntimeDefect, ...]] = {
+    "fp16": (
+        RuntimeDefect(
+            "ort-fp16-transpose-matmul",
+            "onnxruntime 1.32 CPUExecutionProvider (ORT_ENABLE_ALL, ORT_ENABLE_LAYOUT)",
+            "an fp16 Transpose(perm=[1,0,2]) read through a Cast by a float MatMul: "
+            "MatmulTransposeFusion moves the Cast above the Transpose, then NchwcTransformer "
+            "segfaults while the session is created",
+            ("Transpose",),
+            "with Transpose kept in float32",
+        ),
+    ),
+}
+
+
 class QuantizeError(GraphtrimError):
     """A variant could not be built (missing calibration data, a conversion that failed)."""
 
@@ -120,6 +151,8 @@ class VariantBuild:
     cleanup: dict[str, Any] | None
     # what tuning for ``config.tune_device`` measured and kept (None: not tuned)
     tuning: dict[str, Any] | None = None
+    # known runtime defects the candidate hit, and the form that avoided each
+    runtime_defects: list[dict[str, Any]] = dataclasses.field(default_factory=list)
 
     @property
     def excluded(self) -> list[str]:
@@ -143,6 +176,7 @@ class VariantBuild:
             "optimization": self.optimization,
             "cleanup": self.cleanup,
             "tuning": self.tuning,
+            "runtime_defects": self.runtime_defects,
         }
 
 
@@ -494,36 +528,67 @@ def build_variant(
                 _say(progress, f"fp16: {len(overflow)} node(s) exceed the fp16 range: kept in fp32")
             excluded = sorted(set(excluded) | set(overflow))
         attempts: list[Attempt] = []
+        defects: list[dict[str, Any]] = []
         final: Path | None = None
         cleanup: dict[str, Any] | None = None
+        build_cfg = cfg  # an avoided runtime defect keeps more ops in float from then on
         for number in range(1, cfg.max_attempts + 1):
             work = stage / f"attempt{number}"
             work.mkdir()
-            raw = work / "raw.onnx"
+
+            def convert(
+                work: Path, bcfg: QuantizeConfig, excluded: list[str]
+            ) -> tuple[Path, dict[str, Any]]:
+                raw = work / "raw.onnx"
+                advice = _DropPreprocessAdvice()
+                # onnxruntime calls logging.warning(): the root logger's filter sees the record
+                logging.getLogger().addFilter(advice)
+                try:
+                    if variant == "int8-dynamic":
+                        _int8_dynamic(pre, raw, bcfg, excluded)
+                    elif variant == "int8-static":
+                        _int8_static(pre, raw, bcfg, excluded, feeds, progress)
+                    else:
+                        _fp16(pre, raw, bcfg, excluded)
+                except GraphtrimError:
+                    raise
+                except Exception as exc:
+                    raise QuantizeError(
+                        f"{variant} conversion failed: {type(exc).__name__}: {exc}"
+                    ) from exc
+                finally:
+                    logging.getLogger().removeFilter(advice)
+                clean = work / target.name
+                _say(progress, f"{variant}: cleaning up after the conversion")
+                cleaned = optimize_file(raw, clean, preset="safe", check=True)
+                return clean, cleaned.to_json()
+
             _say(progress, f"{variant}: attempt {number}, {len(excluded)} node(s) kept in float")
-            advice = _DropPreprocessAdvice()
-            # onnxruntime calls logging.warning(): the root logger's own filter sees the record
-            logging.getLogger().addFilter(advice)
+            clean, cleanup = convert(work, build_cfg, excluded)
             try:
-                if variant == "int8-dynamic":
-                    _int8_dynamic(pre, raw, cfg, excluded)
-                elif variant == "int8-static":
-                    _int8_static(pre, raw, cfg, excluded, feeds, progress)
-                else:
-                    _fp16(pre, raw, cfg, excluded)
-            except GraphtrimError:
-                raise
-            except Exception as exc:
-                raise QuantizeError(
-                    f"{variant} conversion failed: {type(exc).__name__}: {exc}"
-                ) from exc
-            finally:
-                logging.getLogger().removeFilter(advice)
-            clean = work / target.name
-            _say(progress, f"{variant}: cleaning up after the conversion")
-            cleaned = optimize_file(raw, clean, preset="safe", check=True)
-            cleanup = cleaned.to_json()
-            probed(clean, f"attempt {number}")
+                probed(clean, f"attempt {number}")
+            except QuantizeError as crash:
+                avoided = None
+                for known in RUNTIME_DEFECTS.get(variant, ()):
+                    if set(known.keep_float) <= set(build_cfg.fp16_keep_float):
+                        continue
+                    _say(progress, f"{variant}: {crash}; building it {known.form}")
+                    trial_cfg = dataclasses.replace(
+                        build_cfg,
+                        fp16_keep_float=sorted({*build_cfg.fp16_keep_float, *known.keep_float}),
+                    )
+                    trial = work / known.name
+                    trial.mkdir()
+                    clean_t, cleanup_t = convert(trial, trial_cfg, excluded)
+                    try:
+                        probed(clean_t, f"attempt {number} {known.form}")
+                    except QuantizeError:
+                        continue
+                    build_cfg, clean, cleanup, avoided = trial_cfg, clean_t, cleanup_t, known
+                    break
+                if avoided is None:
+                    raise
+                defects.append({**avoided.to_json(), "seen": str(crash)})
             final = clean
             if accuracy_check is None:
                 attempts.append(Attempt(number, list(excluded), None, {}))
@@ -549,7 +614,9 @@ def build_variant(
             k = max(1, math.ceil(cfg.fallback_fraction * len(ranked)) * number)
             excluded = sorted(set(excluded).union(*(e.nodes for e in positive[:k])))
         assert final is not None
-        return finish(final, attempts, cleanup)
+        built = finish(final, attempts, cleanup)
+        built.runtime_defects = defects
+        return built
     finally:
         shutil.rmtree(stage, ignore_errors=True)
 

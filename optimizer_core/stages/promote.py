@@ -59,6 +59,8 @@ def _compare(
     hm = _metrics(holder_tags)
     if metric == "bytes":
         if is_source:
+            if not validated.get("reference"):
+                return None, "this run measured no source (every variant was judged before)"
             ref = validated["reference"]["bytes"]
             beats = _better(cm["bytes"], ref, margin)
             return beats, f"{cm['bytes']} bytes vs the source's {ref} (margin {margin:g})"
@@ -186,6 +188,14 @@ def apply_policy(
         return {"aliases": aliases, "champion": champion}
     holder = registry.alias_version(target, policy.champion_alias)
     champion["holder"] = holder
+    best = _best(policy, validated, registered)
+    if best is None:
+        champion["reason"] = (
+            "no eligible variant passed its gates"
+            if not any(validated["variants"].get(v, {}).get("passed") for v in policy.eligible)
+            else f"no eligible variant has a '{policy.metric}' measurement"
+        )
+        return {"aliases": aliases, "champion": champion}
     hold = _held(registry, target, policy.champion_alias, source)
     if hold is not None and not force:
         champion["held"] = hold
@@ -193,14 +203,6 @@ def apply_policy(
             f"held on v{hold.get('version')} by {hold.get('who')} since {hold.get('when')} "
             f"({hold.get('why')}): a source version newer than v{hold.get('since_source')} "
             "or a forced promotion releases it"
-        )
-        return {"aliases": aliases, "champion": champion}
-    best = _best(policy, validated, registered)
-    if best is None:
-        champion["reason"] = (
-            "no eligible variant passed its gates"
-            if not any(validated["variants"].get(v, {}).get("passed") for v in policy.eligible)
-            else f"no eligible variant has a '{policy.metric}' measurement"
         )
         return {"aliases": aliases, "champion": champion}
     version = str(registered[best]["version"])

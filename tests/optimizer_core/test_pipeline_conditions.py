@@ -1,0 +1,467 @@
+"""The pipeline under real conditions: a runtime crash fails one variant, promotion that noise
+cannot move, holds that re-runs respect, the full history of moves, no feedback loop, runs
+that never stay RUNNING for a dead process. Against a real MLflow server and S3 (moto)."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from optimizer_core.cli import main
+from optimizer_core.examples.digits import DigitsTask
+from optimizer_core.gates.policy import PromotionPolicy
+from optimizer_core.integrations.registry import Registry
+from optimizer_core.isolation import ChildFailed, map_isolated
+from optimizer_core.stages import pipeline
+from optimizer_core.stages.context import PipelineConfig, StageContext
+from optimizer_core.stages.promote import apply_policy, promote_version, rollback_alias
+from tests.conftest import BUCKET, REPO
+from tests.servers import register_onnx
+
+pytestmark = [pytest.mark.xdist_group("mlflow"), pytest.mark.slow]
+
+mlflow = pytest.importorskip("mlflow")
+
+ABORT_ENV = {
+    "PYTHONPATH": os.pathsep.join([str(REPO / "tests" / "ort_abort"), str(REPO)]),
+    "GRAPHTRIM_TEST_ABORT_FP16": "1",
+}
+
+
+def _ctx(servers: dict[str, str], tmp_path: Path, **kw: Any) -> StageContext:
+    return StageContext(
+        servers["mlflow"],
+        f"s3://{BUCKET}/conditions",
+        workdir=str(tmp_path / "work"),
+        s3_endpoint_url=servers["s3"],
+        **kw,
+    )
+
+
+RELAXED = {
+    "variants": {
+        v: {"latency": {"min_speedup": 0.3, "runs": 40, "warmup": 5}}
+        for v in ("graph", "int8-static", "int8-dynamic", "fp16")
+    }
+}
+
+
+# ---------------------------------------------------------------------------- 1: crashes
+
+
+@pytest.fixture(scope="module")
+def fp16_model(digits_task: DigitsTask, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from optimizer_core.quantize.variants import build_variant
+
+    out = tmp_path_factory.mktemp("fp16") / "digits.fp16.onnx"
+    build_variant(digits_task.model, out, "fp16", probe=False)
+    return out
+
+
+def test_a_runtime_crash_in_the_gates_fails_that_variant_alone(
+    servers: dict[str, str],
+    digits_task: DigitsTask,
+    fp16_model: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    for key, value in ABORT_ENV.items():
+        monkeypatch.setenv(key, value)
+    # the serving probe: the child dies of SIGABRT while loading; the graph model is served
+    probes = map_isolated(
+        "optimizer_core.integrations.serving:serving_probe",
+        [str(fp16_model), str(digits_task.model)],
+    )
+    assert isinstance(probes[0], ChildFailed) and probes[0].signal_name == "SIGABRT"
+    assert "mlflow.pyfunc.load_model" in str(probes[0])
+    assert probes[1]["flavor"] == "mlflow.onnx"
+    # the gates: measured together, the crash takes the child down; each variant is then
+    # measured alone and only fp16 fails, with the signal
+    from optimizer_core.data import load_npz, input_specs
+
+    data = load_npz(digits_task.eval, input_specs(digits_task.model))
+    config = PipelineConfig(variants=("graph", "fp16"), policy=RELAXED)
+    evaluation = pipeline._evaluate_isolated(
+        _ctx(servers, tmp_path),
+        config,
+        digits_task.model,
+        {"graph": digits_task.model, "fp16": fp16_model},
+        data,
+    )
+    by_name = {v.name: v for v in evaluation.variants}
+    assert by_name["fp16"].gates[0].gate == "runtime"
+    assert "SIGABRT" in by_name["fp16"].gates[0].reasons[0]
+    assert by_name["graph"].gate("accuracy") is not None
+    assert by_name["graph"].gate("accuracy").passed  # type: ignore[union-attr]
+
+
+def test_quantize_never_writes_a_model_that_crashes_the_runtime(
+    digits_task: DigitsTask, tmp_path: Path
+) -> None:
+    out = tmp_path / "out.onnx"
+    env = {**os.environ, **ABORT_ENV}
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "optimizer_core.cli",
+            "quantize",
+            str(digits_task.model),
+            "-o",
+            str(out),
+            "--variant",
+            "fp16",
+            "--no-tune",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+    )
+    assert proc.returncode not in (0, -6), proc.stderr  # refused, and the CLI itself lives
+    assert "SIGABRT" in proc.stderr and "cannot be served" in proc.stderr
+    assert not out.exists()
+    assert [p.name for p in tmp_path.iterdir()] == []  # nothing half-written beside it
+
+
+def test_a_variant_that_crashes_the_runtime_fails_alone_and_the_run_ends(
+    servers: dict[str, str],
+    digits_task: DigitsTask,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    for key, value in ABORT_ENV.items():
+        monkeypatch.setenv(key, value)
+    register_onnx(servers["mlflow"], digits_task.model, "digits-crash")
+    args = [
+        "pipeline",
+        "run",
+        "--model",
+        "models:/digits-crash/1",
+        "--tracking-uri",
+        servers["mlflow"],
+        "--artifacts",
+        f"s3://{BUCKET}/crash",
+        "--s3-endpoint-url",
+        servers["s3"],
+        "--variants",
+        "graph,int8-static,fp16",
+        "--calibration",
+        str(digits_task.calibration),
+        "--eval-data",
+        str(digits_task.eval),
+        "--policy-json",
+        json.dumps(RELAXED),
+        "--json",
+        str(tmp_path / "records.json"),
+        "--workdir",
+        str(tmp_path / "work"),
+    ]
+    assert main(args) == 0
+    table = capsys.readouterr().out
+    records = json.loads((tmp_path / "records.json").read_text())
+    assert "fp16" in records["register"]["failed"]
+    reason = " ".join(records["register"]["failed"]["fp16"])
+    assert "SIGABRT" in reason and "ORT_ENABLE_ALL" in reason
+    assert set(records["register"]["registered"]) == {"graph", "int8-static"}
+    assert "fp16" in table and "FAIL" in table
+    client = mlflow.MlflowClient(servers["mlflow"], servers["mlflow"])
+    run = client.get_run(records["export"]["run_id"])
+    assert run.info.status == "FINISHED"
+    fp16 = [
+        v
+        for v in client.search_model_versions("name='digits-crash'")
+        if v.tags.get("graphtrim.variant") == "fp16"
+    ]
+    assert fp16 == []
+
+
+# ---------------------------------------------------------------------------- 3, 4: promotion
+
+
+def _variant_version(
+    servers: dict[str, str], model: Path, name: str, variant: str, sha: str, source: str = "1"
+) -> str:
+    version = register_onnx(servers["mlflow"], model, name)
+    client = mlflow.MlflowClient(servers["mlflow"], servers["mlflow"])
+    for key, value in {
+        "graphtrim.variant": variant,
+        "graphtrim.key": f"{variant}-{version}",
+        "graphtrim.sha256": sha,
+        "graphtrim.source.name": name,
+        "graphtrim.source.version": source,
+        "graphtrim.metrics": json.dumps({"speedup": 1.5, "speedup_lo": 1.4, "speedup_hi": 1.6}),
+    }.items():
+        client.set_model_version_tag(name, version, key, value)
+    return version
+
+
+def _validated(variant: str, sha: str, speedup: float, lo: float, hi: float) -> dict[str, Any]:
+    return {
+        "reference": {"bytes": 1000},
+        "fingerprint": "fp",
+        "variants": {
+            variant: {
+                "passed": True,
+                "metrics": {"speedup": speedup, "speedup_lo": lo, "speedup_hi": hi},
+                "model": {"sha256": sha},
+            }
+        },
+    }
+
+
+def test_identical_content_or_a_win_inside_the_noise_never_moves_the_champion(
+    servers: dict[str, str], digits_task: DigitsTask
+) -> None:
+    name = "noise"
+    register_onnx(servers["mlflow"], digits_task.model, name)  # v1: the source
+    held = _variant_version(servers, digits_task.model, name, "int8-static", "a" * 64)
+    same = _variant_version(servers, digits_task.model, name, "int8-static", "a" * 64)
+    reg = Registry(servers["mlflow"])
+    reg.client.set_registered_model_alias(name, "champion", held)
+    source = {"name": name, "version": "1"}
+    policy = PromotionPolicy()
+    # byte-identical file, "faster" by noise: stays
+    result = apply_policy(
+        reg,
+        policy,
+        target=name,
+        source=source,
+        validated=_validated("int8-static", "a" * 64, 3.0, 2.5, 3.5),
+        registered={"int8-static": {"version": same}},
+        why="test",
+    )
+    assert result["champion"]["moved"] is False
+    assert "same content" in result["champion"]["reason"]
+    # another file whose median is faster but whose blocks overlap the holder's: stays
+    other = _variant_version(servers, digits_task.model, name, "int8-static", "b" * 64)
+    result = apply_policy(
+        reg,
+        policy,
+        target=name,
+        source=source,
+        validated=_validated("int8-static", "b" * 64, 1.62, 1.55, 1.70),
+        registered={"int8-static": {"version": other}},
+        why="test",
+    )
+    assert result["champion"]["moved"] is False
+    assert "not better by the margin" in result["champion"]["reason"]
+    assert reg.alias_version(name, "champion") == held
+    # a win outside the noise moves it
+    result = apply_policy(
+        reg,
+        policy,
+        target=name,
+        source=source,
+        validated=_validated("int8-static", "b" * 64, 2.0, 1.9, 2.1),
+        registered={"int8-static": {"version": other}},
+        why="test",
+    )
+    assert result["champion"]["moved"] is True
+    assert reg.alias_version(name, "champion") == other
+
+
+def test_a_person_holds_the_champion_until_a_new_source_version(
+    servers: dict[str, str], digits_task: DigitsTask, capsys: pytest.CaptureFixture[str]
+) -> None:
+    name = "held"
+    register_onnx(servers["mlflow"], digits_task.model, name)  # v1: the source
+    v2 = _variant_version(servers, digits_task.model, name, "int8-static", "c" * 64)
+    v3 = _variant_version(servers, digits_task.model, name, "int8-static", "d" * 64)
+    reg = Registry(servers["mlflow"])
+    policy = PromotionPolicy()
+    source = {"name": name, "version": "1"}
+
+    def run(version: str, sha: str) -> dict[str, Any]:
+        return apply_policy(
+            reg,
+            policy,
+            target=name,
+            source=source,
+            validated=_validated("int8-static", sha, 5.0, 4.9, 5.1),
+            registered={"int8-static": {"version": version}},
+            why="pipeline",
+        )["champion"]
+
+    assert run(v2, "c" * 64)["moved"] is True
+    reg.client.set_model_version_tag(
+        name, v2, "graphtrim.metrics", json.dumps({"speedup": 1.2, "speedup_hi": 1.3})
+    )
+    assert run(v3, "d" * 64)["moved"] is True
+    # a person rolls back: the champion is held on v2 ...
+    assert (
+        main(
+            [
+                "rollback",
+                name,
+                "--why",
+                "canary regression",
+                "--tracking-uri",
+                servers["mlflow"],
+            ]
+        )
+        == 0
+    )
+    assert "held there" in capsys.readouterr().out
+    assert reg.alias_version(name, "champion") == v2
+    # ... and the same pipeline result does not move it forward again
+    again = run(v3, "d" * 64)
+    assert again["moved"] is False and "held on v" + v2 in again["reason"]
+    assert reg.alias_version(name, "champion") == v2
+    # a new source version releases the hold
+    new_source = register_onnx(servers["mlflow"], digits_task.model, name)
+    v5 = _variant_version(servers, digits_task.model, name, "int8-static", "e" * 64, new_source)
+    source["version"] = new_source
+    assert run(v5, "e" * 64)["moved"] is True
+    assert reg.hold(name, "champion") is None
+    # every move is on record, not only the latest
+    moves = reg.moves(name, "champion")
+    assert [(m["action"], m["to"]) for m in moves] == [
+        ("promote", v2),
+        ("promote", v3),
+        ("rollback", v2),
+        ("promote", v5),
+    ]
+    audits = json.loads(reg.version_tags(name, v2)["graphtrim.audit.champion"])
+    assert [a["action"] for a in audits] == ["promote", "promote", "rollback", "promote"]
+    # a manual promote holds too
+    promote_version(reg, name, v3, "champion", why="pin for the release", force=True)
+    assert reg.hold(name, "champion")["version"] == v3  # type: ignore[index]
+
+
+# ---------------------------------------------------------------------------- 6: feedback
+
+
+def test_a_graphtrim_variant_is_not_optimized_again_unless_asked(
+    servers: dict[str, str],
+    digits_task: DigitsTask,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    name = "feedback"
+    register_onnx(servers["mlflow"], digits_task.model, name)
+    variant = _variant_version(servers, digits_task.model, name, "graph", "f" * 64)
+    client = mlflow.MlflowClient(servers["mlflow"], servers["mlflow"])
+    exp = client.get_experiment_by_name("feedback-runs")
+    before = len(client.search_runs([exp.experiment_id])) if exp else 0
+    base = [
+        "pipeline",
+        "run",
+        "--tracking-uri",
+        servers["mlflow"],
+        "--artifacts",
+        str(tmp_path / "artifacts"),
+        "--experiment",
+        "feedback-runs",
+        "--variants",
+        "graph",
+    ]
+    assert main([*base, "--model", f"models:/{name}/{variant}"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "is a graphtrim variant (graph of version 1)" in err[0]
+    assert "--allow-variant-source" in err[0]
+    exp = client.get_experiment_by_name("feedback-runs")
+    assert (len(client.search_runs([exp.experiment_id])) if exp else 0) == before
+    # asked for explicitly, it runs
+    code = main([*base, "--model", f"models:/{name}/{variant}", "--allow-variant-source", "-q"])
+    assert code in (0, 1)
+    out = capsys.readouterr()
+    assert "graph" in out.out
+    assert "View run" not in out.out and "[graphtrim" not in out.err  # -q is quiet
+
+
+# ---------------------------------------------------------------------------- 7: bad data
+
+
+def test_bad_data_fails_in_seconds_before_export_and_leaves_no_run(
+    servers: dict[str, str],
+    digits_task: DigitsTask,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    name = "baddata"
+    register_onnx(servers["mlflow"], digits_task.model, name)
+    with np.load(digits_task.eval) as npz:
+        arrays = {k: npz[k] for k in npz.files}
+    wrong_key = tmp_path / "wrong_key.npz"
+    np.savez(wrong_key, pixels=arrays["image"], labels=arrays["labels"])
+    pickled = tmp_path / "pickled.npz"
+    np.save(pickled.with_suffix(".npy"), np.array([{"a": 1}], dtype=object), allow_pickle=True)
+    pickled.with_suffix(".npy").rename(pickled)
+    nan = tmp_path / "nan.npz"
+    bad = arrays["image"].copy()
+    bad[3, 0, 0, 0] = np.nan
+    np.savez(nan, image=bad, labels=arrays["labels"])
+    client = mlflow.MlflowClient(servers["mlflow"], servers["mlflow"])
+    for path, expect in (
+        (wrong_key, "image"),
+        (pickled, "not an .npz"),
+        (nan, "non-finite"),
+    ):
+        code = main(
+            [
+                "pipeline",
+                "run",
+                "--model",
+                f"models:/{name}/1",
+                "--tracking-uri",
+                servers["mlflow"],
+                "--artifacts",
+                str(tmp_path / "artifacts"),
+                "--experiment",
+                "baddata-runs",
+                "--variants",
+                "graph",
+                "--eval-data",
+                str(path),
+            ]
+        )
+        err = capsys.readouterr().err.strip().splitlines()
+        assert code == 2
+        assert len(err) == 1, err
+        assert expect in err[0] and "allow_pickle" not in err[0]
+    exp = client.get_experiment_by_name("baddata-runs")
+    assert exp is None or client.search_runs([exp.experiment_id]) == []
+
+
+# ---------------------------------------------------------------------------- 9: dead runs
+
+
+def test_a_run_left_running_by_a_dead_process_is_closed_on_the_next_start(
+    servers: dict[str, str],
+) -> None:
+    client = mlflow.MlflowClient(servers["mlflow"], servers["mlflow"])
+    exp = pipeline._experiment_id(client, "dead-runs")
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    tags = {
+        "graphtrim.pipeline": "1",
+        "graphtrim.process": json.dumps(
+            {"host": socket.gethostname(), "pid": dead.pid, "stage": "quantize"}
+        ),
+    }
+    run = client.create_run(exp, tags=tags)
+    alive = client.create_run(
+        exp,
+        tags={
+            **tags,
+            "graphtrim.process": json.dumps(
+                {"host": socket.gethostname(), "pid": os.getppid(), "stage": "validate"}
+            ),
+        },
+    )
+    closed = pipeline._close_dead_runs(client, exp)
+    assert closed == [run.info.run_id]
+    got = client.get_run(run.info.run_id)
+    assert got.info.status == "KILLED"
+    assert f"process {dead.pid}" in got.data.tags["graphtrim.error"]
+    assert client.get_run(alive.info.run_id).info.status == "RUNNING"
