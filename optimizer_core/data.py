@@ -2,17 +2,25 @@
 
 An ``.npz`` file holds one array per model input, named like the input, whose first axis runs
 over samples; an optional array of labels (key ``labels`` unless told otherwise) has one entry
-per sample. Samples are fed in batches: of the model's batch size when its first dim is fixed,
-else of ``batch_size``. Without a file, seeded random inputs of the right types stand in (they
-check agreement with the reference model, not a task metric).
+per sample. Samples are fed in batches: of the model's batch size when its first dim is fixed
+(the samples that do not fill a last batch are left out), else of ``batch_size`` with a smaller
+last batch for the remainder. Without a file, seeded random inputs of the right types stand in
+(they check agreement with the reference model, not a task metric).
+
+:func:`check_data` checks a file against the model's inputs before any heavy work, reading only
+the arrays the model needs; :func:`load_npz` runs the same checks. The model's inputs come from
+the ONNX model (:func:`input_specs`) or, before export, from an MLflow signature
+(:func:`specs_from_signature`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 import os
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+import zipfile
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -76,10 +84,300 @@ _NP_TYPES = {
     "tensor(float16)": np.float16,
     "tensor(int64)": np.int64,
     "tensor(int32)": np.int32,
+    "tensor(int16)": np.int16,
     "tensor(int8)": np.int8,
+    "tensor(uint64)": np.uint64,
+    "tensor(uint32)": np.uint32,
+    "tensor(uint16)": np.uint16,
     "tensor(uint8)": np.uint8,
     "tensor(bool)": np.bool_,
 }
+
+
+# numpy dtype names of MLflow tensor signatures -> onnxruntime type strings
+_SIGNATURE_TYPES = {
+    "float32": "tensor(float)",
+    "float64": "tensor(double)",
+    "float16": "tensor(float16)",
+    "int64": "tensor(int64)",
+    "int32": "tensor(int32)",
+    "int16": "tensor(int16)",
+    "int8": "tensor(int8)",
+    "uint64": "tensor(uint64)",
+    "uint32": "tensor(uint32)",
+    "uint16": "tensor(uint16)",
+    "uint8": "tensor(uint8)",
+    "bool": "tensor(bool)",
+}
+
+
+def specs_from_signature(mlmodel: Mapping[str, Any]) -> list[InputSpec] | None:
+    """The model's inputs from an MLflow ``MLmodel`` document (the parsed YAML), in the form
+    :func:`input_specs` gives; None without a tensor signature (none at all, or columns).
+
+    ``-1`` dims are symbolic (None). An unnamed input is called ``input_<i>``, the name the
+    export stage gives it in the ONNX model."""
+    sig = mlmodel.get("signature")
+    raw = sig.get("inputs") if isinstance(sig, Mapping) else None
+    if not raw:
+        return None
+    if isinstance(raw, str):
+        try:
+            raw = json.loads(raw)
+        except ValueError:
+            return None
+    if not isinstance(raw, list) or not raw:
+        return None
+    specs: list[InputSpec] = []
+    for i, entry in enumerate(raw):
+        if not isinstance(entry, Mapping) or entry.get("type") != "tensor":
+            return None
+        tensor = entry.get("tensor-spec")
+        if not isinstance(tensor, Mapping):
+            return None
+        dtype = str(tensor.get("dtype", ""))
+        shape = [
+            d if isinstance(d, int) and not isinstance(d, bool) and d >= 0 else None
+            for d in tensor.get("shape") or []
+        ]
+        name = entry.get("name") or f"input_{i}"
+        specs.append((str(name), _SIGNATURE_TYPES.get(dtype, f"tensor({dtype})"), shape))
+    return specs
+
+
+# a member of an archive may decompress to at most this much, and to at most this many times
+# the archive's size once over the floor (real data compresses a few times, not hundreds)
+MAX_MEMBER_BYTES = 8 * 1024**3
+MAX_MEMBER_RATIO = 200
+RATIO_FLOOR_BYTES = 64 * 1024**2
+
+_ZIP_MAGIC = (b"PK\x03\x04", b"PK\x05\x06")
+_NPY_MAGIC = b"\x93NUMPY"
+# what reading a damaged, encrypted or oddly compressed member raises
+_READ_ERRORS = (
+    ValueError,
+    EOFError,
+    OSError,
+    RuntimeError,
+    NotImplementedError,
+    zipfile.BadZipFile,
+)
+_HOW = "write it with numpy.savez(path, <input name>=array, ...)"
+
+
+@dataclasses.dataclass
+class _Checked:
+    """A data file that passed the checks: the arrays it needs (not read without ``read``)."""
+
+    path: Path
+    names: list[str]
+    label_key: str | None
+    samples: int
+    batch: int | None  # the model's fixed batch size, None when dynamic
+    shapes: dict[str, tuple[int, ...]]
+    dtypes: dict[str, np.dtype[Any]]
+    arrays: dict[str, np.ndarray]
+
+    def summary(self, role: str) -> dict[str, Any]:
+        return {
+            "path": str(self.path),
+            "role": role,
+            "samples": self.samples,
+            "batch": self.batch,
+            "arrays": {
+                k: {"dtype": str(self.dtypes[k]), "shape": list(self.shapes[k])}
+                for k in self.shapes
+            },
+            "labels": self.label_key,
+        }
+
+
+def _fmt_shape(shape: Sequence[Any]) -> str:
+    return "[" + ", ".join("?" if d is None else str(d) for d in shape) + "]"
+
+
+def _fmt_bytes(n: int) -> str:
+    for unit, size in (("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n} bytes"
+
+
+def _fixed_batch(specs: Sequence[InputSpec], fail: Callable[[str], DataError]) -> int | None:
+    fixed = {d for d in (_batch_dim(s) for s in specs) if d is not None}
+    if len(fixed) > 1:
+        raise fail(f"the model's inputs have different fixed batch sizes {sorted(fixed)}")
+    return next(iter(fixed), None)
+
+
+def _read_header(
+    zf: zipfile.ZipFile, info: zipfile.ZipInfo, archive_bytes: int, fail: Callable[[str], DataError]
+) -> tuple[tuple[int, ...], np.dtype[Any]]:
+    """Shape and dtype of the .npy member ``info``, from its header alone."""
+    size = int(info.file_size)
+    if size > MAX_MEMBER_BYTES or (
+        size > RATIO_FLOOR_BYTES and size > MAX_MEMBER_RATIO * max(1, archive_bytes)
+    ):
+        raise fail(
+            f"member '{info.filename}' would decompress to {_fmt_bytes(size)} "
+            f"({size / max(1, archive_bytes):.0f}x the archive's {_fmt_bytes(archive_bytes)}): "
+            "refusing it"
+        )
+    try:
+        with zf.open(info) as fh:
+            if fh.read(len(_NPY_MAGIC)) != _NPY_MAGIC:
+                raise fail(f"member '{info.filename}' is not a .npy array")
+            major, minor = fh.read(2)
+            reader = (
+                np.lib.format.read_array_header_1_0
+                if major == 1
+                else np.lib.format.read_array_header_2_0
+            )
+            if major not in (1, 2, 3):
+                raise ValueError(f"unknown .npy format version {major}.{minor}")
+            shape, _, dtype = reader(fh)
+    except _READ_ERRORS as exc:
+        text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise fail(f"member '{info.filename}' is not a readable .npy array ({text})") from exc
+    if dtype.hasobject:
+        raise fail(
+            f"member '{info.filename}' holds Python objects, not numbers: "
+            "only numeric arrays are read"
+        )
+    if int(np.prod(shape, dtype=np.int64)) * dtype.itemsize > size:
+        raise fail(f"member '{info.filename}' declares more data than it holds (truncated)")
+    return tuple(int(d) for d in shape), dtype
+
+
+def _check(
+    path: str | os.PathLike[str],
+    specs: Sequence[InputSpec],
+    *,
+    role: str | None,
+    label_key: str,
+    read: bool,
+) -> _Checked:
+    """Every check of a data file against ``specs``; the needed arrays when ``read``."""
+    p = Path(path)
+    where = f"{role} data {p}" if role else str(p)
+
+    def fail(reason: str) -> DataError:
+        return DataError(f"{where}: {reason}")
+
+    if not p.exists():
+        raise fail("no such data file")
+    if not p.is_file():
+        raise fail("not a regular file")
+    try:
+        archive_bytes = p.stat().st_size
+        with open(p, "rb") as fh:
+            head = fh.read(len(_NPY_MAGIC))
+    except OSError as exc:
+        raise fail(f"cannot read the file: {exc.strerror or exc}") from exc
+    if head.startswith(_NPY_MAGIC):
+        raise fail(f"a single .npy array, not an .npz archive of named arrays ({_HOW})")
+    if not head.startswith(_ZIP_MAGIC):
+        raise fail(f"not an .npz archive of arrays ({_HOW})")
+    names = [s[0] for s in specs]
+    batch = _fixed_batch(specs, fail)
+    try:
+        zf = zipfile.ZipFile(p)
+    except (zipfile.BadZipFile, OSError, ValueError) as exc:
+        raise fail(f"not a readable .npz archive (damaged zip file: {exc})") from exc
+    with zf:
+        members = {i.filename: i for i in zf.infolist() if not i.is_dir()}
+        for member in members:
+            if not member.endswith(".npy"):
+                raise fail(f"member '{member}' is not a .npy array ({_HOW})")
+        keys = sorted(m[: -len(".npy")] for m in members)
+        missing = [n for n in names if n not in keys]
+        if missing:
+            raise fail(
+                f"no array for model input(s) {', '.join(missing)} "
+                f"(has {', '.join(keys) or 'no arrays'}); name each array like the model input "
+                f"it feeds: {', '.join(names)}"
+            )
+        labels = label_key if label_key in keys and label_key not in names else None
+        needed = [*names, *([labels] if labels else [])]
+        shapes: dict[str, tuple[int, ...]] = {}
+        dtypes: dict[str, np.dtype[Any]] = {}
+        for key in needed:
+            shapes[key], dtypes[key] = _read_header(zf, members[key + ".npy"], archive_bytes, fail)
+    for key in needed:
+        if not shapes[key]:
+            what = f"'{key}'" if key == labels else f"array '{key}'"
+            raise fail(f"{what} is a scalar; samples (entries) go on its first axis")
+    n = shapes[names[0]][0] if names else 0
+    for spec in specs:
+        name, shape, dims = spec[0], shapes[spec[0]], list(spec[2])
+        if dims and len(shape) != len(dims):
+            raise fail(
+                f"array '{name}' has shape {_fmt_shape(shape)} ({len(shape)} axes); model input "
+                f"'{name}' takes {len(dims)} axes {_fmt_shape(dims)} with samples on the first"
+            )
+        for axis, (got, want) in enumerate(zip(shape, dims, strict=False)):
+            if axis and isinstance(want, int) and want >= 0 and got != want:
+                raise fail(
+                    f"array '{name}' has shape {_fmt_shape(shape)}: axis {axis} is {got}, model "
+                    f"input '{name}' {_fmt_shape(dims)} wants {want}"
+                )
+        if shape[0] != n:
+            raise fail(
+                f"array '{name}' does not have {n} samples on its first axis "
+                f"(has {shape[0]}, array '{names[0]}' has {n})"
+            )
+        want_type = _NP_TYPES.get(str(spec[1]))
+        if want_type is not None and dtypes[name] != want_type:
+            raise fail(f"array '{name}' is {dtypes[name]}, the model wants {spec[1]}")
+    if labels is not None and shapes[labels][0] != n:
+        raise fail(f"'{labels}' has {shapes[labels][0]} entries for {n} samples")
+    if names and n == 0:
+        raise fail("the arrays hold no samples")
+    if batch is not None and n < batch:
+        raise fail(f"{n} samples, fewer than one batch of {batch}")
+    arrays: dict[str, np.ndarray] = {}
+    floats = [s[0] for s in specs if np.issubdtype(dtypes[s[0]], np.inexact)]
+    wanted = needed if read else floats
+    if wanted:
+        try:
+            with np.load(p, allow_pickle=False) as npz:
+                for key in wanted:
+                    arrays[key] = npz[key]
+        except _READ_ERRORS as exc:
+            text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise fail(f"cannot read the archive's arrays ({text})") from exc
+    for name in floats:
+        bad = int(arrays[name].size - np.count_nonzero(np.isfinite(arrays[name])))
+        if bad:
+            raise fail(
+                f"array '{name}' (model input '{name}') holds {bad} non-finite value(s) "
+                f"(NaN or inf) among {arrays[name].size}"
+            )
+    if not read:
+        arrays = {}
+    return _Checked(p, names, labels, n, batch, shapes, dtypes, arrays)
+
+
+def check_data(
+    path: str | os.PathLike[str],
+    specs: Sequence[InputSpec],
+    *,
+    role: str,
+    label_key: str = "labels",
+) -> dict[str, Any]:
+    """Check the data file ``path`` against the model's inputs ``specs`` before any heavy work.
+
+    Reads the archive's directory and the headers of the arrays the model needs, then the
+    float inputs' values (for NaN and inf); other members are never decompressed. ``role``
+    ("calibration", "evaluation") names the file's use in messages.
+
+    Returns a summary: ``path``, ``role``, ``samples``, ``batch`` (the model's fixed batch size
+    or None), ``arrays`` (dtype and shape per input and labels), ``labels`` (their key or None).
+
+    Raises:
+        DataError: one line naming the file and what is wrong with it.
+    """
+    return _check(path, specs, role=role, label_key=label_key, read=False).summary(role)
 
 
 def load_npz(
@@ -90,59 +388,32 @@ def load_npz(
     label_key: str = "labels",
     max_samples: int | None = None,
 ) -> EvalData:
-    """Read ``path`` and cut it into batches that fit the model's inputs ``specs``."""
-    p = Path(path)
-    if not p.is_file():
-        raise DataError(f"{p}: no such data file")
-    try:
-        with np.load(p, allow_pickle=False) as npz:
-            arrays = {k: npz[k] for k in npz.files}
-    except Exception as exc:  # zipfile, pickle refusal, truncated file
-        raise DataError(f"{p}: not a readable .npz file ({exc})") from exc
-    names = [s[0] for s in specs]
-    missing = [n for n in names if n not in arrays]
-    others = [k for k in arrays if k != label_key]
-    if len(names) == 1 and missing and len(others) == 1:
-        # one input, one array: the exporter's input name need not match the data's key
-        arrays[names[0]] = arrays.pop(others[0])
-        missing = []
-    if missing:
-        raise DataError(
-            f"{p}: no array for model input(s) {', '.join(missing)} (has {', '.join(sorted(arrays))})"
-        )
-    labels = arrays.get(label_key) if label_key not in names else None
-    for name in [*names, *([label_key] if labels is not None else [])]:
-        if arrays[name].ndim == 0:
-            raise DataError(f"{p}: array '{name}' is a scalar; samples go on its first axis")
-    n = len(arrays[names[0]])
-    for name in names:
-        if arrays[name].ndim == 0 or len(arrays[name]) != n:
-            raise DataError(f"{p}: array '{name}' does not have {n} samples on its first axis")
-    if labels is not None and len(labels) != n:
-        raise DataError(f"{p}: '{label_key}' has {len(labels)} entries for {n} samples")
+    """Read ``path`` and cut it into batches that fit the model's inputs ``specs``.
+
+    The file passes the checks of :func:`check_data` first. With a fixed batch dim the samples
+    that do not fill a last batch are left out; with a dynamic one they form a smaller last
+    batch."""
+    if batch_size < 1:
+        raise DataError(f"{path}: batch size {batch_size}: it must be at least 1")
+    checked = _check(path, specs, role=None, label_key=label_key, read=True)
+    arrays, names = checked.arrays, checked.names
+    labels = arrays.get(checked.label_key) if checked.label_key else None
+    n = checked.samples
     if max_samples is not None:
         n = min(n, max_samples)
-    fixed = {_batch_dim(s) for s in specs}
-    step = next(iter(fixed)) if len(fixed) == 1 and None not in fixed else batch_size
-    if step is None or step <= 0:
-        step = batch_size
-    if n < step:
-        raise DataError(f"{p}: {n} samples, fewer than one batch of {step}")
-    used = (n // step) * step  # a fixed batch dim cannot take a partial batch
+    step = checked.batch or batch_size
+    used = (n // step) * step if checked.batch else n  # a fixed batch dim takes full batches
+    if used == 0:
+        raise DataError(f"{checked.path}: {n} samples, fewer than one batch of {step}")
     batches: list[Feeds] = []
     label_batches: list[np.ndarray] | None = [] if labels is not None else None
-    for spec in specs:
-        want = _NP_TYPES.get(str(spec[1]))
-        if want is not None and arrays[spec[0]].dtype != want:
-            raise DataError(
-                f"{p}: array '{spec[0]}' is {arrays[spec[0]].dtype}, the model wants {spec[1]}"
-            )
     for start in range(0, used, step):
-        batches.append({name: arrays[name][start : start + step] for name in names})
+        stop = min(start + step, used)
+        batches.append({name: arrays[name][start:stop] for name in names})
         if label_batches is not None and labels is not None:
-            label_batches.append(labels[start : start + step])
-    digest = _hash_arrays({k: v[:used] for k, v in arrays.items() if k in names or k == label_key})
-    return EvalData(batches, label_batches, digest, str(p))
+            label_batches.append(labels[start:stop])
+    digest = _hash_arrays({k: v[:used] for k, v in arrays.items()})
+    return EvalData(batches, label_batches, digest, str(checked.path))
 
 
 def random_data(specs: Sequence[InputSpec], *, batches: int = 8, seed: int = 0) -> EvalData:
@@ -166,11 +437,27 @@ def input_specs(path: str | os.PathLike[str]) -> list[InputSpec]:
     return [(i.name, i.type, list(i.shape)) for i in sess.get_inputs()]
 
 
+def _shapes(feeds: Feeds) -> dict[str, tuple[int, ...]]:
+    return {k: tuple(np.shape(v)) for k, v in feeds.items()}
+
+
 class CalibrationReader:
-    """onnxruntime's ``CalibrationDataReader`` protocol over any iterable of feeds."""
+    """onnxruntime's ``CalibrationDataReader`` protocol over any iterable of feeds.
+
+    A smaller last batch (the remainder :func:`load_npz` keeps for a dynamic batch dim) is left
+    out when the batches before it all have one shape: onnxruntime's entropy and percentile
+    calibrators stack every batch's values into one array and fail on a ragged last one."""
 
     def __init__(self, feeds: Iterable[Feeds], *, progress: Any = None):
         self._all = list(feeds)
+        self.left_out = 0
+        if len(self._all) > 1:
+            first = _shapes(self._all[0])
+            if _shapes(self._all[-1]) != first and all(
+                _shapes(f) == first for f in self._all[1:-1]
+            ):
+                self._all.pop()
+                self.left_out = 1
         self._it = iter(self._all)
         self._seen = 0
         self._progress = progress
