@@ -362,6 +362,7 @@ def _quiet() -> None:
     import warnings
 
     os.environ["MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"] = "true"  # "View run ... at" links
+    os.environ["MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"] = "false"  # download progress bars
     logging.getLogger().setLevel(logging.WARNING)
     for name in ("graphtrim", "mlflow", "torch", "torch.onnx", "onnxscript", "alembic"):
         logging.getLogger(name).setLevel(logging.WARNING)

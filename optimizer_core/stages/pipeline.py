@@ -14,6 +14,7 @@ config (its lineage key is looked up before anything is logged).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import json
 import logging
@@ -703,7 +704,7 @@ def _evaluate_isolated(
     base = next((e for e in alone if not isinstance(e, BaseException)), None)
     if base is None:  # the reference itself cannot be measured
         raise PipelineError(f"validate: no variant could be measured: {alone[0]}")
-    base.variants = []
+    base = dataclasses.replace(base, variants=[], latency_samples=dict(base.latency_samples))
     for name, result in zip(names, alone, strict=True):
         if isinstance(result, BaseException):
             info = None
