@@ -507,7 +507,9 @@ def build_variant(
             )
 
         _name_nodes(pre)
-        probe_feeds = feeds[0] if feeds else None
+        # fp16 inputs (``keep_io_types=False``) cannot take the float32 calibration feeds
+        fp16_io = variant == "fp16" and not cfg.keep_io_types
+        probe_feeds = feeds[0] if feeds and not fp16_io else None
 
         def probed(candidate: Path, what: str) -> None:
             if probe:

@@ -229,8 +229,21 @@ def test_rerun_registers_nothing_new(
     for variant, rec in again["register"]["registered"].items():
         assert rec["created"] is False
         assert rec["version"] == first[variant]["version"]
-    # the artifacts were found, not written again
-    assert again["optimize"]["model"]["sha256"] == digits_run["optimize"]["model"]["sha256"]
+    # nothing was exported, built or timed again: the recorded verdicts are reported
+    assert again["export"]["model"] is None and again["optimize"]["model"] is None
+    assert again["quantize"]["variants"] == {}
+    for variant, summary in again["validate"]["variants"].items():
+        assert summary["reused"] is True
+        assert summary["passed"] == digits_run["validate"]["variants"][variant]["passed"]
+    assert set(again["register"]["failed"]) == set(digits_run["register"]["failed"])
+    assert again["promote"]["champion"]["moved"] is False
+    # --rejudge measures again, and still registers nothing new
+    rejudged = pipeline.run_pipeline(
+        _ctx(servers, tmp_path, rejudge=True), digits_run["_config"], "models:/digits/1"
+    )
+    assert rejudged["optimize"]["model"]["sha256"] == digits_run["optimize"]["model"]["sha256"]
+    assert not any(s.get("reused") for s in rejudged["validate"]["variants"].values())
+    assert len(_versions(servers["mlflow"], "digits")) == before
 
 
 def test_promotion_candidate_aliases_and_champion_by_margin(
@@ -245,7 +258,7 @@ def test_promotion_candidate_aliases_and_champion_by_margin(
     assert champion["moved"] is True, champion
     assert champion["variant"] == "int8-static"
     assert reg.alias_version("digits", "champion") == registered["int8-static"]["version"]
-    audit = json.loads(reg.version_tags("digits", "1")["graphtrim.audit.champion"])
+    audit = json.loads(reg.version_tags("digits", "1")["graphtrim.audit.champion"])[-1]
     assert audit["from"] == "1" and audit["to"] == registered["int8-static"]["version"]
     assert audit["who"] and audit["when"] and "pipeline run" in audit["why"]
 
@@ -271,7 +284,9 @@ def test_rollback_moves_champion_back_with_audit(
     assert code == 0, capsys.readouterr().err
     assert reg.alias_version("digits", "champion") == "1"
     for version in ("1", current):
-        audit = json.loads(reg.version_tags("digits", str(version))["graphtrim.audit.champion"])
+        audit = json.loads(reg.version_tags("digits", str(version))["graphtrim.audit.champion"])[
+            -1
+        ]
         assert audit["action"] == "rollback"
         assert audit["why"] == "latency regression in canary"
     # nothing earlier on record: a second rollback is a clear error, alias unchanged
@@ -287,8 +302,9 @@ def test_champion_stays_when_not_better_by_the_margin(
     holder = reg.alias_version("digits", "champion")
     # a config with a huge margin: another config hash, so new versions are registered
     policy = {"promotion": {"metric": "bytes", "margin": 0.9}}
+    # forced: the rollback before holds the champion; the margin alone must keep it
     records = pipeline.run_pipeline(
-        _ctx(servers, tmp_path),
+        _ctx(servers, tmp_path, force_promotion=True),
         _config(digits, policy=policy, variants=("int8-static",)),
         "models:/digits/1",
     )
