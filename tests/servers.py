@@ -70,8 +70,9 @@ def _env(home: Path) -> dict[str, str]:
 
 
 @contextlib.contextmanager
-def mlflow_server(folder: Path) -> Iterator[str]:
-    """``mlflow server`` on SQLite with proxied local artifacts; yields its URL."""
+def mlflow_server(folder: Path, backend: str | None = None) -> Iterator[str]:
+    """``mlflow server`` on SQLite (or the ``backend`` store URI, e.g. PostgreSQL) with proxied
+    local artifacts; yields its URL."""
     folder.mkdir(parents=True, exist_ok=True)
     port = free_port()
     log = folder / "mlflow-server.log"
@@ -79,7 +80,7 @@ def mlflow_server(folder: Path) -> Iterator[str]:
         _bin("mlflow"),
         "server",
         "--backend-store-uri",
-        f"sqlite:///{folder / 'mlflow.db'}",
+        backend or f"sqlite:///{folder / 'mlflow.db'}",
         "--artifacts-destination",
         str(folder / "artifacts"),
         "--host",

@@ -22,7 +22,7 @@ from optimizer_core.integrations.registry import Registry
 from optimizer_core.isolation import ChildFailed, map_isolated
 from optimizer_core.stages import pipeline
 from optimizer_core.stages.context import PipelineConfig, StageContext
-from optimizer_core.stages.promote import apply_policy, promote_version, rollback_alias
+from optimizer_core.stages.promote import apply_policy, promote_version
 from tests.conftest import BUCKET, REPO
 from tests.servers import register_onnx
 
@@ -85,7 +85,7 @@ def test_a_runtime_crash_in_the_gates_fails_that_variant_alone(
     assert probes[1]["flavor"] == "mlflow.onnx"
     # the gates: measured together, the crash takes the child down; each variant is then
     # measured alone and only fp16 fails, with the signal
-    from optimizer_core.data import load_npz, input_specs
+    from optimizer_core.data import input_specs, load_npz
 
     data = load_npz(digits_task.eval, input_specs(digits_task.model))
     config = PipelineConfig(variants=("graph", "fp16"), policy=RELAXED)
@@ -302,7 +302,10 @@ def test_a_person_holds_the_champion_until_a_new_source_version(
 
     assert run(v2, "c" * 64)["moved"] is True
     reg.client.set_model_version_tag(
-        name, v2, "graphtrim.metrics", json.dumps({"speedup": 1.2, "speedup_hi": 1.3, "p50_ms": 5.0})
+        name,
+        v2,
+        "graphtrim.metrics",
+        json.dumps({"speedup": 1.2, "speedup_hi": 1.3, "p50_ms": 5.0}),
     )
     assert run(v3, "d" * 64)["moved"] is True
     # a person rolls back: the champion is held on v2 ...
