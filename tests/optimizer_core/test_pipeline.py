@@ -284,9 +284,7 @@ def test_rollback_moves_champion_back_with_audit(
     assert code == 0, capsys.readouterr().err
     assert reg.alias_version("digits", "champion") == "1"
     for version in ("1", current):
-        audit = json.loads(reg.version_tags("digits", str(version))["graphtrim.audit.champion"])[
-            -1
-        ]
+        audit = json.loads(reg.version_tags("digits", str(version))["graphtrim.audit.champion"])[-1]
         assert audit["action"] == "rollback"
         assert audit["why"] == "latency regression in canary"
     # nothing earlier on record: a second rollback is a clear error, alias unchanged
