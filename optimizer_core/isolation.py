@@ -108,6 +108,13 @@ def _rebuild(raised: _Raised) -> BaseException:
     return GraphtrimError(f"{raised.name}: {raised.message}")
 
 
+def _read(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8").strip()
+    except OSError:
+        return ""
+
+
 def _tail(path: Path, limit: int = 4000) -> str:
     try:
         data = path.read_bytes()[-limit:]
@@ -133,6 +140,7 @@ def map_isolated(
     timeout: float = DEFAULT_TIMEOUT,
     what: Callable[[Any], str] | None = None,
     on_result: Callable[[int, Any], None] | None = None,
+    on_step: Callable[[str], None] | None = None,
 ) -> list[Any]:
     """Call ``target`` (``"module:function"``) as ``fn(item, **common)`` for every item, in
     child processes, and return, per item, its result or the exception it ended with (a
@@ -140,6 +148,7 @@ def map_isolated(
 
     One child works through the items in order; when it dies, the item it was on gets the
     error and a new child takes the items after it. ``timeout`` bounds each item.
+    ``on_step`` receives each step the child reports (:func:`step`): progress on long work.
     """
     if ":" not in target:
         raise ValueError(f"target must be 'module:function', not {target!r}")
@@ -179,8 +188,14 @@ def map_isolated(
                 current = start
                 began = time.monotonic()
                 timed_out = False
+                seen = ""
                 while proc.poll() is None:
                     time.sleep(0.05)
+                    if on_step is not None:
+                        now = _read(step_path)
+                        if now and now != seen and now != "starting":
+                            on_step(now)
+                        seen = now
                     # results appear one file per item: the item in flight is the first
                     # without one
                     while current < len(items) and (run / f"{current}.pkl").exists():
@@ -205,7 +220,7 @@ def map_isolated(
             failed = next((i for i in range(start, len(items)) if not done[i]), None)
             if failed is None:
                 break
-            where = step_path.read_text(encoding="utf-8").strip() if step_path.exists() else ""
+            where = _read(step_path)
             detail = _reason(_tail(stderr_path))
             code = proc.returncode
             subject = label(items[failed])

@@ -166,5 +166,6 @@ def build_job(variant: str, **job: Any) -> Any:
         config=job["config"],
         calibration=job["calibration"],
         accuracy_check=check,
+        progress=step,  # the parent relays each line as progress
         probe_timeout=job["probe_timeout"],
     )

@@ -599,6 +599,7 @@ def quantize(
                 f"quantize: {wanted[i]} "
                 + (f"failed: {r}" if isinstance(r, BaseException) else "built")
             ),
+            on_step=lambda line: ctx.say(f"quantize: {line}"),
         )
         for variant, build in zip(wanted, builds, strict=True):
             if isinstance(build, BaseException):
@@ -687,6 +688,7 @@ def _evaluate_isolated(
         common=job,
         timeout=ctx.child_timeout,
         what=lambda _i: "gates",
+        on_step=lambda line: ctx.say(f"validate: {line}"),
     )
     if not isinstance(together, BaseException):
         return together

@@ -73,3 +73,17 @@ def test_errors_raised_in_the_child_keep_their_class() -> None:
 
 def test_step_is_a_no_op_in_the_parent() -> None:
     step("anything")  # no file, no error
+
+
+def chatty(item: str) -> str:
+    for i in range(3):
+        step(f"{item}: part {i}")
+        time.sleep(0.3)
+    return item
+
+
+def test_steps_reach_the_parent_as_progress() -> None:
+    seen: list[str] = []
+    assert map_isolated(f"{HERE}:chatty", ["x"], on_step=seen.append) == ["x"]
+    assert seen and set(seen) <= {"x: part 0", "x: part 1", "x: part 2"}
+    assert seen == sorted(seen)
