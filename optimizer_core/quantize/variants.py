@@ -618,6 +618,7 @@ def build_variant(
         assert final is not None
         built = finish(final, attempts, cleanup)
         built.runtime_defects = defects
+        built.config = build_cfg  # what was built: with the ops an avoided defect kept in float
         return built
     finally:
         shutil.rmtree(stage, ignore_errors=True)
