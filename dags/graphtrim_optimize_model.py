@@ -7,7 +7,12 @@ gates on CPU workers, ``graphtrim_optimize_model_gpu`` builds and gates variants
 
 Trigger with ``conf``: ``{"model_name": "...", "version": "3"}`` (or ``"alias": "..."``), and
 optionally ``variants``, ``preset``, ``policy`` (a gate policy document), ``calibration`` /
-``eval_data`` (.npz URIs), ``target_name``, ``artifacts``.
+``eval_data`` (.npz URIs), ``target_name``, ``artifacts``, ``allow_variant_source`` (take a
+version graphtrim registered, a variant, as the source; refused otherwise).
+
+Every task has an ``execution_timeout`` (per stage; ``$GRAPHTRIM_TASK_TIMEOUT_MINUTES`` and
+``$GRAPHTRIM_TASK_TIMEOUT_MINUTES_<STAGE>`` override it when the DAG is parsed: see
+``operators.airflow.timeouts``).
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from operators.airflow.operators import (
     ModelQuantizeOperator,
     placement,
 )
+from operators.airflow.timeouts import task_timeout
 
 VARIANTS = ["graph", "int8-dynamic", "int8-static", "fp16"]
 GPU_POOL = os.environ.get("GRAPHTRIM_GPU_POOL", "graphtrim_gpu")
@@ -62,6 +68,11 @@ def _params(device: str) -> dict[str, Param]:
             type="string",
             description="artifact store: s3://bucket/prefix or a folder",
         ),
+        "allow_variant_source": Param(
+            False,
+            type="boolean",
+            description="optimize a version graphtrim registered itself (a variant)",
+        ),
     }
 
 
@@ -86,7 +97,7 @@ def optimize_dag(dag_id: str, device: str) -> DAG:
         tags=["graphtrim"],
     ) as dag:
 
-        @task(multiple_outputs=True)
+        @task(multiple_outputs=True, execution_timeout=task_timeout("plan"))
         def plan(params: dict[str, Any] | None = None) -> dict[str, Any]:
             """The source URI and the pipeline config from the run's params (checked here, so a
             bad request fails before any work)."""
@@ -123,43 +134,73 @@ def optimize_dag(dag_id: str, device: str) -> DAG:
                 "config": config.to_json(),
                 "variants": list(config.variants),
                 "artifacts": p.get("artifacts") or None,
+                "allow_variant_source": bool(p.get("allow_variant_source")),
             }
 
-        @task
+        @task(execution_timeout=task_timeout("variants"))
         def variants(names: list[str]) -> list[str]:
             """The variants to map the quantize / gate pairs over."""
             return list(names)
 
-        p = plan()
-        common: dict[str, Any] = {"config": p["config"], "artifacts": p["artifacts"]}
-        export = MlflowModelExportOperator(task_id="export", model_uri=p["model_uri"], **common)
-        optimize = GraphOptimizeOperator(task_id="optimize", exported=export.output, **common)
+        p: Any = plan()  # its keys are XComArgs of the plan task
+        common: dict[str, Any] = {
+            "config": p["config"],
+            "artifacts": p["artifacts"],
+            "allow_variant_source": p["allow_variant_source"],
+        }
+        export = MlflowModelExportOperator(
+            task_id="export",
+            model_uri=p["model_uri"],
+            execution_timeout=task_timeout("export"),
+            **common,
+        )
+        optimize = GraphOptimizeOperator(
+            task_id="optimize",
+            exported=export.output,
+            execution_timeout=task_timeout("optimize"),
+            **common,
+        )
         quantize = ModelQuantizeOperator.partial(
             task_id="quantize",
+            execution_timeout=task_timeout("quantize"),
             exported=export.output,
             optimized=optimize.output,
             **common,
             **placed,
         ).expand(variant=variants(p["variants"]))
         gate = ModelGateOperator.partial(
-            task_id="gate", exported=export.output, **common, **placed
+            task_id="gate",
+            execution_timeout=task_timeout("gate"),
+            exported=export.output,
+            **common,
+            **placed,
         ).expand(quantized=quantize.output)
         register = MlflowVariantRegisterOperator(
-            task_id="register", optimized=optimize.output, validated=gate.output, **common
+            task_id="register",
+            execution_timeout=task_timeout("register"),
+            optimized=optimize.output,
+            validated=gate.output,
+            **common,
         )
         promote = MlflowAliasPromoteOperator(
-            task_id="promote", validated=gate.output, registered=register.output, **common
+            task_id="promote",
+            execution_timeout=task_timeout("promote"),
+            validated=gate.output,
+            registered=register.output,
+            **common,
         )
 
-        @task
-        def summary(validated: Any, registered: dict[str, Any], promoted: dict[str, Any]) -> str:
+        @task(execution_timeout=task_timeout("summary"))
+        def summary(validated: Any, registered: Any, promoted: Any) -> str:
             """The variant table (gate verdicts, registered versions, aliases) as this task's
             XCom (Airflow logs it too)."""
             from optimizer_core.cli_pipeline import table
             from optimizer_core.stages.pipeline import merge_validated
 
             merged = merge_validated([dict(validated[i]) for i in range(len(validated))])
-            return table({"validate": merged, "register": registered, "promote": promoted})
+            return table(
+                {"validate": merged, "register": dict(registered), "promote": dict(promoted)}
+            )
 
         summary(gate.output, register.output, promote.output)
     return dag

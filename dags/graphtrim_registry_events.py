@@ -3,7 +3,9 @@
 Scheduled on an Asset fed by an ``AssetWatcher`` whose trigger polls the MLflow registry
 (``MlflowNewModelVersionTrigger``): models tagged ``graphtrim.optimize = true`` (the tag is
 ``$GRAPHTRIM_WATCH_TAG``) fire one event per new version, and each event triggers one
-``graphtrim_optimize_model`` run for it.
+``graphtrim_optimize_model`` run for it. Versions that graphtrim registered itself (its
+variants) never fire: optimizing them would feed the loop (``$GRAPHTRIM_ALLOW_VARIANT_SOURCE``
+= true lets them through). Task timeouts: ``operators.airflow.timeouts``.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import Any
 from airflow.providers.standard.operators.trigger_dagrun import TriggerDagRunOperator
 from airflow.sdk import DAG, Asset, AssetWatcher, task
 
+from operators.airflow.timeouts import task_timeout
 from operators.airflow.triggers import MlflowNewModelVersionTrigger
 
 registry = Asset(
@@ -27,6 +30,8 @@ registry = Asset(
                 watch_tag=os.environ.get("GRAPHTRIM_WATCH_TAG", "graphtrim.optimize"),
                 mlflow_conn_id="mlflow_default",
                 poll_interval=float(os.environ.get("GRAPHTRIM_WATCH_INTERVAL", "60")),
+                allow_variant_source=os.environ.get("GRAPHTRIM_ALLOW_VARIANT_SOURCE", "").lower()
+                in ("1", "true", "yes"),
             ),
         )
     ],
@@ -42,7 +47,7 @@ with DAG(
     tags=["graphtrim"],
 ) as dag:
 
-    @task
+    @task(execution_timeout=task_timeout("versions"))
     def versions(triggering_asset_events: Any = None) -> list[dict[str, Any]]:
         """Trigger arguments of one optimize run per version in the events that started this
         run: the conf from the registered model's graphtrim.* tags, and the run id that the
@@ -62,6 +67,8 @@ with DAG(
                 payload = (event.extra or {}).get("payload") or event.extra or {}
                 if payload.get("name") and payload.get("version"):
                     found = conf_for(ctx, payload["name"], str(payload["version"]))
+                    if payload.get("allow_variant_source"):  # a variant, let through on purpose
+                        found["conf"]["allow_variant_source"] = True
                     item = {"conf": found["conf"], "trigger_run_id": found["run_id"]}
                     if item not in out:
                         out.append(item)
@@ -69,6 +76,7 @@ with DAG(
 
     TriggerDagRunOperator.partial(
         task_id="optimize",
+        execution_timeout=task_timeout("trigger"),
         trigger_dag_id="graphtrim_optimize_model",
         skip_when_already_exists=True,
     ).expand_kwargs(versions())

@@ -1,11 +1,14 @@
 """graphtrim: find registered versions that still lack optimized variants, and optimize them.
 
 Hourly, every registered model tagged ``graphtrim.optimize = true`` (``$GRAPHTRIM_WATCH_TAG``)
-is checked: its newest ``versions_per_model`` versions that graphtrim did not produce and that
-have no variant registered under the current config hash get one ``graphtrim_optimize_model``
-run each, at most ``max_runs`` per scan. Per-model settings come from the registered model's
+is checked: its newest ``versions_per_model`` versions that graphtrim did not produce (unless
+``allow_variant_source``) and that have neither a variant registered nor a finished or live
+pipeline run under the current config hash get one ``graphtrim_optimize_model`` run each, at
+most ``max_runs`` per scan. A run that failed, was killed, or was left RUNNING by a dead process
+(or for longer than ``$GRAPHTRIM_SCAN_STALE_HOURS``, 6) is retried under a new run id. Per-model settings come from the registered model's
 tags ``graphtrim.variants`` (comma-separated), ``graphtrim.calibration`` and
-``graphtrim.eval_data`` (.npz URIs). GPU work is capped by the optimize DAG's pool.
+``graphtrim.eval_data`` (.npz URIs). GPU work is capped by the optimize DAG's pool. Task
+timeouts: ``operators.airflow.timeouts``.
 """
 
 from __future__ import annotations
@@ -16,6 +19,8 @@ from typing import Any
 
 from airflow.providers.standard.operators.trigger_dagrun import TriggerDagRunOperator
 from airflow.sdk import DAG, Param, task
+
+from operators.airflow.timeouts import task_timeout
 
 with DAG(
     "graphtrim_registry_scan",
@@ -31,12 +36,17 @@ with DAG(
             os.environ.get("GRAPHTRIM_WATCH_TAG", "graphtrim.optimize"), type="string"
         ),
         "artifacts": Param(os.environ.get("GRAPHTRIM_ARTIFACTS", ""), type="string"),
+        "allow_variant_source": Param(
+            os.environ.get("GRAPHTRIM_ALLOW_VARIANT_SOURCE", "").lower() in ("1", "true", "yes"),
+            type="boolean",
+            description="optimize versions graphtrim registered itself (variants) as sources",
+        ),
     },
     default_args={"retries": 2, "retry_delay": dt.timedelta(seconds=30)},
     tags=["graphtrim"],
 ) as dag:
 
-    @task
+    @task(execution_timeout=task_timeout("candidates"))
     def candidates(params: dict[str, Any] | None = None) -> list[dict[str, Any]]:
         """Trigger arguments (conf and run id) for each version that still needs a run."""
         from operators.airflow.hooks import ArtifactStoreHook, MlflowRegistryHook
@@ -57,6 +67,7 @@ with DAG(
             watch_tag=p["watch_tag"],
             versions_per_model=int(p["versions_per_model"]),
             limit=int(p["max_runs"]),
+            allow_variant_source=bool(p.get("allow_variant_source")),
         )
         if artifacts:
             for item in found:
@@ -67,6 +78,7 @@ with DAG(
 
     TriggerDagRunOperator.partial(
         task_id="optimize",
+        execution_timeout=task_timeout("trigger"),
         trigger_dag_id="graphtrim_optimize_model",
         skip_when_already_exists=True,
     ).expand_kwargs(candidates())

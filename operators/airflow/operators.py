@@ -6,13 +6,23 @@ Placement: ``device="gpu"`` sends the task to the Celery queue ``gpu_queue`` (de
 and, for the KubernetesExecutor, adds a ``pod_override`` asking for ``gpus`` ``nvidia.com/gpu``
 on the ``base`` container; ``device="cpu"`` uses ``cpu_queue`` when given, else the default
 queue. The stage itself runs on the device its pipeline config names.
+
+A crash inside a stage (a segmentation fault in onnxruntime, an abort in a native library) ends
+the task process at once, with the Python stack of every thread in the task log, so that
+Airflow marks the task failed: see :func:`fatal_signals_end_the_process`.
 """
 
 from __future__ import annotations
 
+import contextlib
+import faulthandler
+import logging
 import os
-from collections.abc import Mapping, Sequence
-from typing import Any
+import signal
+import sys
+import threading
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any, TextIO
 
 from airflow.sdk import BaseOperator
 
@@ -71,10 +81,75 @@ def placement(
     return out
 
 
-class GraphtrimStageOperator(BaseOperator):
-    """Shared plumbing: connections, artifact location, config, placement."""
+FATAL_SIGNALS = ("SIGSEGV", "SIGBUS", "SIGFPE", "SIGILL", "SIGABRT")
 
-    template_fields: Sequence[str] = ("config", "artifacts")
+logger = logging.getLogger(__name__)
+
+
+def _fault_log() -> TextIO | None:
+    """Where ``faulthandler`` writes the stacks: stderr (the task log under Airflow) when it is
+    a real file descriptor."""
+    for stream in (sys.stderr, sys.__stderr__):
+        try:
+            if stream is not None:
+                stream.fileno()
+                return stream
+        except (AttributeError, OSError, ValueError):  # a captured or closed stream
+            continue
+    return None
+
+
+@contextlib.contextmanager
+def fatal_signals_end_the_process() -> Iterator[None]:
+    """Within the block, a fatal signal (SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT) ends the
+    process with that signal after ``faulthandler`` has written every thread's Python stack to
+    stderr.
+
+    Airflow's DAG parser installs a Python-level SIGSEGV handler in the task process and leaves
+    it there. Python handlers run between bytecodes; after a real fault in native code the
+    C-level part of such a handler returns to the faulting instruction, which faults again, for
+    ever: the task process spins, still heartbeating, deaf to SIGTERM, and the task never ends
+    (its ``execution_timeout`` is a Python-level SIGALRM handler too). With the default
+    disposition restored the process dies, Airflow's supervisor sees it die and fails the task.
+
+    The dispositions and ``faulthandler`` are put back as they were when the block ends. Outside
+    the main thread (where handlers cannot be changed) the block runs as it is.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    signals = [getattr(signal, name) for name in FATAL_SIGNALS if hasattr(signal, name)]
+    previous: dict[signal.Signals, Any] = {}
+    was_enabled = faulthandler.is_enabled()
+    # faulthandler re-raises a fatal signal with the handler it found when enabled: it must
+    # find the default one, so it is (re-)enabled only after the defaults are back
+    faulthandler.disable()
+    for sig in signals:
+        try:
+            previous[sig] = signal.signal(sig, signal.SIG_DFL)
+        except (OSError, ValueError) as exc:  # not settable on this platform
+            logger.debug("cannot reset %s: %s", sig.name, exc)
+    out = _fault_log()
+    if out is not None:
+        faulthandler.enable(file=out, all_threads=True)
+    try:
+        yield
+    finally:
+        faulthandler.disable()
+        if was_enabled and out is not None:
+            faulthandler.enable(file=out, all_threads=True)
+        for sig, handler in previous.items():
+            if handler is not None:  # None: set outside Python, cannot be put back from here
+                with contextlib.suppress(OSError, ValueError):
+                    signal.signal(sig, handler)
+
+
+class GraphtrimStageOperator(BaseOperator):
+    """Shared plumbing: connections, artifact location, config, placement.
+    ``allow_variant_source`` lets the export stage take a version graphtrim registered itself
+    (a variant) as its source; it is refused otherwise."""
+
+    template_fields: Sequence[str] = ("config", "artifacts", "allow_variant_source")
     ui_color = "#e8f4ea"
 
     def __init__(
@@ -89,6 +164,7 @@ class GraphtrimStageOperator(BaseOperator):
         cpu_queue: str | None = None,
         gpus: int = 1,
         workdir: str | None = None,
+        allow_variant_source: Any = False,
         **kwargs: Any,
     ):
         for key, value in placement(
@@ -102,6 +178,7 @@ class GraphtrimStageOperator(BaseOperator):
         self.aws_conn_id = aws_conn_id
         self.device = device
         self.workdir = workdir
+        self.allow_variant_source = allow_variant_source
 
     def stage_context(self, context: Any) -> Any:
         from optimizer_core.stages.context import StageContext
@@ -125,15 +202,20 @@ class GraphtrimStageOperator(BaseOperator):
             orchestrator_run_id=f"airflow:{self.dag_id}:{run_id}" if run_id else None,
             progress=self.log.info,
             worker={"queue": self.queue, "task": self.task_id, "device": self.device},
+            allow_variant_source=str(self.allow_variant_source).strip().lower()
+            in ("1", "true", "yes"),
         )
 
     def delegate(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
         """Run a stage; an error that a retry cannot fix (a missing model version, a bad
-        config, an unusable model) fails the task at once instead of using up its retries."""
+        config, an unusable model) fails the task at once instead of using up its retries. A
+        crash (a fatal signal) ends the task process, so Airflow fails the task (see
+        :func:`fatal_signals_end_the_process`)."""
         from airflow.sdk.exceptions import AirflowFailException
 
         try:
-            return fn(*args, **kwargs)
+            with fatal_signals_end_the_process():
+                return fn(*args, **kwargs)
         except GraphtrimError as exc:
             if exc.transient:
                 raise

@@ -10,6 +10,14 @@ HMAC-SHA256>`` over ``<delivery id>.<timestamp>.<body>`` with the shared secret
 the window (``$GRAPHTRIM_WEBHOOK_MAX_AGE``, 300 s) or a malformed one 400; neither triggers
 anything. A delivery id seen before is acknowledged and ignored: the DAG run's id is derived from
 it, so even a replay that reaches another API server replica triggers nothing new.
+
+Versions that graphtrim registered itself (its variants, tagged ``graphtrim.variant`` /
+``graphtrim.key``) trigger nothing (``{"status": "skipped"}``, one log line), or every variant
+would be optimized again as a new source. ``model_version.created`` carries the version's tags;
+for an alias event they are read from the MLflow registry (connection
+``$GRAPHTRIM_WEBHOOK_MLFLOW_CONN``, default ``mlflow_default``, else ``$MLFLOW_TRACKING_URI``),
+and while it cannot be read the event gets 503 (MLflow delivers it again).
+``$GRAPHTRIM_ALLOW_VARIANT_SOURCE=true`` lets variants through.
 """
 
 from __future__ import annotations
@@ -22,16 +30,19 @@ import json
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from airflow.plugins_manager import AirflowPlugin
 from fastapi import FastAPI, HTTPException, Request
+from starlette.concurrency import run_in_threadpool
 
 logger = logging.getLogger("graphtrim.webhook")
 
 EVENTS = {("model_version", "created"), ("model_version_alias", "created")}
 TriggerFn = Callable[[str, str, dict[str, Any]], str]
+TagsFn = Callable[[str, str], Mapping[str, str]]
+ALLOW_ENV = "GRAPHTRIM_ALLOW_VARIANT_SOURCE"
 
 
 class AlreadyTriggered(Exception):
@@ -59,6 +70,22 @@ def airflow_trigger(dag_id: str, run_id: str, conf: dict[str, Any]) -> str:
     return str(run.run_id) if run is not None else run_id
 
 
+def mlflow_version_tags(name: str, version: str) -> dict[str, str]:
+    """A model version's tags, read from the MLflow registry."""
+    from mlflow import MlflowClient
+
+    from operators.airflow.hooks import MlflowRegistryHook
+
+    conn = os.environ.get("GRAPHTRIM_WEBHOOK_MLFLOW_CONN", MlflowRegistryHook.default_conn_name)
+    uri = MlflowRegistryHook(conn).tracking_uri()
+    client = MlflowClient(tracking_uri=uri, registry_uri=uri)
+    return dict(client.get_model_version(name, str(version)).tags or {})
+
+
+def _truthy(value: str | None) -> bool:
+    return str(value or "").strip().lower() in ("1", "true", "yes", "on")
+
+
 def conf_for(payload: dict[str, Any]) -> dict[str, Any] | None:
     """The optimize DAG's conf for a webhook payload, or None for events it does not handle."""
     if (payload.get("entity"), payload.get("action")) not in EVENTS:
@@ -77,8 +104,18 @@ def create_app(
     trigger: TriggerFn | None = None,
     max_age: float | None = None,
     clock: Callable[[], float] = time.time,
+    allow_variant_source: bool | None = None,
+    version_tags: TagsFn | None = None,
 ) -> FastAPI:
+    """The webhook receiver. Arguments left out come from the environment (see the module);
+    ``version_tags`` reads a version's tags when the event does not carry them."""
     secret = secret if secret is not None else os.environ.get("GRAPHTRIM_WEBHOOK_SECRET")
+    allow = (
+        allow_variant_source
+        if allow_variant_source is not None
+        else _truthy(os.environ.get(ALLOW_ENV))
+    )
+    tags_of = version_tags or mlflow_version_tags
     dag = dag_id or os.environ.get("GRAPHTRIM_WEBHOOK_DAG", "graphtrim_optimize_model")
     window = (
         max_age
@@ -88,6 +125,22 @@ def create_app(
     fire = trigger or airflow_trigger
     seen: collections.OrderedDict[str, str] = collections.OrderedDict()
     app = FastAPI(title="graphtrim MLflow webhooks")
+
+    async def _variant_skip(payload: dict[str, Any], conf: dict[str, Any]) -> str | None:
+        """Why the event's version is not optimized (a graphtrim variant), or None."""
+        from optimizer_core.stages.scan import variant_skip_message
+
+        name, version = conf["model_name"], conf["version"]
+        tags = (payload.get("data") or {}).get("tags")
+        if not isinstance(tags, dict):  # an alias event: ask the registry
+            try:
+                tags = dict(await run_in_threadpool(tags_of, name, version))
+            except Exception as exc:
+                logger.warning("cannot read the tags of %s v%s: %s", name, version, exc)
+                raise HTTPException(
+                    503, f"cannot tell whether {name} v{version} is a graphtrim variant"
+                ) from exc
+        return variant_skip_message(name, version, tags, switch=f"{ALLOW_ENV}=true")
 
     @app.post("/mlflow-webhook")
     async def receive(request: Request) -> dict[str, Any]:
@@ -116,6 +169,13 @@ def create_app(
         conf = conf_for(payload) if isinstance(payload, dict) else None
         if conf is None:
             return {"status": "ignored"}
+        if allow:
+            conf["allow_variant_source"] = True
+        else:
+            skip = await _variant_skip(payload, conf)
+            if skip is not None:
+                logger.info(skip)
+                return {"status": "skipped", "reason": skip}
         run_id = f"mlflow_webhook__{delivery}"
         try:
             run_id = fire(dag, run_id, conf)

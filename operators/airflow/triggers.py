@@ -10,11 +10,15 @@
   optimize DAG's lineage keys still register it once.)
   The watermark moves before the event is yielded: a crash in between loses that event rather
   than repeating it (the scheduled registry scan picks such a version up).
+  Versions graphtrim registered itself (its variants, tagged ``graphtrim.variant`` /
+  ``graphtrim.key``) fire nothing, or each variant would be optimized as a new source: the
+  watermark moves past them with one log line each (``allow_variant_source=True`` fires them).
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -22,6 +26,8 @@ from typing import Any
 from airflow.triggers.base import BaseEventTrigger, BaseTrigger, TriggerEvent
 
 WATERMARK = "graphtrim.watermark."
+
+logger = logging.getLogger("graphtrim.triggers")
 
 
 def _resolve_uri(tracking_uri: str | None, conn_id: str | None) -> str:
@@ -114,30 +120,38 @@ class MlflowModelVersionTrigger(BaseTrigger):
             await asyncio.sleep(self.poll_interval)
 
 
-def new_versions(client: Any, watcher: str, *, watch_tag: str | None) -> list[dict[str, str]]:
-    """Versions newer than each watched model's watermark, oldest first. A model seen for the
-    first time gets its watermark at its latest version: what existed before is not new."""
+def new_versions(client: Any, watcher: str, *, watch_tag: str | None) -> list[dict[str, Any]]:
+    """Versions newer than each watched model's watermark, oldest first, each with its tags
+    (``name``, ``version``, ``tags``). A model seen for the first time gets its watermark at its
+    latest version: what existed before is not new."""
     key = WATERMARK + watcher
     filter_string = f"tags.`{watch_tag}` = 'true'" if watch_tag else None
-    out: list[dict[str, str]] = []
+    out: list[dict[str, Any]] = []
     for rm in client.search_registered_models(filter_string=filter_string):
         versions = sorted(
-            int(v.version)
-            for v in client.search_model_versions(f"name='{rm.name}'")
-            if str(getattr(v, "status", "READY")).endswith("READY")
+            (
+                (int(v.version), dict(v.tags or {}))
+                for v in client.search_model_versions(f"name='{rm.name}'")
+                if str(getattr(v, "status", "READY")).endswith("READY")
+            ),
+            key=lambda item: item[0],
         )
         tags = dict(rm.tags or {})
         if key not in tags:
-            client.set_registered_model_tag(rm.name, key, str(versions[-1] if versions else 0))
+            client.set_registered_model_tag(rm.name, key, str(versions[-1][0] if versions else 0))
             continue
         seen = int(tags[key])
-        out += [{"name": rm.name, "version": str(v)} for v in versions if v > seen]
+        out += [
+            {"name": rm.name, "version": str(v), "tags": vtags} for v, vtags in versions if v > seen
+        ]
     return out
 
 
 class MlflowNewModelVersionTrigger(BaseEventTrigger):
     """Fires ``{"name", "version", "model_uri"}`` once per new version of every registered
-    model tagged ``watch_tag = true`` (every model when ``watch_tag`` is None)."""
+    model tagged ``watch_tag = true`` (every model when ``watch_tag`` is None). Versions that
+    graphtrim registered (its variants) are passed over unless ``allow_variant_source``; then
+    their events carry ``"allow_variant_source": True``."""
 
     def __init__(
         self,
@@ -147,6 +161,7 @@ class MlflowNewModelVersionTrigger(BaseEventTrigger):
         tracking_uri: str | None = None,
         mlflow_conn_id: str | None = None,
         poll_interval: float = 60.0,
+        allow_variant_source: bool = False,
     ):
         super().__init__()
         self.watcher = watcher
@@ -154,6 +169,7 @@ class MlflowNewModelVersionTrigger(BaseEventTrigger):
         self.tracking_uri = tracking_uri
         self.mlflow_conn_id = mlflow_conn_id
         self.poll_interval = poll_interval
+        self.allow_variant_source = bool(allow_variant_source)
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (
@@ -164,17 +180,32 @@ class MlflowNewModelVersionTrigger(BaseEventTrigger):
                 "tracking_uri": self.tracking_uri,
                 "mlflow_conn_id": self.mlflow_conn_id,
                 "poll_interval": self.poll_interval,
+                "allow_variant_source": self.allow_variant_source,
             },
         )
 
-    def _claim(self, client: Any) -> dict[str, str] | None:
-        pending = new_versions(client, self.watcher, watch_tag=self.watch_tag)
-        if not pending:
-            return None
-        first = pending[0]
-        # at most once: the watermark moves before the event leaves
-        client.set_registered_model_tag(first["name"], WATERMARK + self.watcher, first["version"])
-        return {**first, "model_uri": f"models:/{first['name']}/{first['version']}"}
+    def _claim(self, client: Any) -> dict[str, Any] | None:
+        from optimizer_core.stages.scan import variant_skip_message
+
+        for item in new_versions(client, self.watcher, watch_tag=self.watch_tag):
+            name, version = item["name"], item["version"]
+            # at most once: the watermark moves before the event leaves (or past a skipped
+            # version, so that it is skipped, and said, once)
+            client.set_registered_model_tag(name, WATERMARK + self.watcher, version)
+            skip = variant_skip_message(
+                name, version, item["tags"], switch="allow_variant_source=True"
+            )
+            if skip is None:
+                return {"name": name, "version": version, "model_uri": f"models:/{name}/{version}"}
+            if self.allow_variant_source:
+                return {
+                    "name": name,
+                    "version": version,
+                    "model_uri": f"models:/{name}/{version}",
+                    "allow_variant_source": True,
+                }
+            logger.info(skip)
+        return None
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         client = None

@@ -100,3 +100,72 @@ def test_dag_file_parses_fast_and_imports_nothing_heavy(path: Path) -> None:
     heavy = {"torch", "onnxruntime", "mlflow", "boto3", "onnx", "onnx_ir", "transformers"}
     assert not heavy & set(doc["mods"]), sorted(heavy & set(doc["mods"]))
     assert doc["seconds"] < 2.0, f"{path.name} took {doc['seconds']:.2f} s to parse"
+
+
+GRAPHTRIM_DAGS = [
+    "graphtrim_optimize_model",
+    "graphtrim_optimize_model_gpu",
+    "graphtrim_registry_events",
+    "graphtrim_registry_scan",
+]
+
+
+def _timeouts(dag: Any) -> dict[str, float | None]:
+    """task id -> execution_timeout in minutes (mapped tasks: from their partial arguments)."""
+    out: dict[str, float | None] = {}
+    for task in dag.tasks:
+        value = getattr(task, "partial_kwargs", {}).get("execution_timeout", task.execution_timeout)
+        out[task.task_id] = value.total_seconds() / 60 if value is not None else None
+    return out
+
+
+def test_every_graphtrim_task_has_an_execution_timeout(dagbag: Any) -> None:
+    assert set(GRAPHTRIM_DAGS) <= set(dagbag.dag_ids)
+    for dag_id in GRAPHTRIM_DAGS:
+        minutes = _timeouts(dagbag.dags[dag_id])
+        missing = sorted(t for t, m in minutes.items() if not m)
+        assert not missing, (dag_id, missing)
+    optimize = _timeouts(dagbag.dags["graphtrim_optimize_model"])
+    # the stages whose time grows with the model get hours, the bookkeeping ones minutes
+    for long in ("export", "optimize", "quantize", "gate"):
+        assert optimize[long] is not None and optimize[long] >= 60, (long, optimize[long])
+    for short in ("plan", "variants", "register", "promote", "summary"):
+        assert optimize[short] is not None and optimize[short] <= 30, (short, optimize[short])
+
+
+_PARSE = (
+    "import json; from airflow.dag_processing.dagbag import DagBag; "
+    f"from tests.dags.test_dag_integrity import _timeouts; b = DagBag({str(REPO / 'dags')!r}); "
+    "print(json.dumps({'errors': {k: str(v)[-300:] for k, v in b.import_errors.items()}, "
+    "'minutes': {d: _timeouts(b.dags[d]) for d in b.dag_ids}}))"
+)
+
+
+def _parse_with(env: dict[str, str]) -> dict[str, Any]:
+    import os
+
+    full = {k: v for k, v in os.environ.items() if not k.startswith("GRAPHTRIM_TASK_TIMEOUT")}
+    out = subprocess.run(
+        [sys.executable, "-c", _PARSE],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=REPO,
+        env={**full, **env},
+    )
+    doc: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
+    return doc
+
+
+def test_task_timeouts_come_from_the_environment_when_the_dags_are_parsed() -> None:
+    doc = _parse_with(
+        {"GRAPHTRIM_TASK_TIMEOUT_MINUTES": "7", "GRAPHTRIM_TASK_TIMEOUT_MINUTES_EXPORT": "300"}
+    )
+    assert doc["errors"] == {}
+    for dag_id in GRAPHTRIM_DAGS:
+        for task_id, minutes in doc["minutes"][dag_id].items():
+            want = 300 if dag_id.startswith("graphtrim_optimize") and task_id == "export" else 7
+            assert minutes == want, (dag_id, task_id, minutes)
+    # a value that is not a positive number of minutes is an import error that names it
+    bad = _parse_with({"GRAPHTRIM_TASK_TIMEOUT_MINUTES_QUANTIZE": "0"})
+    assert any("GRAPHTRIM_TASK_TIMEOUT_MINUTES_QUANTIZE" in e for e in bad["errors"].values()), bad

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -20,6 +21,32 @@ from optimizer_core.examples.digits import DigitsTask
 from tests.servers import register_onnx
 
 pytestmark = [pytest.mark.xdist_group("mlflow"), pytest.mark.slow]
+
+
+def _register_variant(tracking: str, name: str, of_version: str, variant: str) -> str:
+    """Register a version of ``name`` the way graphtrim registers a variant it built (its
+    ``graphtrim.variant`` and ``graphtrim.key`` tags set at creation); the model is the one of
+    ``of_version``."""
+    from optimizer_core.integrations.registry import Registry
+
+    registry = Registry(tracking)
+    source = registry.client.get_model_version(name, of_version)
+    version, created = registry.register(
+        str(source.source),
+        name,
+        tags={"graphtrim.variant": variant, "graphtrim.source.version": of_version},
+        key=f"test-{uuid.uuid4().hex}",
+    )
+    assert created
+    return version
+
+
+def _skips(caplog: pytest.LogCaptureFixture, name: str, version: str) -> list[str]:
+    return [
+        r.getMessage()
+        for r in caplog.records
+        if r.getMessage().startswith(f"skipping {name} v{version}: a graphtrim variant")
+    ]
 
 
 async def _events(trigger: Any, wait: float) -> list[dict[str, Any]]:
@@ -61,6 +88,49 @@ def test_new_version_trigger_fires_once_per_version(
     path, kwargs = trigger().serialize()
     assert path == "operators.airflow.triggers.MlflowNewModelVersionTrigger"
     assert kwargs["watcher"] == "test" and kwargs["tracking_uri"] == servers["mlflow"]
+
+
+def test_new_version_trigger_passes_over_graphtrim_variants(
+    servers: dict[str, str], digits_task: DigitsTask, caplog: pytest.LogCaptureFixture
+) -> None:
+    from operators.airflow.triggers import MlflowNewModelVersionTrigger
+
+    tracking = servers["mlflow"]
+    name = f"looped-{uuid.uuid4().hex[:6]}"
+    v1 = register_onnx(tracking, digits_task.model, name, **{"graphtrim.optimize": "true"})
+
+    def fired(allow: bool = False, wait: float = 3) -> list[dict[str, Any]]:
+        trigger = MlflowNewModelVersionTrigger(
+            watcher="loop",
+            tracking_uri=tracking,
+            poll_interval=0.2,
+            allow_variant_source=allow,
+        )
+        return [e for e in asyncio.run(_events(trigger, wait)) if e["name"] == name]
+
+    assert fired() == []  # first sight: the watermark
+    variant = _register_variant(tracking, name, v1, "int8-static")
+    v_new = register_onnx(tracking, digits_task.model, name)
+    with caplog.at_level(logging.INFO):
+        # polled ~15 times: the variant fires nothing and is said to be skipped once
+        assert fired() == [{"name": name, "version": v_new, "model_uri": f"models:/{name}/{v_new}"}]
+        assert fired(wait=1.5) == []
+    assert _skips(caplog, name, variant) == [
+        f"skipping {name} v{variant}: a graphtrim variant (graphtrim.variant=int8-static); "
+        "allow_variant_source=True to optimize it"
+    ]
+    # asked for explicitly, a variant fires, and says so in its event
+    again = _register_variant(tracking, name, v1, "fp16")
+    assert fired(allow=True) == [
+        {
+            "name": name,
+            "version": again,
+            "model_uri": f"models:/{name}/{again}",
+            "allow_variant_source": True,
+        }
+    ]
+    _, kwargs = MlflowNewModelVersionTrigger(allow_variant_source=True).serialize()
+    assert kwargs["allow_variant_source"] is True
 
 
 def test_sensor_defers_then_completes(
@@ -150,7 +220,13 @@ def test_webhook_triggers_one_run_and_refuses_bad_requests(serialized_dags: str)
         "entity": "model_version",
         "action": "created",
         "timestamp": int(time.time()),
-        "data": {"name": "digits", "version": "7", "source": "models:/m-1", "run_id": "r"},
+        "data": {
+            "name": "digits",
+            "version": "7",
+            "source": "models:/m-1",
+            "run_id": "r",
+            "tags": {},
+        },
     }
     before = len(_runs(dag_id))
     delivery = uuid.uuid4().hex
@@ -177,6 +253,101 @@ def test_webhook_triggers_one_run_and_refuses_bad_requests(serialized_dags: str)
     other = {**event, "entity": "registered_model"}
     assert _post(client, secret, other).json()["status"] == "ignored"
     assert len(_runs(dag_id)) == before + 1
+
+
+def test_webhook_passes_over_graphtrim_variants_unless_allowed(
+    servers: dict[str, str],
+    digits_task: DigitsTask,
+    serialized_dags: str,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from fastapi.testclient import TestClient
+    from mlflow import MlflowClient
+
+    from operators.airflow.plugin import create_app
+
+    tracking = servers["mlflow"]
+    # the API server reads tags the event lacks through this connection
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_MLFLOW_WEBHOOK",
+        json.dumps({"conn_type": "graphtrim_mlflow", "host": tracking}),
+    )
+    monkeypatch.setenv("GRAPHTRIM_WEBHOOK_MLFLOW_CONN", "mlflow_webhook")
+    monkeypatch.delenv("GRAPHTRIM_ALLOW_VARIANT_SOURCE", raising=False)
+    name = f"hooked-{uuid.uuid4().hex[:6]}"
+    source = register_onnx(tracking, digits_task.model, name)
+    variant = _register_variant(tracking, name, source, "int8-static")
+    variant_tags = dict(MlflowClient(tracking, tracking).get_model_version(name, variant).tags)
+    secret, dag_id = "s3cret", "graphtrim_optimize_model"
+    client = TestClient(create_app(secret=secret, dag_id=dag_id))
+    created = {
+        "entity": "model_version",
+        "action": "created",
+        "timestamp": int(time.time()),
+        "data": {"name": name, "version": variant, "source": "models:/m-1", "tags": variant_tags},
+    }
+    alias = {
+        "entity": "model_version_alias",
+        "action": "created",
+        "timestamp": int(time.time()),
+        "data": {"name": name, "alias": "champion", "version": variant},
+    }
+    before = len(_runs(dag_id))
+    with caplog.at_level(logging.INFO):
+        # the created event carries the tags; the alias event's are read from the registry
+        for event in (created, alias):
+            r = _post(client, secret, event)
+            assert r.status_code == 200, r.text
+            assert r.json()["status"] == "skipped", r.json()
+            assert "GRAPHTRIM_ALLOW_VARIANT_SOURCE" in r.json()["reason"]
+    assert len(_runs(dag_id)) == before
+    assert len(_skips(caplog, name, variant)) == 2  # one line per skipped event
+    assert "GRAPHTRIM_ALLOW_VARIANT_SOURCE=true to optimize it" in _skips(caplog, name, variant)[0]
+    # an alias on a source version triggers as before
+    r = _post(client, secret, {**alias, "data": {**alias["data"], "version": source}})
+    assert r.json()["status"] == "triggered", r.json()
+    assert r.json()["conf"] == {"model_name": name, "version": source}
+    # allowed (argument or $GRAPHTRIM_ALLOW_VARIANT_SOURCE): the run takes the variant on purpose
+    monkeypatch.setenv("GRAPHTRIM_ALLOW_VARIANT_SOURCE", "true")
+    allowed = TestClient(create_app(secret=secret, dag_id=dag_id))
+    r = _post(allowed, secret, created)
+    assert r.json()["status"] == "triggered", r.json()
+    run = [x for x in _runs(dag_id) if x.run_id == r.json()["run_id"]]
+    assert run[0].conf == {"model_name": name, "version": variant, "allow_variant_source": True}
+    assert len(_runs(dag_id)) == before + 2
+
+
+def test_webhook_cannot_read_the_tags_so_mlflow_delivers_again(
+    serialized_dags: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from fastapi.testclient import TestClient
+
+    from operators.airflow.plugin import create_app
+    from tests.servers import free_port
+
+    dead = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_MLFLOW_DEAD", json.dumps({"conn_type": "graphtrim_mlflow", "host": dead})
+    )
+    monkeypatch.setenv("GRAPHTRIM_WEBHOOK_MLFLOW_CONN", "mlflow_dead")
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    monkeypatch.delenv("GRAPHTRIM_ALLOW_VARIANT_SOURCE", raising=False)
+    dag_id = "graphtrim_optimize_model"
+    client = TestClient(create_app(secret="s", dag_id=dag_id))
+    alias = {
+        "entity": "model_version_alias",
+        "action": "created",
+        "timestamp": int(time.time()),
+        "data": {"name": "digits", "alias": "champion", "version": "3"},
+    }
+    before = len(_runs(dag_id))
+    delivery = uuid.uuid4().hex
+    r = _post(client, "s", alias, delivery=delivery)
+    assert r.status_code == 503, r.text  # MLflow retries 5xx deliveries
+    assert len(_runs(dag_id)) == before
+    # the same delivery again is not taken for a duplicate: it is judged again
+    assert _post(client, "s", alias, delivery=delivery).status_code == 503
 
 
 def test_webhook_without_a_secret_refuses_everything() -> None:
@@ -243,3 +414,89 @@ def test_registry_scan_finds_versions_without_variants(
     v_new = register_onnx(servers["mlflow"], digits_task.model, name)
     assert [f["conf"]["version"] for f in mine()] == [v_new]
     assert unoptimized_versions(ctx, limit=1) and len(unoptimized_versions(ctx, limit=1)) == 1
+
+
+def test_registry_scan_passes_over_variants_and_retries_runs_that_did_not_finish(
+    servers: dict[str, str],
+    digits_task: DigitsTask,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from optimizer_core.stages import pipeline
+    from optimizer_core.stages.context import PipelineConfig, StageContext
+    from optimizer_core.stages.scan import run_key, unoptimized_versions
+
+    tracking = servers["mlflow"]
+    name = f"rescanned-{uuid.uuid4().hex[:6]}"
+    tags = {
+        "graphtrim.optimize": "true",
+        "graphtrim.variants": "graph",
+        "graphtrim.eval_data": str(digits_task.eval),
+    }
+    finished = register_onnx(tracking, digits_task.model, name, **tags)
+    failed, crashed, running = (register_onnx(tracking, digits_task.model, name) for _ in "abc")
+    ctx = StageContext(tracking, str(tmp_path / "artifacts"))
+    config = PipelineConfig(variants=("graph",), eval_data=str(digits_task.eval)).resolved(ctx)
+
+    def key(version: str, attempt: int = 0) -> str:
+        return run_key(name, version, config.config_hash, attempt)
+
+    # FINISHED: a whole pipeline run
+    pipeline.run_pipeline(ctx, config, f"models:/{name}/{finished}")
+    # RUNNING and alive: exported, the next stage not started yet
+    pipeline.export(ctx, config, f"models:/{name}/{running}")
+    # FAILED: the optimize stage cannot read its input
+    exported = pipeline.export(ctx, config, f"models:/{name}/{failed}")
+    broken = {**exported, "model": {**exported["model"], "uri": str(tmp_path / "gone.onnx")}}
+    with pytest.raises(Exception):  # noqa: B017 - whatever the stage raises, the run FAILED
+        pipeline.optimize(ctx, config, broken)
+    # RUNNING for ever: the process died inside the optimize stage (SIGKILL, like a crash)
+    args = [tracking, str(tmp_path / "artifacts"), name, crashed, str(digits_task.eval)]
+    child = subprocess.run(
+        [sys.executable, "-c", _DIE_IN_OPTIMIZE, *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert child.returncode == -9, child.stderr[-3000:]
+    variant = _register_variant(tracking, name, finished, "int8-static")
+
+    def mine(**kw: Any) -> dict[str, Any]:
+        found = unoptimized_versions(ctx, limit=100, versions_per_model=10, **kw)
+        return {f["conf"]["version"]: f for f in found if f["conf"]["model_name"] == name}
+
+    with caplog.at_level(logging.INFO, logger="graphtrim.scan"):
+        found = mine()
+    # retried under a new run id (the first one exists in Airflow already)
+    assert {v: f["run_id"] for v, f in found.items()} == {
+        failed: key(failed, 1),
+        crashed: key(crashed, 1),
+    }
+    assert _skips(caplog, name, variant) == [
+        f"skipping {name} v{variant}: a graphtrim variant (graphtrim.variant=int8-static); "
+        "allow_variant_source=True to optimize it"
+    ]
+    # a RUNNING run older than the staleness is taken for abandoned too
+    assert set(mine(stale_after=0)) == {failed, crashed, running}
+    # asked for explicitly, the variant is a source, and its conf says so
+    allowed = mine(allow_variant_source=True)
+    assert allowed[variant]["conf"]["allow_variant_source"] is True
+    assert allowed[variant]["run_id"] == key(variant)
+    assert "allow_variant_source" not in allowed[failed]["conf"]
+
+
+_DIE_IN_OPTIMIZE = """
+import os, signal, sys
+from optimizer_core.stages import pipeline
+from optimizer_core.stages.context import PipelineConfig, StageContext
+
+tracking, artifacts, name, version, eval_data = sys.argv[1:]
+
+def progress(line):
+    if line == "optimize: started":
+        os.kill(os.getpid(), signal.SIGKILL)
+
+ctx = StageContext(tracking, artifacts, progress=progress)
+config = PipelineConfig(variants=("graph",), eval_data=eval_data).resolved(ctx)
+pipeline.optimize(ctx, config, pipeline.export(ctx, config, f"models:/{name}/{version}"))
+"""

@@ -118,6 +118,27 @@ def test_placement() -> None:
     assert op.queue == "gpu" and "pod_override" in op.executor_config
 
 
+def test_stage_operators_pass_allow_variant_source_to_the_stage(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from operators.airflow.operators import MlflowModelExportOperator
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+
+    def ctx(**kw: Any) -> Any:
+        op = MlflowModelExportOperator(
+            task_id="export", model_uri="models:/m/1", artifacts=str(tmp_path), **kw
+        )
+        assert "allow_variant_source" in op.template_fields
+        return op.stage_context({"run_id": "r"})
+
+    assert ctx().allow_variant_source is False
+    assert ctx(allow_variant_source=True).allow_variant_source is True
+    # rendered from the plan task's XCom, it may arrive as text
+    assert ctx(allow_variant_source="True").allow_variant_source is True
+    assert ctx(allow_variant_source="False").allow_variant_source is False
+
+
 # ---------------------------------------------------------------------------- end to end
 
 
@@ -129,6 +150,7 @@ def test_optimize_dag_through_airflow_with_mlflow_server_and_s3(
     digits_task: DigitsTask,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
+    capfd: pytest.CaptureFixture[str],
 ) -> None:
     import mlflow
     from airflow.dag_processing.dagbag import DagBag
@@ -216,4 +238,14 @@ def test_optimize_dag_through_airflow_with_mlflow_server_and_s3(
     before = len(client.search_model_versions("name='digits-airflow'"))
     again = dag.test(run_conf=conf)
     assert str(again.state).endswith("success")
+    assert len(client.search_model_versions("name='digits-airflow'")) == before
+
+    # a variant graphtrim registered is no source: the export task fails (no retry), nothing
+    # is registered
+    variant = by_variant["graph"].version
+    refused = dag.test(run_conf={**conf, "version": variant, "variants": ["graph"]})
+    states = {ti.task_id: str(ti.state) for ti in refused.get_task_instances()}
+    assert states["export"].endswith("failed"), states
+    out = capfd.readouterr()
+    assert f"models:/digits-airflow/{variant} is a graphtrim variant" in out.out + out.err
     assert len(client.search_model_versions("name='digits-airflow'")) == before
