@@ -18,7 +18,9 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import logging
 import os
+import re
 import zipfile
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -27,6 +29,8 @@ from typing import Any
 import numpy as np
 
 from optimizer_core.errors import GraphtrimError
+
+logger = logging.getLogger("graphtrim.data")
 
 Feeds = dict[str, np.ndarray]
 InputSpec = tuple[str, Any, Sequence[int | str | None]]
@@ -291,6 +295,16 @@ def _check(
                 raise fail(f"member '{member}' is not a .npy array ({_HOW})")
         keys = sorted(m[: -len(".npy")] for m in members)
         missing = [n for n in names if n not in keys]
+        source = {n: n for n in names}  # model input -> the array that feeds it
+        others = [k for k in keys if k != label_key]
+        if missing and len(names) == 1 and _placeholder(names[0]) and len(others) == 1:
+            # an unnamed input (the exporter called it input_0): its name is graphtrim's, not
+            # the user's, so the one array feeds it, and the log says so
+            source[names[0]] = others[0]
+            missing = []
+            logger.warning(
+                "%s: array '%s' feeds the model's unnamed input (%s)", where, others[0], names[0]
+            )
         if missing:
             raise fail(
                 f"no array for model input(s) {', '.join(missing)} "
@@ -302,7 +316,8 @@ def _check(
         shapes: dict[str, tuple[int, ...]] = {}
         dtypes: dict[str, np.dtype[Any]] = {}
         for key in needed:
-            shapes[key], dtypes[key] = _read_header(zf, members[key + ".npy"], archive_bytes, fail)
+            member = members[source.get(key, key) + ".npy"]
+            shapes[key], dtypes[key] = _read_header(zf, member, archive_bytes, fail)
     for key in needed:
         if not shapes[key]:
             what = f"'{key}'" if key == labels else f"array '{key}'"
@@ -342,7 +357,7 @@ def _check(
         try:
             with np.load(p, allow_pickle=False) as npz:
                 for key in wanted:
-                    arrays[key] = npz[key]
+                    arrays[key] = npz[source.get(key, key)]
         except _READ_ERRORS as exc:
             text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise fail(f"cannot read the archive's arrays ({text})") from exc
@@ -356,6 +371,11 @@ def _check(
     if not read:
         arrays = {}
     return _Checked(p, names, labels, n, batch, shapes, dtypes, arrays)
+
+
+def _placeholder(name: str) -> bool:
+    """Whether ``name`` is the name export gives an input the model's signature left unnamed."""
+    return re.fullmatch(r"input_\d+", name) is not None
 
 
 def check_data(

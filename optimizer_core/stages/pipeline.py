@@ -154,7 +154,9 @@ def _close_dead_runs(client: Any, experiment_id: str) -> list[str]:
         except ValueError:
             continue
         pid = proc.get("pid")
-        if proc.get("host") != host or not isinstance(pid, int) or pid == os.getpid():
+        if proc.get("done") or proc.get("host") != host or not isinstance(pid, int):
+            continue  # between stages, on another host, or no process on record
+        if pid == os.getpid():
             continue
         if _alive(pid):
             continue
@@ -223,6 +225,12 @@ def _stage(
         raise
     client.set_tag(run_id, T + "last_stage", name)
     client.set_tag(run_id, f"{T}seconds.{label or name}", f"{time.perf_counter() - start:.3f}")
+    # between two stages (an orchestrator's gap between tasks) no process holds the run
+    client.set_tag(
+        run_id,
+        T + "process",
+        json.dumps({"host": socket.gethostname(), "pid": os.getpid(), "stage": name, "done": True}),
+    )
     if last:
         client.set_terminated(run_id, status="FINISHED")
     ctx.say(f"{name}: done")

@@ -230,6 +230,26 @@ def test_one_array_under_another_key_is_not_guessed(tmp_path: Path) -> None:
         load_npz(data, specs)
 
 
+def test_one_array_feeds_an_unnamed_input_and_the_log_says_so(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A signature without names: export calls the input input_0, a name the user never
+    chose. The one array feeds it, with a warning; two arrays are still an error."""
+    specs: list[InputSpec] = [("input_0", "tensor(float)", [None, 3])]
+    one = _npz(tmp_path / "one.npz", {"features": np.ones((6, 3), np.float32)})
+    with caplog.at_level("WARNING", logger="graphtrim.data"):
+        data = load_npz(one, specs)
+        check_data(one, specs, role="calibration")
+    assert float(data.batches[0]["input_0"].sum()) == 18.0
+    assert "array 'features' feeds the model's unnamed input (input_0)" in caplog.text
+    two = _npz(
+        tmp_path / "two.npz",
+        {"features": np.ones((6, 3), np.float32), "more": np.ones((6, 3), np.float32)},
+    )
+    with pytest.raises(DataError, match=r"no array for model input\(s\) input_0"):
+        check_data(two, specs, role="calibration")
+
+
 def test_good_file_summary(tmp_path: Path, two_inputs: list[InputSpec]) -> None:
     path = _npz(tmp_path / "d.npz", _good(8))
     summary = check_data(path, two_inputs, role="evaluation")

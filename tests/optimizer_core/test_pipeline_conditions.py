@@ -472,8 +472,19 @@ def test_a_run_left_running_by_a_dead_process_is_closed_on_the_next_start(
             ),
         },
     )
+    # between two stages (the process that ran the last one is gone, no stage holds it)
+    between = client.create_run(
+        exp,
+        tags={
+            **tags,
+            "graphtrim.process": json.dumps(
+                {"host": socket.gethostname(), "pid": dead.pid, "stage": "export", "done": True}
+            ),
+        },
+    )
     closed = pipeline._close_dead_runs(client, exp)
     assert closed == [run.info.run_id]
+    assert client.get_run(between.info.run_id).info.status == "RUNNING"
     got = client.get_run(run.info.run_id)
     assert got.info.status == "KILLED"
     assert f"process {dead.pid}" in got.data.tags["graphtrim.error"]
