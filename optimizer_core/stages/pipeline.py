@@ -578,6 +578,11 @@ def quantize(
     record = {"stage": "quantize", "run_id": run_id, "source": source, "reused": reused}
     if not wanted:
         return {**record, "variants": out, "worker": worker(ctx)}
+    from optimizer_core.runtime import providers_for
+
+    # here, not only in the children: a missing device fails the stage before any work, and
+    # what the choice of provider says reaches this stage's log
+    providers_for(config.device, tensorrt=config.tensorrt)
     store = ctx.store()
     qconfig = QuantizeConfig(preset=config.preset, tune_device=config.device)
     label = "quantize" if only is None else "quantize." + "-".join(only)
@@ -771,6 +776,9 @@ def validate(
             "policy_hash": config.gate_policy().digest(),
             "reports": {},
         }
+    from optimizer_core.runtime import providers_for
+
+    providers_for(config.device, tensorrt=config.tensorrt)  # as in quantize
     store = ctx.store()
     label = "validate" if set(subset) == set(config.variants) else "validate." + "-".join(subset)
     with _stage(ctx, run_id, "validate", label=label) as client, ctx.scratch("validate") as tmp:

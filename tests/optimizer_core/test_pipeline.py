@@ -141,6 +141,7 @@ def test_run_registers_passing_variants_with_lineage(
         assert tags["graphtrim.source.model_id"].startswith("m-")
         assert tags["graphtrim.pipeline_run_id"] == digits_run["export"]["run_id"]
         assert json.loads(tags["graphtrim.gates"]) == {
+            "serving": "pass",
             "size": "pass",
             "accuracy": "pass",
             "latency": "pass",
