@@ -73,6 +73,16 @@ def _params(device: str) -> dict[str, Param]:
             type="boolean",
             description="optimize a version graphtrim registered itself (a variant)",
         ),
+        "rejudge": Param(
+            False,
+            type="boolean",
+            description="build and measure again the variants judged before under this config",
+        ),
+        "force_promotion": Param(
+            False,
+            type="boolean",
+            description="move the champion even where a person holds it (promote / rollback)",
+        ),
     }
 
 
@@ -135,6 +145,8 @@ def optimize_dag(dag_id: str, device: str) -> DAG:
                 "variants": list(config.variants),
                 "artifacts": p.get("artifacts") or None,
                 "allow_variant_source": bool(p.get("allow_variant_source")),
+                "rejudge": bool(p.get("rejudge")),
+                "force_promotion": bool(p.get("force_promotion")),
             }
 
         @task(execution_timeout=task_timeout("variants"))
@@ -147,6 +159,8 @@ def optimize_dag(dag_id: str, device: str) -> DAG:
             "config": p["config"],
             "artifacts": p["artifacts"],
             "allow_variant_source": p["allow_variant_source"],
+            "rejudge": p["rejudge"],
+            "force_promotion": p["force_promotion"],
         }
         export = MlflowModelExportOperator(
             task_id="export",

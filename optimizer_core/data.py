@@ -316,8 +316,8 @@ def _check(
         shapes: dict[str, tuple[int, ...]] = {}
         dtypes: dict[str, np.dtype[Any]] = {}
         for key in needed:
-            member = members[source.get(key, key) + ".npy"]
-            shapes[key], dtypes[key] = _read_header(zf, member, archive_bytes, fail)
+            entry = members[source.get(key, key) + ".npy"]
+            shapes[key], dtypes[key] = _read_header(zf, entry, archive_bytes, fail)
     for key in needed:
         if not shapes[key]:
             what = f"'{key}'" if key == labels else f"array '{key}'"

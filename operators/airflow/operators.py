@@ -144,12 +144,25 @@ def fatal_signals_end_the_process() -> Iterator[None]:
                     signal.signal(sig, handler)
 
 
+def _flag(value: Any) -> bool:
+    """A boolean operator argument, also when templated (rendered as text)."""
+    return str(value).strip().lower() in ("1", "true", "yes")
+
+
 class GraphtrimStageOperator(BaseOperator):
     """Shared plumbing: connections, artifact location, config, placement.
     ``allow_variant_source`` lets the export stage take a version graphtrim registered itself
-    (a variant) as its source; it is refused otherwise."""
+    (a variant) as its source; it is refused otherwise. ``rejudge`` builds and measures again
+    the variants earlier runs judged under the same config (by default they are reported as
+    recorded); ``force_promotion`` moves the champion even where a person holds it."""
 
-    template_fields: Sequence[str] = ("config", "artifacts", "allow_variant_source")
+    template_fields: Sequence[str] = (
+        "config",
+        "artifacts",
+        "allow_variant_source",
+        "rejudge",
+        "force_promotion",
+    )
     ui_color = "#e8f4ea"
 
     def __init__(
@@ -165,6 +178,8 @@ class GraphtrimStageOperator(BaseOperator):
         gpus: int = 1,
         workdir: str | None = None,
         allow_variant_source: Any = False,
+        rejudge: Any = False,
+        force_promotion: Any = False,
         **kwargs: Any,
     ):
         for key, value in placement(
@@ -179,6 +194,8 @@ class GraphtrimStageOperator(BaseOperator):
         self.device = device
         self.workdir = workdir
         self.allow_variant_source = allow_variant_source
+        self.rejudge = rejudge
+        self.force_promotion = force_promotion
 
     def stage_context(self, context: Any) -> Any:
         from optimizer_core.stages.context import StageContext
@@ -202,8 +219,9 @@ class GraphtrimStageOperator(BaseOperator):
             orchestrator_run_id=f"airflow:{self.dag_id}:{run_id}" if run_id else None,
             progress=self.log.info,
             worker={"queue": self.queue, "task": self.task_id, "device": self.device},
-            allow_variant_source=str(self.allow_variant_source).strip().lower()
-            in ("1", "true", "yes"),
+            allow_variant_source=_flag(self.allow_variant_source),
+            rejudge=_flag(self.rejudge),
+            force_promotion=_flag(self.force_promotion),
         )
 
     def delegate(self, fn: Any, *args: Any, **kwargs: Any) -> Any:

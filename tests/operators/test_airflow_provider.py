@@ -137,6 +137,9 @@ def test_stage_operators_pass_allow_variant_source_to_the_stage(
     # rendered from the plan task's XCom, it may arrive as text
     assert ctx(allow_variant_source="True").allow_variant_source is True
     assert ctx(allow_variant_source="False").allow_variant_source is False
+    for flag in ("rejudge", "force_promotion"):
+        assert getattr(ctx(), flag) is False
+        assert getattr(ctx(**{flag: "True"}), flag) is True
 
 
 # ---------------------------------------------------------------------------- end to end
