@@ -54,22 +54,16 @@ def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]
     the bucket ``graphtrim-models``; stopped by PID at the end of the session."""
     import boto3
 
-    from tests.servers import mlflow_server, moto_server
+    from tests.servers import fake_aws_credentials, mlflow_server, moto_server
 
     root = tmp_path_factory.mktemp("servers")
-    saved = {k: os.environ.get(k) for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")}
-    os.environ.update(AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing")
-    os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
-    try:
-        with mlflow_server(root / "mlflow") as url, moto_server(root / "s3") as s3:
-            boto3.client("s3", endpoint_url=s3).create_bucket(Bucket=BUCKET)
-            yield {"mlflow": url, "s3": s3}
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+    with (
+        fake_aws_credentials(),
+        mlflow_server(root / "mlflow") as url,
+        moto_server(root / "s3") as s3,
+    ):
+        boto3.client("s3", endpoint_url=s3).create_bucket(Bucket=BUCKET)
+        yield {"mlflow": url, "s3": s3}
 
 
 @pytest.fixture(scope="session")

@@ -70,6 +70,23 @@ def _env(home: Path) -> dict[str, str]:
 
 
 @contextlib.contextmanager
+def fake_aws_credentials() -> Iterator[None]:
+    """moto's test credentials in this process's environment for the block (boto3 and the
+    MLflow client read them there), the previous values restored after it."""
+    saved = {k: os.environ.get(k) for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")}
+    os.environ.update(AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing")
+    os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+@contextlib.contextmanager
 def mlflow_server(folder: Path, backend: str | None = None) -> Iterator[str]:
     """``mlflow server`` on SQLite (or the ``backend`` store URI, e.g. PostgreSQL) with proxied
     local artifacts; yields its URL."""

@@ -227,6 +227,20 @@ def _validated(variant: str, sha: str, speedup: float, lo: float, hi: float) -> 
     }
 
 
+def _apply(reg: Registry, name: str, validated: dict[str, Any], version: str) -> dict[str, Any]:
+    """The pipeline's promotion of ``version`` (int8-static of source v1) under the defaults."""
+    result: dict[str, Any] = apply_policy(
+        reg,
+        PromotionPolicy(),
+        target=name,
+        source={"name": name, "version": "1"},
+        validated=validated,
+        registered={"int8-static": {"version": version}},
+        why="test",
+    )
+    return result
+
+
 def test_identical_content_or_a_win_inside_the_noise_never_moves_the_champion(
     servers: dict[str, str], digits_task: DigitsTask
 ) -> None:
@@ -236,44 +250,18 @@ def test_identical_content_or_a_win_inside_the_noise_never_moves_the_champion(
     same = _variant_version(servers, digits_task.model, name, "int8-static", "a" * 64)
     reg = Registry(servers["mlflow"])
     reg.client.set_registered_model_alias(name, "champion", held)
-    source = {"name": name, "version": "1"}
-    policy = PromotionPolicy()
     # byte-identical file, "faster" by noise: stays
-    result = apply_policy(
-        reg,
-        policy,
-        target=name,
-        source=source,
-        validated=_validated("int8-static", "a" * 64, 3.0, 2.5, 3.5),
-        registered={"int8-static": {"version": same}},
-        why="test",
-    )
+    result = _apply(reg, name, _validated("int8-static", "a" * 64, 3.0, 2.5, 3.5), same)
     assert result["champion"]["moved"] is False
     assert "same content" in result["champion"]["reason"]
     # another file whose median is faster but whose blocks overlap the holder's: stays
     other = _variant_version(servers, digits_task.model, name, "int8-static", "b" * 64)
-    result = apply_policy(
-        reg,
-        policy,
-        target=name,
-        source=source,
-        validated=_validated("int8-static", "b" * 64, 1.62, 1.55, 1.70),
-        registered={"int8-static": {"version": other}},
-        why="test",
-    )
+    result = _apply(reg, name, _validated("int8-static", "b" * 64, 1.62, 1.55, 1.70), other)
     assert result["champion"]["moved"] is False
     assert "not better by the margin" in result["champion"]["reason"]
     assert reg.alias_version(name, "champion") == held
     # a win outside the noise moves it
-    result = apply_policy(
-        reg,
-        policy,
-        target=name,
-        source=source,
-        validated=_validated("int8-static", "b" * 64, 2.0, 1.9, 2.1),
-        registered={"int8-static": {"version": other}},
-        why="test",
-    )
+    result = _apply(reg, name, _validated("int8-static", "b" * 64, 2.0, 1.9, 2.1), other)
     assert result["champion"]["moved"] is True
     assert reg.alias_version(name, "champion") == other
 

@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 
 from optimizer_core.cli import main
-from tests.servers import mlflow_server, moto_server
+from tests.servers import fake_aws_credentials, mlflow_server, moto_server
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("kws-e2e")]
 
@@ -40,24 +40,15 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     from tests.deployment import database
 
     root = tmp_path_factory.mktemp("kws")
-    saved = {k: os.environ.get(k) for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")}
-    os.environ.update(AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing")
-    os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
-    try:
-        with (
-            database("graphtrim_kws") as db,
-            mlflow_server(root / "mlflow", backend=db) as url,
-            moto_server(root / "s3") as s3,
-        ):
-            assert db.startswith("postgresql://")  # the URI the README documents, no driver
-            boto3.client("s3", endpoint_url=s3).create_bucket(Bucket=BUCKET)
-            yield {"mlflow": url, "s3": s3, "root": root}
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+    with (
+        fake_aws_credentials(),
+        database("graphtrim_kws") as db,
+        mlflow_server(root / "mlflow", backend=db) as url,
+        moto_server(root / "s3") as s3,
+    ):
+        assert db.startswith("postgresql://")  # the URI the README documents, no driver
+        boto3.client("s3", endpoint_url=s3).create_bucket(Bucket=BUCKET)
+        yield {"mlflow": url, "s3": s3, "root": root}
 
 
 @pytest.fixture(scope="module")
