@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -477,3 +478,28 @@ def test_a_run_left_running_by_a_dead_process_is_closed_on_the_next_start(
     assert got.info.status == "KILLED"
     assert f"process {dead.pid}" in got.data.tags["graphtrim.error"]
     assert client.get_run(alive.info.run_id).info.status == "RUNNING"
+
+
+# ---------------------------------------------------------------------------- 10: the table
+
+
+def test_the_table_names_each_column_once_and_marks_recorded_verdicts() -> None:
+    from optimizer_core.cli_pipeline import table
+
+    summary = {
+        "passed": True,
+        "gates": {"serving": "pass", "size": "pass", "accuracy": "pass", "latency": "pass"},
+        "metrics": {"speedup": 1.5, "size_ratio": 0.27},
+    }
+    text = table(
+        {
+            "validate": {
+                "variants": {"int8-static": summary, "graph": {**summary, "reused": True}}
+            },
+            "register": {"registered": {}},
+        }
+    )
+    header = re.split(r"\s{2,}", text.splitlines()[0].strip())
+    assert "size gate" in header and "size ratio" in header and "size" not in header
+    assert len(header) == len(set(header)) and "serving" in header
+    assert "PASS (recorded)" in text and "0.27x" in text
