@@ -364,8 +364,10 @@ def _quiet() -> None:
     os.environ["MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"] = "true"  # "View run ... at" links
     os.environ["MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"] = "false"  # download progress bars
     logging.getLogger().setLevel(logging.WARNING)
-    for name in ("graphtrim", "mlflow", "torch", "torch.onnx", "onnxscript", "alembic"):
+    for name in ("graphtrim", "mlflow", "torch", "onnxscript", "alembic"):
         logging.getLogger(name).setLevel(logging.WARNING)
+    # the exporter's notes on optional packages it does without (torchvision ops)
+    logging.getLogger("torch.onnx").setLevel(logging.ERROR)
     warnings.filterwarnings("ignore", category=DeprecationWarning)
     warnings.filterwarnings("ignore", category=FutureWarning)
 

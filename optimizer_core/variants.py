@@ -103,6 +103,7 @@ def build_and_evaluate(
         data = random_data(specs, batches=8)
     builds: dict[str, dict[str, Any]] = {}
     outputs: dict[str, Path] = {}
+    failed: dict[str, str] = {}
     for variant in variants:
         dst = out / f"{src.stem}.{variant}.onnx"
         check = (
@@ -110,15 +111,21 @@ def build_and_evaluate(
             if fallback
             else None
         )
-        build = build_variant(
-            src,
-            dst,
-            variant,
-            config=config,
-            calibration=calib.batches if calib is not None else None,
-            accuracy_check=check,
-            progress=progress,
-        )
+        try:
+            build = build_variant(
+                src,
+                dst,
+                variant,
+                config=config,
+                calibration=calib.batches if calib is not None else None,
+                accuracy_check=check,
+                progress=progress,
+            )
+        except QuantizeError as exc:  # this variant cannot be built or served: the others go on
+            failed[variant] = str(exc)
+            if progress is not None:
+                progress(f"{variant}: not built: {exc}")
+            continue
         builds[variant] = build.to_json()
         outputs[variant] = dst
     evaluation = evaluate(
@@ -131,6 +138,14 @@ def build_and_evaluate(
         builds=builds,
         progress=progress,
     )
+    from optimizer_core.gates.evaluate import GateResult, VariantResult
+
+    for variant, reason in failed.items():
+        evaluation.variants.append(
+            VariantResult(variant, None, [GateResult("build", "error", {}, {}, [reason])])
+        )
+    order = list(variants)
+    evaluation.variants.sort(key=lambda v: order.index(v.name))
     reports = evaluation.write(out, stem=f"{src.stem}.evaluation")
     return VariantsResult(evaluation, outputs, reports)
 

@@ -144,6 +144,7 @@ def _export_torch(
                 external_data=False,
                 dynamic_shapes=shapes,
                 input_names=names,
+                verbose=False,  # its progress lines go to stdout, past the stage's own log
             )
             return "dynamo", notes
         except Exception as exc:
