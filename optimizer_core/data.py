@@ -302,9 +302,14 @@ def _check(
             # the user's, so the one array feeds it, and the log says so
             source[names[0]] = others[0]
             missing = []
-            logger.warning(
-                "%s: array '%s' feeds the model's unnamed input (%s)", where, others[0], names[0]
-            )
+            if (str(p), others[0]) not in _SAID:  # once per file, not once per stage
+                _SAID.add((str(p), others[0]))
+                logger.warning(
+                    "%s: array '%s' feeds the model's unnamed input (%s)",
+                    where,
+                    others[0],
+                    names[0],
+                )
         if missing:
             raise fail(
                 f"no array for model input(s) {', '.join(missing)} "
@@ -371,6 +376,9 @@ def _check(
     if not read:
         arrays = {}
     return _Checked(p, names, labels, n, batch, shapes, dtypes, arrays)
+
+
+_SAID: set[tuple[str, str]] = set()
 
 
 def _placeholder(name: str) -> bool:
