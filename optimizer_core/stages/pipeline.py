@@ -119,26 +119,12 @@ def _open_run(ctx: StageContext, config: PipelineConfig, source: Any) -> str:
     return run_id
 
 
-def _alive(pid: int) -> bool:
-    import os
-
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process: alive
-        return True
-    return True
-
-
 def _close_dead_runs(client: Any, experiment_id: str) -> list[str]:
-    """End as KILLED the pipeline runs still RUNNING whose stage process, on this host, is
-    gone (killed, crashed, out of memory): a run never stays RUNNING for a dead process, and
-    the registry scan retries its version."""
-    import os
-    import socket
+    """End as KILLED the pipeline runs still RUNNING whose stage processes, on this host, are
+    gone (killed, crashed, out of memory; :func:`..scan.dead_stages`): a run never stays
+    RUNNING for a dead process, and the registry scan retries its version."""
+    from optimizer_core.stages.scan import dead_stages
 
-    host = socket.gethostname()
     closed: list[str] = []
     try:
         runs = client.search_runs(
@@ -149,27 +135,14 @@ def _close_dead_runs(client: Any, experiment_id: str) -> list[str]:
     except Exception:  # a store that cannot filter on status: nothing to close
         return closed
     for run in runs:
-        try:
-            proc = json.loads(run.data.tags.get(T + "process", "{}"))
-        except ValueError:
-            continue
-        pid = proc.get("pid")
-        if proc.get("done") or proc.get("host") != host or not isinstance(pid, int):
-            continue  # between stages, on another host, or no process on record
-        if pid == os.getpid():
-            continue
-        if _alive(pid):
+        why = dead_stages(dict(run.data.tags or {}))
+        if why is None:
             continue
         with contextlib.suppress(Exception):
-            client.set_tag(
-                run.info.run_id,
-                T + "error",
-                f"the process {pid} on {host} ended during stage '{proc.get('stage')}' "
-                "without closing this run (killed or crashed)",
-            )
+            client.set_tag(run.info.run_id, T + "error", f"ended without closing this run: {why}")
             client.set_terminated(run.info.run_id, status="KILLED")
             closed.append(str(run.info.run_id))
-            logger.warning("closed pipeline run %s of dead process %s", run.info.run_id, pid)
+            logger.warning("closed pipeline run %s: %s", run.info.run_id, why)
     return closed
 
 
@@ -199,18 +172,11 @@ def _stage(
 
     start = time.perf_counter()
     client = _client(ctx)
-    import os
-    import socket
-
     client.update_run(run_id, status="RUNNING")
+    # where the stage runs (host, pid): until its seconds are recorded below, a later start on
+    # this host closes the run if that process is gone (:func:`_close_dead_runs`)
     client.set_tag(
         run_id, f"{T}worker.{label or name}", json.dumps(worker(ctx), sort_keys=True)[:5000]
-    )
-    # who holds the run now: a later start on this host closes it if that process is gone
-    client.set_tag(
-        run_id,
-        T + "process",
-        json.dumps({"host": socket.gethostname(), "pid": os.getpid(), "stage": name}),
     )
     ctx.say(f"{name}: started")
     try:
@@ -225,12 +191,6 @@ def _stage(
         raise
     client.set_tag(run_id, T + "last_stage", name)
     client.set_tag(run_id, f"{T}seconds.{label or name}", f"{time.perf_counter() - start:.3f}")
-    # between two stages (an orchestrator's gap between tasks) no process holds the run
-    client.set_tag(
-        run_id,
-        T + "process",
-        json.dumps({"host": socket.gethostname(), "pid": os.getpid(), "stage": name, "done": True}),
-    )
     if last:
         client.set_terminated(run_id, status="FINISHED")
     ctx.say(f"{name}: done")

@@ -137,14 +137,12 @@ def _stages_in_progress(tags: Mapping[str, str]) -> list[dict[str, Any]]:
     return out
 
 
-def abandoned(run: Any, *, stale_after: float, now: float | None = None) -> str | None:
-    """Why a run still RUNNING (or SCHEDULED) is abandoned, or None while it may be alive:
-    every stage it started and did not end ran on this host in a process that is gone, or it
-    started more than ``stale_after`` seconds ago."""
-    if run.info.status not in ("RUNNING", "SCHEDULED") or run.info.end_time:
-        return None
+def dead_stages(tags: Mapping[str, str]) -> str | None:
+    """Why a run's stage processes are known to be gone, or None: every stage it started and
+    did not end ran on this host in a process that no longer exists (between two stages, with
+    none in progress, nothing is known to be dead)."""
     host = socket.gethostname()
-    started = _stages_in_progress(dict(run.data.tags or {}))
+    started = _stages_in_progress(tags)
     if started and all(
         w.get("host") == host
         and isinstance(w.get("pid"), int)
@@ -154,6 +152,18 @@ def abandoned(run: Any, *, stale_after: float, now: float | None = None) -> str 
     ):
         pids = ", ".join(str(w["pid"]) for w in started)
         return f"its stage process ({pids} on {host}) is gone"
+    return None
+
+
+def abandoned(run: Any, *, stale_after: float, now: float | None = None) -> str | None:
+    """Why a run still RUNNING (or SCHEDULED) is abandoned, or None while it may be alive:
+    its stage processes are gone (:func:`dead_stages`), or it started more than
+    ``stale_after`` seconds ago."""
+    if run.info.status not in ("RUNNING", "SCHEDULED") or run.info.end_time:
+        return None
+    dead = dead_stages(dict(run.data.tags or {}))
+    if dead is not None:
+        return dead
     now = time.time() if now is None else now
     age = now - (run.info.start_time or 0) / 1000.0
     if age > stale_after:

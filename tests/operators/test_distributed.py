@@ -4,7 +4,6 @@ CeleryExecutor on Redis, a cpu and a gpu worker, MLflow on PostgreSQL with S3 ar
 from __future__ import annotations
 
 import json
-import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,7 +13,7 @@ import pytest
 import requests
 
 from optimizer_core.examples.digits import DigitsTask
-from tests.servers import moto_server, register_onnx
+from tests.servers import fake_aws_credentials, moto_server, register_onnx
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("distributed")]
 
@@ -60,22 +59,11 @@ def deployed(
     from tests.deployment import deployment
 
     root = tmp_path_factory.mktemp("deployment")
-    saved = {k: os.environ.get(k) for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")}
-    os.environ.update(AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing")
-    try:
-        with moto_server(root / "s3") as s3:
-            boto3.client("s3", endpoint_url=s3, region_name="us-east-1").create_bucket(
-                Bucket=BUCKET
-            )
-            with deployment(root, s3=s3, bucket=BUCKET) as d:
-                d["version"] = register_onnx(d["mlflow"], digits_task.model, "digits-dist")
-                yield d
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+    with fake_aws_credentials(), moto_server(root / "s3") as s3:
+        boto3.client("s3", endpoint_url=s3, region_name="us-east-1").create_bucket(Bucket=BUCKET)
+        with deployment(root, s3=s3, bucket=BUCKET) as d:
+            d["version"] = register_onnx(d["mlflow"], digits_task.model, "digits-dist")
+            yield d
 
 
 def run_dag(

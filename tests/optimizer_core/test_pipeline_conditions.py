@@ -445,39 +445,30 @@ def test_a_run_left_running_by_a_dead_process_is_closed_on_the_next_start(
     exp = pipeline._experiment_id(client, "dead-runs")
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
-    tags = {
-        "graphtrim.pipeline": "1",
-        "graphtrim.process": json.dumps(
-            {"host": socket.gethostname(), "pid": dead.pid, "stage": "quantize"}
-        ),
-    }
-    run = client.create_run(exp, tags=tags)
-    alive = client.create_run(
-        exp,
-        tags={
-            **tags,
-            "graphtrim.process": json.dumps(
-                {"host": socket.gethostname(), "pid": os.getppid(), "stage": "validate"}
-            ),
-        },
+    host = socket.gethostname()
+
+    def run_with(**stages: Any) -> Any:
+        tags = {"graphtrim.pipeline": "1"}
+        for label, (pid, ended) in stages.items():
+            tags[f"graphtrim.worker.{label}"] = json.dumps({"host": host, "pid": pid})
+            if ended:
+                tags[f"graphtrim.seconds.{label}"] = "1.0"
+        return client.create_run(exp, tags=tags)
+
+    killed = run_with(export=(os.getppid(), True), quantize=(dead.pid, False))
+    # a stage still running in a live process (another mapped task's died)
+    alive = run_with(
+        **{"quantize.graph": (dead.pid, False), "quantize.fp16": (os.getppid(), False)}
     )
-    # between two stages (the process that ran the last one is gone, no stage holds it)
-    between = client.create_run(
-        exp,
-        tags={
-            **tags,
-            "graphtrim.process": json.dumps(
-                {"host": socket.gethostname(), "pid": dead.pid, "stage": "export", "done": True}
-            ),
-        },
-    )
+    # between two stages: the process of the last one is gone, no stage is in progress
+    between = run_with(export=(dead.pid, True))
     closed = pipeline._close_dead_runs(client, exp)
-    assert closed == [run.info.run_id]
-    assert client.get_run(between.info.run_id).info.status == "RUNNING"
-    got = client.get_run(run.info.run_id)
+    assert closed == [killed.info.run_id]
+    got = client.get_run(killed.info.run_id)
     assert got.info.status == "KILLED"
-    assert f"process {dead.pid}" in got.data.tags["graphtrim.error"]
+    assert f"({dead.pid} on {host}) is gone" in got.data.tags["graphtrim.error"]
     assert client.get_run(alive.info.run_id).info.status == "RUNNING"
+    assert client.get_run(between.info.run_id).info.status == "RUNNING"
 
 
 # ---------------------------------------------------------------------------- 10: the table
