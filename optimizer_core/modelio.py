@@ -313,6 +313,50 @@ def save_model(
         shutil.rmtree(tmpdir, ignore_errors=True)
 
 
+def input_files(path: str | os.PathLike[str], proto: onnx.ModelProto | None = None) -> list[Path]:
+    """The files the model at ``path`` reads: the model file and every external data file any
+    tensor names, in any graph or subgraph and in ``Constant`` attributes."""
+    p = Path(path)
+    if proto is None:
+        proto = read_proto(p)
+    files = [p]
+    for tensor in _external_tensors(proto):
+        for entry in tensor.external_data:
+            if entry.key == "location":
+                f = p.parent / entry.value
+                if f not in files:
+                    files.append(f)
+    return files
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    """``a`` and ``b`` are one file: the same path after links are resolved, or the same inode
+    (a hard link, another case of the name on a case-insensitive file system)."""
+    if a.resolve() == b.resolve():
+        return True
+    try:
+        return a.exists() and b.exists() and os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+def refuse_overwrite(
+    src: str | os.PathLike[str], dst: str | os.PathLike[str], proto: onnx.ModelProto | None = None
+) -> None:
+    """Refuse an output ``dst`` whose model file or data file (``<name>.data``) is, or aliases
+    through a link or a case-insensitive name, any file the input model reads: writing it
+    would destroy the input. Raises :class:`InvalidModelError` naming both."""
+    inputs = input_files(src, proto)
+    target = Path(dst)
+    for out in (target, target.with_name(target.name + ".data")):
+        for used in inputs:
+            if _same_file(out, used):
+                raise InvalidModelError(
+                    f"output {out} would overwrite the input ({used}, read by {src}); "
+                    "choose another output path"
+                )
+
+
 def publish_model(built: Path, target: Path) -> None:
     """Move a finished model file (and its ``.data`` file) over ``target``, data first; a data
     file ``target`` had that ``built`` does not need goes."""

@@ -19,7 +19,7 @@ from optimizer_core.errors import GraphtrimError, VerificationError
 from optimizer_core.graph.framework import ChangeLog, Instrument, OptimizeOptions, ProgressFn
 from optimizer_core.graph.metadata import StrippedMetadata, strip_debug_metadata_stats
 from optimizer_core.graph.optimize import optimize_model
-from optimizer_core.modelio import load_model, read_proto, save_model
+from optimizer_core.modelio import load_model, read_proto, refuse_overwrite, save_model
 from optimizer_core.report import ModelStats, before_after_table
 from optimizer_core.verify import Tolerance, VerificationRecord, VerifyEachPass, verify
 
@@ -85,14 +85,7 @@ def _check_paths(src: Path, dst: Path, proto: onnx.ModelProto) -> None:
     folder = next((p for p in dst.parents if p.exists()), None)
     if folder is not None and not folder.is_dir():
         raise GraphtrimError(f"cannot write {dst}: {folder} is not a folder")
-    inputs = {p.resolve() for p in _model_files(src, proto) if p.exists()}
-    outputs = {dst.resolve(), dst.with_name(dst.name + ".data").resolve()}
-    clash = inputs & outputs
-    if clash:
-        raise GraphtrimError(
-            f"output would overwrite the input ({', '.join(sorted(str(c) for c in clash))}); "
-            "choose another output path"
-        )
+    refuse_overwrite(src, dst, proto)
 
 
 def optimize_file(

@@ -26,7 +26,7 @@ import numpy as np
 import onnx
 
 from optimizer_core.data import CalibrationReader, Feeds
-from optimizer_core.errors import GraphtrimError, VerificationError
+from optimizer_core.errors import GraphtrimError, InvalidModelError, VerificationError
 from optimizer_core.quantize.sensitivity import NodeError, node_errors
 
 logger = logging.getLogger("graphtrim.quantize")
@@ -468,9 +468,15 @@ def build_variant(
     cfg.validate()
     if variant not in VARIANTS:
         raise QuantizeError(f"unknown variant '{variant}': use one of {', '.join(VARIANTS)}")
+    from optimizer_core.modelio import read_proto, refuse_overwrite
+
     source, target = Path(src), Path(dst)
-    if target.resolve() == source.resolve():
-        raise QuantizeError(f"refusing to overwrite the input model {source}")
+    proto = read_proto(source)  # an unusable input is an InvalidModelError, as ever
+    try:
+        refuse_overwrite(source, target, proto)  # the model file, or a data file it reads
+    except InvalidModelError as exc:
+        raise QuantizeError(f"refusing to overwrite the input model: {exc}") from exc
+    del proto
     feeds = list(calibration) if calibration is not None else []
     if variant == "int8-static" and not feeds:
         raise QuantizeError("int8-static needs calibration data (an .npz file or feeds)")
