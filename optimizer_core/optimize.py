@@ -19,7 +19,13 @@ from optimizer_core.errors import GraphtrimError, VerificationError
 from optimizer_core.graph.framework import ChangeLog, Instrument, OptimizeOptions, ProgressFn
 from optimizer_core.graph.metadata import StrippedMetadata, strip_debug_metadata_stats
 from optimizer_core.graph.optimize import optimize_model
-from optimizer_core.modelio import load_model, read_proto, refuse_overwrite, save_model
+from optimizer_core.modelio import (
+    input_files,
+    load_model,
+    read_proto,
+    refuse_overwrite,
+    save_model,
+)
 from optimizer_core.report import ModelStats, before_after_table
 from optimizer_core.verify import Tolerance, VerificationRecord, VerifyEachPass, verify
 
@@ -61,21 +67,6 @@ class OptimizeReport:
         tmp = target.with_name(f".{target.name}.tmp")
         tmp.write_text(json.dumps(self.to_json(), indent=2, sort_keys=False))
         os.replace(tmp, target)
-
-
-def _model_files(path: Path, proto: onnx.ModelProto | None = None) -> list[Path]:
-    files = [path]
-    data = path.with_name(path.name + ".data")
-    if data.exists():
-        files.append(data)
-    if proto is not None:
-        for init in proto.graph.initializer:
-            for entry in init.external_data:
-                if entry.key == "location":
-                    p = path.parent / entry.value
-                    if p not in files:
-                        files.append(p)
-    return files
 
 
 def _check_paths(src: Path, dst: Path, proto: onnx.ModelProto) -> None:
@@ -121,7 +112,7 @@ def optimize_file(
     src_p, dst_p = Path(src), Path(dst)
     proto = read_proto(src_p)
     _check_paths(src_p, dst_p, proto)
-    src_files = _model_files(src_p, proto)  # with the external data files the model names
+    src_files = input_files(src_p, proto)  # with every external data file the model names
     del proto
     start = time.perf_counter()
     model = load_model(src_p)
