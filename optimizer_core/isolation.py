@@ -20,6 +20,7 @@ write (a private temporary folder): nothing from outside is ever unpickled.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib
 import os
@@ -203,7 +204,7 @@ def map_isolated(
                         began = time.monotonic()
                     if time.monotonic() - began > timeout:
                         timed_out = True
-                        with _suppress():
+                        with contextlib.suppress(OSError):  # already gone
                             os.killpg(proc.pid, signal.SIGKILL)
                         proc.wait()
                         break
@@ -275,14 +276,6 @@ def call_isolated(
     if isinstance(result, BaseException):
         raise result
     return result
-
-
-class _suppress:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: object) -> bool:
-        return True
 
 
 def _child(request_path: str) -> int:

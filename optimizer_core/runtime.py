@@ -122,7 +122,7 @@ def load_probe(
     so.log_severity_level = 3
     sess = ort.InferenceSession(str(path), so, providers=providers)
     if feeds is None:
-        feeds = _probe_feeds(sess)
+        feeds = probe_feeds(sess)
     step(f"running the model once (ORT_ENABLE_ALL, {providers[0]})")
     outs = sess.run(None, dict(feeds))
     return {
@@ -132,8 +132,9 @@ def load_probe(
     }
 
 
-def _probe_feeds(sess: Any) -> dict[str, Any]:
-    """Seeded inputs of the session's types; symbolic dims of size 2."""
+def probe_feeds(sess: Any) -> dict[str, Any]:
+    """Seeded inputs of an onnxruntime session's input types (symbolic dims of size 2), for
+    probes that only need the model to run once."""
     import numpy as np
 
     rng = np.random.default_rng(0)

@@ -82,9 +82,9 @@ def serving_probe(
         step("loading the model with mlflow.pyfunc.load_model (ORT_ENABLE_ALL)")
         model = mlflow.pyfunc.load_model(str(folder))
         if feeds is None:
-            from optimizer_core.runtime import _probe_feeds, open_session
+            from optimizer_core.runtime import open_session, probe_feeds
 
-            feeds = _probe_feeds(open_session(path, optimize=False))
+            feeds = probe_feeds(open_session(path, optimize=False))
         step("predicting once through mlflow.pyfunc")
         out = model.predict(dict(feeds))
     shapes = (
