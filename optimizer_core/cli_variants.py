@@ -254,6 +254,8 @@ def cmd_quantize(args: argparse.Namespace) -> int:
         f"wrote {args.output} ({args.variant}, {len(build.attempts)} attempt(s), "
         f"{len(build.excluded)} node(s) kept in float)"
     )
+    if build.agreement is not None:
+        print(f"agreement with the float model: {build.agreement.summary()}")
     if last.accuracy_passed is False:
         print(
             "accuracy check failed after every attempt: "

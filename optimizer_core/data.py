@@ -454,14 +454,13 @@ def random_data(specs: Sequence[InputSpec], *, batches: int = 8, seed: int = 0) 
 
 
 def input_specs(path: str | os.PathLike[str]) -> list[InputSpec]:
-    """The model's inputs as onnxruntime sees them (initializer-backed inputs excluded)."""
-    import onnxruntime as ort
+    """The model's inputs as onnxruntime sees them (initializer-backed inputs excluded).
 
-    from optimizer_core.runtime import session_options
+    Raises:
+        ModelLoadError: onnxruntime cannot load the model (an :class:`InvalidModelError`)."""
+    from optimizer_core.runtime import create_session, session_options
 
-    sess = ort.InferenceSession(
-        str(path), session_options(1, optimize=False), providers=["CPUExecutionProvider"]
-    )
+    sess = create_session(path, session_options(1, optimize=False), ["CPUExecutionProvider"])
     return [(i.name, i.type, list(i.shape)) for i in sess.get_inputs()]
 
 

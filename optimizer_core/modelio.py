@@ -2,12 +2,17 @@
 
 ``load_model`` rejects what cannot be optimized with a one-line ``InvalidModelError``: a missing
 or empty file, bytes that are not an ONNX protobuf, a truncated file, external data that is
-missing, too short or outside the model's folder, and opsets outside the supported range.
+missing, too short, outside the model's folder or named with a NUL byte, opsets outside the
+supported range, and element types that name no ONNX type (a tensor's ``data_type``, a value's
+type, ``Cast(to=...)`` and the other type-valued attributes) which onnx's checker lets through
+and the passes would trip on.
 External weights stay memory-mapped (``onnx_ir`` maps them lazily), so a model with several GB
 of weights is never read into memory whole.
 
 ``save_model`` writes to a temporary folder beside the target and moves the files into place only
-when everything was written, so a failure never leaves a half-written model behind.
+when everything was written, so a failure never leaves a half-written model behind. Such folders
+(:func:`staging_dir`) carry the host and process that made them: one left by a process that was
+killed is removed by the next write beside the same output.
 """
 
 from __future__ import annotations
@@ -15,8 +20,11 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import re
 import shutil
+import socket
 import tempfile
+import time
 from pathlib import Path
 
 import onnx
@@ -70,6 +78,14 @@ def _check_external_data(proto: onnx.ModelProto, path: Path) -> bool:
         if not location:
             raise InvalidModelError.at(
                 path, f"tensor '{tensor.name}' has external data without a location"
+            )
+        if any(ord(c) < 32 for c in location):
+            # a path with a NUL byte reaches no file (the OS refuses it); one with a newline
+            # or another control character is no file name a model is saved with
+            what = "a NUL byte" if "\x00" in location else "a control character"
+            raise InvalidModelError.at(
+                path,
+                f"tensor '{tensor.name}' has {what} in its external data location {location!r}",
             )
         loc = Path(location)
         if loc.is_absolute() or ".." in loc.parts:
@@ -150,6 +166,116 @@ def _external_int(
     return value
 
 
+_DATA_TYPES = frozenset(
+    int(v) for v in ir.DataType if int(v) in onnx.TensorProto.DataType.values()
+) - {onnx.TensorProto.UNDEFINED}
+
+# integer attributes that name an element type, by op (default domain); True: 0 means "not
+# given" (the op picks the type), False: the value must name a type
+_TYPE_ATTRIBUTES: dict[str, dict[str, bool]] = {
+    "Cast": {"to": False},
+    "EyeLike": {"dtype": False},
+    "RandomNormal": {"dtype": False},
+    "RandomUniform": {"dtype": False},
+    "RandomNormalLike": {"dtype": False},
+    "RandomUniformLike": {"dtype": False},
+    "Multinomial": {"dtype": False},
+    "Bernoulli": {"dtype": False},
+    "QuantizeLinear": {"output_dtype": True},
+    "DequantizeLinear": {"output_dtype": True},
+}
+
+
+def _graphs_with_functions(proto: onnx.ModelProto):
+    """Every graph of the model (subgraphs included) and every function body, as
+    ``(where, nodes, graph or None)``."""
+
+    def graphs(g: onnx.GraphProto, where: str):
+        yield where, g.node, g
+        for node in g.node:
+            for attr in node.attribute:
+                if attr.type == onnx.AttributeProto.GRAPH:
+                    yield from graphs(attr.g, f"subgraph '{attr.name}' of node '{node.name}'")
+                elif attr.type == onnx.AttributeProto.GRAPHS:
+                    for sub in attr.graphs:
+                        yield from graphs(sub, f"subgraph '{attr.name}' of node '{node.name}'")
+
+    yield from graphs(proto.graph, "")
+    for fn in proto.functions:
+        yield f"function '{fn.domain}:{fn.name}'", fn.node, None
+
+
+def _type_elem_types(tp: onnx.TypeProto):
+    """The element types a value type names (tensors inside sequences, maps and optionals)."""
+    kind = tp.WhichOneof("value")
+    if kind in ("tensor_type", "sparse_tensor_type"):
+        yield getattr(tp, kind).elem_type
+    elif kind == "sequence_type":
+        yield from _type_elem_types(tp.sequence_type.elem_type)
+    elif kind == "optional_type":
+        yield from _type_elem_types(tp.optional_type.elem_type)
+    elif kind == "map_type":
+        yield tp.map_type.key_type
+        yield from _type_elem_types(tp.map_type.value_type)
+
+
+def _check_types(proto: onnx.ModelProto, path: Path) -> None:
+    """Refuse element types that name no ONNX type.
+
+    onnx's checker accepts any integer in ``Cast(to=...)``, a tensor's ``data_type`` and the
+    other type-valued attributes; deserializing such a tensor or running a pass that reads the
+    type then fails deep inside (``-1 is not a valid DataType``), an internal error for what
+    is a broken input. One walk over the nodes and tensors, no weights read."""
+
+    def bad(value: int) -> bool:
+        return value not in _DATA_TYPES
+
+    def tensor(t: onnx.TensorProto, what: str) -> None:
+        if bad(t.data_type):
+            raise InvalidModelError.at(
+                path, f"{what} has data type {t.data_type}, which is no ONNX element type"
+            )
+
+    for where, nodes, graph in _graphs_with_functions(proto):
+        inside = f" (in {where})" if where else ""
+        if graph is not None:
+            for t in graph.initializer:
+                tensor(t, f"initializer '{t.name}'{inside}")
+            for sp in graph.sparse_initializer:
+                tensor(sp.values, f"sparse initializer '{sp.values.name}'{inside}")
+            for vi in [*graph.input, *graph.output, *graph.value_info]:
+                for elem in _type_elem_types(vi.type):
+                    # 0: the type is not known (yet); the checker judges where it must be
+                    if elem and bad(elem):
+                        raise InvalidModelError.at(
+                            path,
+                            f"value '{vi.name}'{inside} has element type {elem}, which is "
+                            "no ONNX element type",
+                        )
+        for node in nodes:
+            label = (
+                f"{node.op_type} node '{node.name}'" if node.name else f"an unnamed {node.op_type}"
+            ) + inside
+            typed = _TYPE_ATTRIBUTES.get(node.op_type, {}) if node.domain in ("", "ai.onnx") else {}
+            for attr in node.attribute:
+                if attr.type == onnx.AttributeProto.TENSOR:
+                    tensor(attr.t, f"attribute '{attr.name}' of {label}")
+                elif attr.type == onnx.AttributeProto.TENSORS:
+                    for t in attr.tensors:
+                        tensor(t, f"attribute '{attr.name}' of {label}")
+                elif attr.type == onnx.AttributeProto.SPARSE_TENSOR:
+                    tensor(attr.sparse_tensor.values, f"attribute '{attr.name}' of {label}")
+                elif attr.name in typed and attr.type == onnx.AttributeProto.INT:
+                    if attr.i == 0 and typed[attr.name]:
+                        continue
+                    if bad(attr.i):
+                        raise InvalidModelError.at(
+                            path,
+                            f"attribute '{attr.name}' of {label} is {attr.i}, which is no ONNX "
+                            "element type",
+                        )
+
+
 def read_proto(path: str | os.PathLike[str]) -> onnx.ModelProto:
     """Parse and validate the model's protobuf without loading external data."""
     return _read_validated(path)[0]
@@ -187,6 +313,7 @@ def _read_validated(path: str | os.PathLike[str]) -> tuple[onnx.ModelProto, byte
             f"unsupported opset {default}: graphtrim supports opsets {MIN_OPSET} to {max_opset()}",
         )
     external = _check_external_data(proto, p)
+    _check_types(proto, p)
     try:
         # with external data, check the file: the checker resolves data locations against the
         # model's folder only when it knows the path
@@ -279,6 +406,76 @@ def initializer_bytes(model: ir.Model) -> int:
     )
 
 
+# a staging folder of a dead process is left alone this long after its last change: a
+# process on another machine that shares the folder and the host name (a container
+# started from the same image) may still be writing it
+STALE_GRACE_SECONDS = 60.0
+_STAGING = ".staging."
+
+
+def _host() -> str:
+    return re.sub(r"[^A-Za-z0-9-]", "-", socket.gethostname())[:64] or "host"
+
+
+def _pid_alive(pid: int) -> bool:
+    if pid <= 0:
+        return True  # not a process id this module wrote: never someone else's to remove
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OSError):
+        return True  # it exists, under another user
+    return True
+
+
+def remove_stale_staging(target: str | os.PathLike[str]) -> list[Path]:
+    """Remove the staging folders beside ``target`` that a process of this host left when it
+    was killed: named for ``target`` (``.<name>.staging.<host>.<pid>.<random>``), made by a
+    process that no longer exists, unchanged for :data:`STALE_GRACE_SECONDS`. Folders of live
+    processes, of other hosts and of other outputs stay. Returns what was removed."""
+    t = Path(target)
+    prefix = f".{t.name}{_STAGING}"
+    host = _host()
+    removed: list[Path] = []
+    try:
+        entries = list(os.scandir(t.parent))
+    except OSError:
+        return removed
+    now = time.time()
+    for entry in entries:
+        if not entry.name.startswith(prefix):
+            continue
+        parts = entry.name[len(prefix) :].split(".")
+        if len(parts) != 3 or parts[0] != host or not parts[1].isdigit():
+            continue
+        try:
+            if not entry.is_dir(follow_symlinks=False):
+                continue
+            if now - entry.stat(follow_symlinks=False).st_mtime < STALE_GRACE_SECONDS:
+                continue
+        except OSError:
+            continue
+        if _pid_alive(int(parts[1])):
+            continue
+        shutil.rmtree(entry.path, ignore_errors=True)
+        if not os.path.lexists(entry.path):
+            removed.append(Path(entry.path))
+    return removed
+
+
+def staging_dir(target: str | os.PathLike[str]) -> Path:
+    """A new hidden folder beside ``target`` to build it in, named
+    ``.<name>.staging.<host>.<pid>.<random>``; stale ones a killed process left for the same
+    ``target`` are removed first (:func:`remove_stale_staging`). The caller removes it."""
+    t = Path(target)
+    t.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_staging(t)
+    return Path(
+        tempfile.mkdtemp(prefix=f".{t.name}{_STAGING}{_host()}.{os.getpid()}.", dir=t.parent)
+    )
+
+
 def save_model(
     model: ir.Model, path: str | os.PathLike[str], *, external_data: bool | None = None
 ) -> list[Path]:
@@ -292,7 +489,7 @@ def save_model(
     if external_data is None:
         external_data = has_external_data(model) or initializer_bytes(model) > PROTO_LIMIT_BYTES
     data_name = f"{target.name}.data"
-    tmpdir = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    tmpdir = staging_dir(target)
     try:
         tmp_model = tmpdir / target.name
         if external_data:

@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
-from optimizer_core.errors import GraphtrimError
+from optimizer_core.errors import GraphtrimError, InvalidModelError
 
 Device = Literal["cpu", "gpu"]
 DEVICES: tuple[str, ...] = ("cpu", "gpu")
@@ -28,7 +29,35 @@ class DeviceUnavailableError(GraphtrimError):
     """The requested device has no execution provider in this onnxruntime build or machine."""
 
 
+class ModelLoadError(InvalidModelError):
+    """onnxruntime cannot load the model: an operator it does not implement, a custom domain
+    without its operator library, a type it has no kernel for. Nothing can be run, measured or
+    built from such a model."""
+
+
 GPU_ON_CPU_ENV = "GRAPHTRIM_TEST_GPU_ON_CPU"
+
+
+def _load_reason(exc: BaseException) -> str:
+    """onnxruntime's reason, without its error-code prefix and the path it repeats."""
+    text = str(exc).strip()
+    text = re.sub(r"^\[ONNXRuntimeError\]\s*:\s*\d+\s*:\s*\w+\s*:\s*", "", text)
+    text = re.sub(r"^Load model from .*? failed:\s*", "", text, flags=re.DOTALL)
+    first = text.splitlines()[0].strip() if text else ""
+    return (first or type(exc).__name__)[:400]
+
+
+def create_session(path: str | os.PathLike[str], options: Any, providers: Sequence[str]) -> Any:
+    """``onnxruntime.InferenceSession(path, options, providers)``; a model onnxruntime cannot
+    load is a :class:`ModelLoadError` naming the model and onnxruntime's reason in one line."""
+    import onnxruntime as ort
+
+    try:
+        return ort.InferenceSession(str(path), options, providers=list(providers))
+    except Exception as exc:
+        raise ModelLoadError.at(
+            path, f"onnxruntime {ort.__version__} cannot load the model: {_load_reason(exc)}"
+        ) from exc
 
 
 def providers_for(device: str, *, tensorrt: bool = False) -> list[str]:
@@ -86,13 +115,10 @@ def open_session(
     providers: Sequence[str] | None = None,
 ) -> Any:
     """An ``InferenceSession`` on ``device``; the providers it really got must include the
-    requested one (onnxruntime silently drops providers it cannot create)."""
-    import onnxruntime as ort
-
+    requested one (onnxruntime silently drops providers it cannot create). A model onnxruntime
+    cannot load is a :class:`ModelLoadError`."""
     wanted = list(providers) if providers is not None else providers_for(device)
-    sess = ort.InferenceSession(
-        str(path), session_options(threads, optimize=optimize), providers=wanted
-    )
+    sess = create_session(path, session_options(threads, optimize=optimize), wanted)
     if wanted[0] not in sess.get_providers():
         raise DeviceUnavailableError(
             f"onnxruntime could not create {wanted[0]} for {path} "
@@ -120,7 +146,7 @@ def load_probe(
     step(f"opening an onnxruntime session (ORT_ENABLE_ALL, {providers[0]})")
     so = ort.SessionOptions()
     so.log_severity_level = 3
-    sess = ort.InferenceSession(str(path), so, providers=providers)
+    sess = create_session(path, so, providers)
     if feeds is None:
         feeds = probe_feeds(sess)
     step(f"running the model once (ORT_ENABLE_ALL, {providers[0]})")

@@ -2,7 +2,9 @@
 
 Every variant starts from graphtrim's optimized model (verified against the source). int8 and
 fp16 conversions run on it, then graphtrim's exact passes clean up after them, verified against
-the converted model. With an accuracy check, a failing int8/fp16 variant is rebuilt with the
+the converted model. Every built variant is compared with the float model it came from (on the
+calibration feeds, else on seeded random inputs): the build record's ``agreement`` holds the
+numbers, or says why they could not be measured. With an accuracy check, a failing int8/fp16 variant is rebuilt with the
 nodes that add the most error kept in float, up to ``max_attempts`` builds; every attempt is
 recorded. The output appears at its path only when complete.
 """
@@ -27,6 +29,7 @@ import onnx
 
 from optimizer_core.data import CalibrationReader, Feeds
 from optimizer_core.errors import GraphtrimError, InvalidModelError, VerificationError
+from optimizer_core.quantize.agreement import Agreement, measure_agreement
 from optimizer_core.quantize.sensitivity import NodeError, node_errors
 
 logger = logging.getLogger("graphtrim.quantize")
@@ -153,6 +156,8 @@ class VariantBuild:
     tuning: dict[str, Any] | None = None
     # known runtime defects the candidate hit, and the form that avoided each
     runtime_defects: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    # how the built variant agrees with the float model (build_variant always measures it)
+    agreement: Agreement | None = None
 
     @property
     def excluded(self) -> list[str]:
@@ -177,6 +182,7 @@ class VariantBuild:
             "cleanup": self.cleanup,
             "tuning": self.tuning,
             "runtime_defects": self.runtime_defects,
+            "agreement": self.agreement.to_json() if self.agreement is not None else None,
         }
 
 
@@ -461,7 +467,8 @@ def build_variant(
             else the CPU) and run it once; a candidate that crashes or hangs the runtime is
             never written (:class:`QuantizeError` names the signal and the step).
     """
-    from optimizer_core.modelio import publish_model
+    from optimizer_core.data import input_specs
+    from optimizer_core.modelio import publish_model, staging_dir
     from optimizer_core.optimize import optimize_file
 
     cfg = config or QuantizeConfig()
@@ -477,12 +484,13 @@ def build_variant(
     except InvalidModelError as exc:
         raise QuantizeError(f"refusing to overwrite the input model: {exc}") from exc
     del proto
+    input_specs(source)  # a model onnxruntime cannot load is refused before any work
     feeds = list(calibration) if calibration is not None else []
     if variant == "int8-static" and not feeds:
         raise QuantizeError("int8-static needs calibration data (an .npz file or feeds)")
     t0 = time.perf_counter()
     target.parent.mkdir(parents=True, exist_ok=True)
-    stage = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    stage = staging_dir(target)  # what a killed build left beside the target goes first
     try:
         _say(progress, f"{variant}: optimizing the graph ({cfg.preset})")
         pre_dir = stage / "pre"
@@ -499,6 +507,9 @@ def build_variant(
                 # fp16 inputs (``keep_io_types=False``) cannot take the float32 calibration feeds
                 fp16_io = variant == "fp16" and not cfg.keep_io_types
                 tuning = _tune(built, cfg.tune_device, [] if fp16_io else feeds)
+            _say(progress, f"{variant}: comparing with the float model")
+            agreement = measure_agreement(source, built, feeds)
+            _say(progress, f"{variant}: agreement with the float model: {agreement.summary()}")
             publish_model(built, target)
             return VariantBuild(
                 variant,
@@ -510,6 +521,7 @@ def build_variant(
                 opt.to_json(),
                 cleanup,
                 tuning,
+                agreement=agreement,
             )
 
         _name_nodes(pre)
@@ -636,6 +648,7 @@ def _probe(
     """:func:`optimizer_core.runtime.load_probe` in a child process; a crash or a hang there is
     a :class:`QuantizeError` saying what happened."""
     from optimizer_core.isolation import ChildFailed, call_isolated
+    from optimizer_core.runtime import DeviceUnavailableError
 
     try:
         result: dict[str, Any] = call_isolated(
@@ -646,6 +659,10 @@ def _probe(
             what=f"{variant} candidate",
         )
     except ChildFailed as exc:
+        raise QuantizeError(f"the {variant} model cannot be served: {exc}") from exc
+    except DeviceUnavailableError:
+        raise
+    except InvalidModelError as exc:  # onnxruntime refused the candidate: this variant failed
         raise QuantizeError(f"the {variant} model cannot be served: {exc}") from exc
     return result
 
