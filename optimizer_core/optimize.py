@@ -6,7 +6,6 @@ import dataclasses
 import json
 import os
 import shutil
-import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -25,6 +24,7 @@ from optimizer_core.modelio import (
     read_proto,
     refuse_overwrite,
     save_model,
+    staging_dir,
 )
 from optimizer_core.report import ModelStats, before_after_table
 from optimizer_core.verify import Tolerance, VerificationRecord, VerifyEachPass, verify
@@ -137,7 +137,7 @@ def optimize_file(
     seconds = time.perf_counter() - start
     dst_p.parent.mkdir(parents=True, exist_ok=True)
     # stage beside the target: a model that fails verification never reaches ``dst``
-    staging = Path(tempfile.mkdtemp(prefix=f".{dst_p.name}.staging.", dir=dst_p.parent))
+    staging = staging_dir(dst_p)  # removes what a killed run left beside dst
     try:
         staged = save_model(result.model, staging / dst_p.name)
         after = ModelStats.of(result.model, staged)
