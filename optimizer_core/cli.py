@@ -1,7 +1,8 @@
 """The ``graphtrim`` command line.
 
-Exit codes: 0 success, 1 the optimized model changed results (or a variant failed a gate),
-2 bad input or arguments, 3 a pass failed (a bug: the message names the pass).
+Exit codes: 0 success, 1 the optimized model was run and its results differ (or a variant failed a
+gate), 2 bad input or arguments, or a model that cannot be verified (the reference does not run in
+onnxruntime), 3 a pass failed (a bug: the message names the pass).
 """
 
 from __future__ import annotations
@@ -9,13 +10,22 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
+import os
 import sys
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from optimizer_core import __version__
-from optimizer_core.errors import GraphtrimError, InvalidModelError, PassFailure, VerificationError
+from optimizer_core.errors import (
+    GraphtrimError,
+    InvalidModelError,
+    PassFailure,
+    VerificationError,
+    VerificationUnavailable,
+)
 
 EXIT_OK, EXIT_MISMATCH, EXIT_BAD_INPUT, EXIT_PASS_FAILURE = 0, 1, 2, 3
 
@@ -47,14 +57,66 @@ def _bytes(text: str) -> int:
         ) from exc
 
 
+def positive_int(text: str) -> int:
+    """argparse ``type=``: an integer of at least 1 (a count of trials, attempts, threads)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def nonneg_int(text: str) -> int:
+    """argparse ``type=``: an integer of at least 0."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
+    return value
+
+
+def finite_nonneg_float(text: str) -> float:
+    """argparse ``type=``: a finite number of at least 0 (a tolerance); nan and inf refused."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"must be a finite number of at least 0, got {text!r}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    """argparse ``type=``: a finite number greater than 0 (a timeout, an interval)."""
+    value = finite_nonneg_float(text)
+    if value == 0:
+        raise argparse.ArgumentTypeError(f"must be greater than 0, got {text!r}")
+    return value
+
+
 def _add_verify_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
-        "--rtol", type=float, default=1e-4, help="relative tolerance per element (default 1e-4)"
+        "--rtol",
+        type=finite_nonneg_float,
+        default=1e-4,
+        help="relative tolerance per element (default 1e-4)",
     )
     p.add_argument(
-        "--atol", type=float, default=1e-5, help="absolute tolerance per element (default 1e-5)"
+        "--atol",
+        type=finite_nonneg_float,
+        default=1e-5,
+        help="absolute tolerance per element (default 1e-5)",
     )
-    p.add_argument("--trials", type=int, default=3, help="random input sets to compare (default 3)")
+    p.add_argument(
+        "--trials",
+        type=positive_int,
+        default=3,
+        help="random input sets to compare, at least 1 (default 3)",
+    )
     p.add_argument(
         "--dim",
         action="append",
@@ -81,7 +143,9 @@ def build_parser() -> argparse.ArgumentParser:
         description=(
             "Optimize IN.onnx into OUT.onnx. The input is never modified. Passes run to a fixed "
             "point; --verify compares the result with the input in onnxruntime and fails (exit 1, "
-            "no output written) on any difference beyond the tolerances."
+            "no output written) on any difference beyond the tolerances, or exits 2 (no output "
+            "written) when the input itself cannot be run in onnxruntime. Outputs computed from a "
+            "random op are compared by shape and dtype only."
         ),
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
@@ -208,11 +272,32 @@ def _extensions(sub: Any) -> dict[str, Any]:
     return handlers
 
 
+def _check_report_path(report: str, model_paths: Sequence[str]) -> None:
+    """Refuse a ``--report`` path that cannot be written, before anything is optimized: a
+    folder, a path under a file, or one of the models (the input, the output, its data file)."""
+    target = Path(report)
+    if target.is_dir():
+        raise GraphtrimError(f"report {report} is a directory; give a file path")
+    folder = next((p for p in target.absolute().parents if p.exists()), None)
+    if folder is not None and not folder.is_dir():
+        raise GraphtrimError(f"cannot write report {report}: {folder} is not a folder")
+    if folder is not None and not os.access(folder, os.W_OK | os.X_OK):
+        raise GraphtrimError(f"cannot write report {report}: {folder} is not writable")
+    resolved = target.resolve()
+    for path in model_paths:
+        if resolved == Path(path).resolve():
+            raise GraphtrimError(f"report {report} would overwrite the model {path}")
+
+
 def _cmd_optimize(args: argparse.Namespace) -> int:
     from optimizer_core.graph.framework import OptimizeOptions
     from optimizer_core.optimize import optimize_file
     from optimizer_core.verify import Tolerance
 
+    if args.report:
+        _check_report_path(
+            args.report, [args.input, args.output, args.output + ".data", args.input + ".data"]
+        )
     show_progress = args.progress or (sys.stderr.isatty() and not args.quiet)
     started = time.perf_counter()
 
@@ -246,7 +331,12 @@ def _cmd_optimize(args: argparse.Namespace) -> int:
         keep_metadata=args.keep_metadata,
     )
     if args.report:
-        report.write_json(args.report)
+        try:
+            report.write_json(args.report)
+        except OSError as exc:
+            raise GraphtrimError(
+                f"wrote {args.output}, but not the report {args.report}: {exc}"
+            ) from exc
     if not args.quiet:
         print(report.table())
         print()
@@ -275,7 +365,12 @@ def _cmd_verify(args: argparse.Namespace) -> int:
         dim_values=_dims(args.dim),
         tolerance=Tolerance(rtol=args.rtol, atol=args.atol),
     )
-    print(json.dumps(record.to_json(), indent=2) if args.json else record.summary())
+    if args.json:
+        print(json.dumps(record.to_json(), indent=2))
+    if record.unverifiable:  # nothing was compared: not a difference
+        raise VerificationUnavailable(record.summary())
+    if not args.json:
+        print(record.summary())
     return EXIT_OK if record.ok else EXIT_MISMATCH
 
 
@@ -313,21 +408,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     }[args.command]
     try:
         return handler(args)
-    except VerificationError as exc:
-        print(f"graphtrim: verification failed: {exc}", file=sys.stderr)
+    except VerificationError as exc:  # the optimized model ran and differs
+        _error_line("verification failed", exc)
         return EXIT_MISMATCH
+    except VerificationUnavailable as exc:  # nothing could be compared: not a difference
+        _error_line("error", exc)
+        return EXIT_BAD_INPUT
     except InvalidModelError as exc:
-        print(f"graphtrim: error: {exc}", file=sys.stderr)
+        _error_line("error", exc)
         return EXIT_BAD_INPUT
     except PassFailure as exc:
-        print(f"graphtrim: internal error: {exc}", file=sys.stderr)
+        _error_line("internal error", exc)
         return EXIT_PASS_FAILURE
     except GraphtrimError as exc:
-        print(f"graphtrim: error: {exc}", file=sys.stderr)
+        _error_line("error", exc)
         return EXIT_BAD_INPUT
     except OSError as exc:  # unwritable output, disk full, ...: one line, not a traceback
-        print(f"graphtrim: error: {exc}", file=sys.stderr)
+        _error_line("error", exc)
         return EXIT_BAD_INPUT
+
+
+def _error_line(kind: str, exc: BaseException) -> None:
+    """``graphtrim: KIND: message`` on one line of stderr (onnxruntime's messages span several)."""
+    print(f"graphtrim: {kind}: {' '.join(str(exc).split())}", file=sys.stderr)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -49,7 +49,8 @@ class PassFailure(GraphtrimError):
 
 
 class VerificationError(GraphtrimError):
-    """The optimized model does not compute what the original computes."""
+    """The optimized model does not compute what the original computes (it was run and differs,
+    or it fails to load or run where the original does)."""
 
     def __init__(
         self,
@@ -65,6 +66,12 @@ class VerificationError(GraphtrimError):
         self.passes_before = list(passes_before)
         self.record = record
         super().__init__(message)
+
+
+class VerificationUnavailable(GraphtrimError):
+    """Nothing could be compared: the reference model cannot be loaded or run in onnxruntime
+    (an op or opset it lacks, a custom domain, ...) or no inputs can be made for it. Not a
+    difference: the message says why, and the model may still be optimized without verifying."""
 
 
 class GateFailure(GraphtrimError):

@@ -6,6 +6,7 @@ import dataclasses
 import json
 import os
 import shutil
+import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -14,7 +15,7 @@ from typing import Any
 import onnx
 
 from optimizer_core import __version__
-from optimizer_core.errors import GraphtrimError, VerificationError
+from optimizer_core.errors import GraphtrimError, VerificationError, VerificationUnavailable
 from optimizer_core.graph.framework import ChangeLog, Instrument, OptimizeOptions, ProgressFn
 from optimizer_core.graph.metadata import StrippedMetadata, strip_debug_metadata_stats
 from optimizer_core.graph.optimize import optimize_model
@@ -63,10 +64,23 @@ class OptimizeReport:
         }
 
     def write_json(self, path: str | os.PathLike[str]) -> None:
+        """Write the report atomically: a temporary file beside ``path``, renamed into place;
+        on any failure the temporary file is removed and ``path`` is left as it was."""
         target = Path(path)
-        tmp = target.with_name(f".{target.name}.tmp")
-        tmp.write_text(json.dumps(self.to_json(), indent=2, sort_keys=False))
-        os.replace(tmp, target)
+        if target.is_dir():
+            raise GraphtrimError(f"report {target} is a directory; give a file path")
+        text = json.dumps(self.to_json(), indent=2, sort_keys=False)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+        tmp = Path(tmp_name)
+        try:
+            with os.fdopen(fd, "w") as f:
+                f.write(text)
+            tmp.chmod(0o644)  # mkstemp's 0600 would hide the report from its readers
+            os.replace(tmp, target)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
 
 
 def _check_paths(src: Path, dst: Path, proto: onnx.ModelProto) -> None:
@@ -107,6 +121,8 @@ def optimize_file(
     Raises:
         InvalidModelError: the input cannot be optimized (corrupt, unsafe, unsupported).
         VerificationError: results changed.
+        VerificationUnavailable: ``check``/``check_each_pass`` but the input itself cannot be
+            run in onnxruntime (nothing written).
         GraphtrimError: other refusals (bad arguments, output would overwrite the input).
     """
     src_p, dst_p = Path(src), Path(dst)
@@ -151,6 +167,11 @@ def optimize_file(
                 src_p, staged[0], trials=trials, dim_values=dim_values, tolerance=tolerance
             )
             report.verification = record
+            if record.unverifiable:
+                raise VerificationUnavailable(
+                    f"cannot verify the optimized model: {record.error}; nothing was written "
+                    "(without --verify the model is optimized unchecked)"
+                )
             if not record.ok:
                 raise VerificationError(
                     f"the optimized model does not match the input: {record.summary()}; "

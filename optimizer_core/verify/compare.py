@@ -4,12 +4,19 @@ Both models run with onnxruntime's own graph optimizations disabled, on the same
 random inputs of the right dtypes (symbolic dims bound consistently by name to sample sizes) or
 inputs the user gives. Every output is compared with explicit tolerances:
 ``|a - b| <= atol + rtol * |b|`` element-wise, plus a cosine similarity floor for float outputs.
+An output computed from a random op (see :mod:`optimizer_core.verify.nondeterminism`) is compared
+by shape and dtype only.
+
+A comparison ends one of three ways: ``equal``; ``mismatch``, the candidate was run (or failed to
+load or run where the reference did) and differs; ``unverifiable``, the reference itself cannot
+be loaded or run in onnxruntime, or no inputs can be made for it, so nothing was compared.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -54,9 +61,17 @@ class OutputComparison:
     reason: str = ""
 
 
+EQUAL, MISMATCH, UNVERIFIABLE = "equal", "mismatch", "unverifiable"
+
+
 @dataclasses.dataclass
 class VerificationRecord:
-    """Outcome of :func:`verify`; ``ok`` only when every output of every trial matched."""
+    """Outcome of :func:`verify`; ``ok`` only when every output of every trial matched.
+
+    ``unverifiable`` says nothing was compared because the reference cannot be run (``error``
+    says why): not ``ok``, and not a difference either. ``shape_only`` maps each output computed
+    from a random op to that op's type; those were compared by shape and dtype only.
+    """
 
     ok: bool
     trials: int
@@ -64,6 +79,18 @@ class VerificationRecord:
     tolerance: Tolerance
     input_shapes: dict[str, list[int]]
     error: str = ""
+    unverifiable: bool = False
+    shape_only: dict[str, str] = dataclasses.field(default_factory=dict)
+
+    @classmethod
+    def cannot_verify(cls, tolerance: Tolerance, reason: str) -> VerificationRecord:
+        return cls(False, 0, [], tolerance, {}, error=reason, unverifiable=True)
+
+    @property
+    def status(self) -> str:
+        if self.unverifiable:
+            return UNVERIFIABLE
+        return EQUAL if self.ok else MISMATCH
 
     @property
     def max_rel_diff(self) -> float:
@@ -77,9 +104,13 @@ class VerificationRecord:
         return next((o for o in self.outputs if not o.ok), None)
 
     def summary(self) -> str:
+        if self.unverifiable:
+            return f"cannot verify: {self.error}"
         if self.error:
-            return f"verification error: {self.error}"
+            return f"MISMATCH: {self.error}"
         status = "equal" if self.ok else "MISMATCH"
+        if self.ok and self.shape_only and len(self.shape_only) == len(self.outputs):
+            status = "equal (shape and dtype only)"
         text = (
             f"{status} on {self.trials} input set(s): max abs diff {self.max_abs_diff:.3g}, "
             f"max rel diff {self.max_rel_diff:.3g} (rtol {self.tolerance.rtol:g}, atol {self.tolerance.atol:g})"
@@ -87,6 +118,7 @@ class VerificationRecord:
         bad = self.first_failure()
         if bad is not None:
             text += f"; first mismatch: output '{bad.name}' ({bad.reason})"
+        text += "".join(f"; {note}" for note in shape_only_notes(self.shape_only))
         return text
 
     def to_json(self) -> dict[str, Any]:
@@ -99,7 +131,31 @@ class VerificationRecord:
             "input_shapes": self.input_shapes,
             "outputs": [dataclasses.asdict(o) for o in self.outputs],
             "error": self.error,
+            "status": self.status,
+            "shape_only": dict(self.shape_only),
         }
+
+
+def shape_only_notes(shape_only: Mapping[str, str]) -> list[str]:
+    return [
+        f"output '{name}' depends on random op {op}: compared by shape and dtype only"
+        for name, op in shape_only.items()
+    ]
+
+
+def random_outputs_of(model: ModelLike) -> dict[str, str]:
+    """:func:`~optimizer_core.verify.nondeterminism.random_outputs` of a path, proto or model;
+    empty where the model cannot be read (the session that follows says why)."""
+    from optimizer_core.verify.nondeterminism import random_outputs
+
+    try:
+        if isinstance(model, str | os.PathLike):
+            model = onnx.load(str(model), load_external_data=False)
+        if isinstance(model, onnx.ModelProto):
+            model = ir.serde.deserialize_model(model)
+        return random_outputs(model)
+    except Exception:
+        return {}
 
 
 class Session:
@@ -124,6 +180,7 @@ class Session:
         so.inter_op_num_threads = 1
         so.log_severity_level = 3
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
+        self.source = model
         source: str | bytes
         if isinstance(model, str | os.PathLike):
             source = str(model)
@@ -200,8 +257,9 @@ def make_inputs(
 
 
 def compare_outputs(
-    name: str, ref: np.ndarray, got: np.ndarray, tol: Tolerance
+    name: str, ref: np.ndarray, got: np.ndarray, tol: Tolerance, *, shape_only: bool = False
 ) -> OutputComparison:
+    """Compare one output; with ``shape_only`` (a random op's output) values are not looked at."""
     if ref.shape != got.shape:
         return OutputComparison(
             name, False, float("inf"), float("inf"), None, f"shape {got.shape} != {ref.shape}"
@@ -210,7 +268,7 @@ def compare_outputs(
         return OutputComparison(
             name, False, float("inf"), float("inf"), None, f"dtype {got.dtype} != {ref.dtype}"
         )
-    if ref.size == 0:
+    if ref.size == 0 or shape_only:
         return OutputComparison(name, True, 0.0, 0.0, None)
     if ref.dtype.kind not in "fc":
         equal = bool(np.array_equal(ref, got))
@@ -247,6 +305,18 @@ def compare_outputs(
     return OutputComparison(name, ok, max_abs, max_rel, cosine, reason)
 
 
+# onnxruntime prefixes some messages with its source file and a C++ signature:
+# "/onnxruntime_src/.../model_load_utils.h:46 void onnxruntime::...(const std::string&, int) "
+_ORT_SOURCE = re.compile(r"/onnxruntime_src/\S+:\d+ .*?\)(?= [A-Z])\s*")
+
+
+def reason_of(exc: BaseException) -> str:
+    """An exception's message on one line (onnxruntime's span several), without the C++
+    source location and signature onnxruntime puts in some."""
+    text = " ".join(str(exc).split())
+    return _ORT_SOURCE.sub("", text) or type(exc).__name__
+
+
 def verify(
     original: ModelLike,
     optimized: ModelLike,
@@ -260,70 +330,95 @@ def verify(
 ) -> VerificationRecord:
     """Run both models on the same inputs and compare every output.
 
+    The reference is loaded and run first: where it cannot be (an op onnxruntime lacks, an
+    input type random feeds cannot fill, ...) the record is ``unverifiable``. Where the reference
+    runs and the candidate fails to load or run, that is a mismatch: the candidate is broken.
+    Outputs the reference computes from a random op are compared by shape and dtype only.
+
     Args:
         original: the reference model (path, ModelProto or onnx_ir model).
         optimized: the candidate.
         inputs: feeds to use; when absent, ``trials`` seeded random feeds are generated.
-        trials: number of random feeds.
+        trials: number of random feeds (at least 1).
         seed: seed of the first random feed.
         dim_values: sizes for named symbolic dims (default 2).
         tolerance: default tolerance; ``per_output`` overrides it by output name.
     """
     tol = tolerance or Tolerance()
     per_output = per_output or {}
+    if inputs is None and trials < 1:
+        raise ValueError(f"trials must be at least 1, got {trials}")
     try:
         ref = Session(original)
-        cand = Session(optimized)
     except Exception as exc:
-        return VerificationRecord(
-            False, 0, [], tol, {}, error=f"cannot load model in onnxruntime: {exc}"
+        return VerificationRecord.cannot_verify(
+            tol, f"onnxruntime cannot load the reference model: {reason_of(exc)}"
         )
     try:
-        if [s[0] for s in ref.input_specs()] != [
-            s[0] for s in cand.input_specs()
-        ] and inputs is None:
-            ref_names = sorted(s[0] for s in ref.input_specs())
-            cand_names = sorted(s[0] for s in cand.input_specs())
-            if ref_names != cand_names:
-                return VerificationRecord(
-                    False, 0, [], tol, {}, error=f"inputs differ: {ref_names} vs {cand_names}"
-                )
+        return _verify_with(ref, optimized, inputs, trials, seed, dim_values, tol, per_output)
+    finally:
+        ref.close()
+
+
+def _verify_with(
+    ref: Session,
+    optimized: ModelLike,
+    inputs: Sequence[Mapping[str, np.ndarray]] | None,
+    trials: int,
+    seed: int,
+    dim_values: Mapping[str, int] | None,
+    tol: Tolerance,
+    per_output: Mapping[str, Tolerance],
+) -> VerificationRecord:
+    try:
+        feeds_list = (
+            list(inputs)
+            if inputs is not None
+            else [
+                make_inputs(ref.input_specs(), seed=seed + i, dim_values=dim_values)
+                for i in range(trials)
+            ]
+        )
+    except ValueError as exc:  # an input type random feeds cannot fill
+        return VerificationRecord.cannot_verify(tol, f"cannot make inputs: {reason_of(exc)}")
+    try:
+        expected_list = [ref.run(feeds) for feeds in feeds_list]
+    except Exception as exc:
+        return VerificationRecord.cannot_verify(
+            tol, f"the reference model fails to run on these inputs: {reason_of(exc)}"
+        )
+    random = {
+        name: op for name, op in random_outputs_of(ref.source).items() if name in ref.output_names()
+    }
+
+    def differs(reason: str) -> VerificationRecord:
+        return VerificationRecord(False, 0, [], tol, {}, error=reason, shape_only=random)
+
+    try:
+        cand = Session(optimized)
+    except Exception as exc:
+        return differs(f"onnxruntime cannot load the optimized model: {reason_of(exc)}")
+    try:
+        ref_names = sorted(s[0] for s in ref.input_specs())
+        cand_names = sorted(s[0] for s in cand.input_specs())
+        if ref_names != cand_names and inputs is None:
+            return differs(f"inputs differ: {ref_names} vs {cand_names}")
         if ref.output_names() != cand.output_names():
-            return VerificationRecord(
-                False,
-                0,
-                [],
-                tol,
-                {},
-                error=f"outputs differ: {ref.output_names()} vs {cand.output_names()}",
-            )
-        try:
-            feeds_list = (
-                list(inputs)
-                if inputs is not None
-                else [
-                    make_inputs(ref.input_specs(), seed=seed + i, dim_values=dim_values)
-                    for i in range(trials)
-                ]
-            )
-        except ValueError as exc:  # an input type random feeds cannot fill
-            return VerificationRecord(False, 0, [], tol, {}, error=f"cannot make inputs: {exc}")
+            return differs(f"outputs differ: {ref.output_names()} vs {cand.output_names()}")
         merged: dict[str, OutputComparison] = {}
-        for feeds in feeds_list:
-            try:
-                expected = ref.run(feeds)
-            except Exception as exc:
-                return VerificationRecord(
-                    False, 0, [], tol, {}, error=f"the original model fails on these inputs: {exc}"
-                )
+        for feeds, expected in zip(feeds_list, expected_list, strict=True):
             try:
                 got = cand.run(feeds)
             except Exception as exc:
-                return VerificationRecord(
-                    False, 0, [], tol, {}, error=f"the optimized model fails to run: {exc}"
-                )
+                return differs(f"the optimized model fails to run: {reason_of(exc)}")
             for name in expected:
-                cmp = compare_outputs(name, expected[name], got[name], per_output.get(name, tol))
+                cmp = compare_outputs(
+                    name,
+                    expected[name],
+                    got[name],
+                    per_output.get(name, tol),
+                    shape_only=name in random,
+                )
                 prev = merged.get(name)
                 if (
                     prev is None
@@ -333,7 +428,8 @@ def verify(
                     merged[name] = cmp
         shapes = {k: list(v.shape) for k, v in feeds_list[0].items()} if feeds_list else {}
         outs = list(merged.values())
-        return VerificationRecord(all(o.ok for o in outs), len(feeds_list), outs, tol, shapes)
+        return VerificationRecord(
+            all(o.ok for o in outs), len(feeds_list), outs, tol, shapes, shape_only=random
+        )
     finally:
-        ref.close()
         cand.close()
