@@ -6,10 +6,15 @@
 
 Every request must be signed as MLflow signs them: ``X-MLflow-Signature: v1,<base64
 HMAC-SHA256>`` over ``<delivery id>.<timestamp>.<body>`` with the shared secret
-(``$GRAPHTRIM_WEBHOOK_SECRET``). Unsigned or badly signed requests get 401, a timestamp outside
-the window (``$GRAPHTRIM_WEBHOOK_MAX_AGE``, 300 s) or a malformed one 400; neither triggers
-anything. A delivery id seen before is acknowledged and ignored: the DAG run's id is derived from
-it, so even a replay that reaches another API server replica triggers nothing new.
+(``$GRAPHTRIM_WEBHOOK_SECRET``). The headers are judged before a byte of the body is read: a
+missing or malformed signature gets 401; a timestamp that is not whole Unix seconds, or lies
+outside the window (``$GRAPHTRIM_WEBHOOK_MAX_AGE``, 300 s), or a delivery id other than 1 to 128
+of ``A-Z a-z 0-9 . _ -`` (and no ``..``) gets 400. The body is then read in chunks into the HMAC,
+at most ``$GRAPHTRIM_WEBHOOK_MAX_BYTES`` (1 MiB; MLflow's events are a few hundred bytes): a
+larger ``Content-Length``, or a body that grows past it, gets 413 and is not read further. A
+signature that does not match gets 401. None of these triggers anything. A delivery id seen before
+is acknowledged and ignored: the DAG run's id is derived from it, so even a replay that reaches
+another API server replica triggers nothing new.
 
 Versions that graphtrim registered itself (its variants, tagged ``graphtrim.variant`` /
 ``graphtrim.key``) trigger nothing (``{"status": "skipped"}``, one log line), or every variant
@@ -28,14 +33,18 @@ import hashlib
 import hmac
 import json
 import logging
+import math
 import os
+import re
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from airflow.plugins_manager import AirflowPlugin
-from fastapi import FastAPI, HTTPException, Request
+from fastapi import FastAPI, HTTPException
 from starlette.concurrency import run_in_threadpool
+from starlette.datastructures import Headers
+from starlette.requests import Request
 
 logger = logging.getLogger("graphtrim.webhook")
 
@@ -43,6 +52,14 @@ EVENTS = {("model_version", "created"), ("model_version_alias", "created")}
 TriggerFn = Callable[[str, str, dict[str, Any]], str]
 TagsFn = Callable[[str, str], Mapping[str, str]]
 ALLOW_ENV = "GRAPHTRIM_ALLOW_VARIANT_SOURCE"
+MAX_BYTES_ENV = "GRAPHTRIM_WEBHOOK_MAX_BYTES"
+MAX_AGE_ENV = "GRAPHTRIM_WEBHOOK_MAX_AGE"
+DEFAULT_MAX_BYTES = 1024 * 1024
+
+# what MLflow sends: a uuid4 delivery id, whole Unix seconds, one "v1," base64 HMAC-SHA256
+_DELIVERY = re.compile(r"[A-Za-z0-9._-]{1,128}")
+_TIMESTAMP = re.compile(r"[0-9]{1,12}")
+_SIGNATURE = re.compile(r"v1,[A-Za-z0-9+/]{43}=")
 
 
 class AlreadyTriggered(Exception):
@@ -86,6 +103,76 @@ def _truthy(value: str | None) -> bool:
     return str(value or "").strip().lower() in ("1", "true", "yes", "on")
 
 
+def _setting(name: str, value: float | None, default: float, *, whole: bool = False) -> float:
+    """A finite positive setting: the argument, else ``$name``, else ``default``."""
+    raw: object = value
+    if value is None:
+        raw = os.environ.get(name, "").strip() or default
+        try:
+            value = int(str(raw)) if whole else float(str(raw))
+        except ValueError:
+            value = None
+    if value is None or not math.isfinite(value) or value <= 0:
+        kind = "whole number" if whole else "number"
+        raise ValueError(f"{name} must be a positive {kind}, got {raw!r}")
+    return value
+
+
+def signed_headers(headers: Headers, now: float, window: float) -> tuple[str, str, str]:
+    """The delivery id, timestamp and signature of a request, judged before its body is read.
+
+    Raises:
+        HTTPException: 401 for a missing or malformed signature, 400 for a malformed delivery id
+            or timestamp, or one outside ``window`` seconds of ``now``.
+    """
+    delivery = headers.get("x-mlflow-delivery-id", "")
+    stamp = headers.get("x-mlflow-timestamp", "")
+    signature = headers.get("x-mlflow-signature", "")
+    if not (delivery and stamp and signature):
+        raise HTTPException(401, "unsigned request")
+    # headers arrive as latin-1 text: anything outside the pattern (non-ASCII too) is refused
+    # here, so the comparison below only ever sees ASCII
+    if not _SIGNATURE.fullmatch(signature):
+        raise HTTPException(401, "malformed signature")
+    # the DAG run's id is built from it: no path-like or other surprising names
+    if not _DELIVERY.fullmatch(delivery) or ".." in delivery:
+        raise HTTPException(400, "malformed delivery id")
+    if not _TIMESTAMP.fullmatch(stamp):
+        raise HTTPException(400, "malformed timestamp (whole Unix seconds)")
+    age = abs(now - int(stamp))
+    if not age <= window:
+        raise HTTPException(400, f"stale request ({age:.0f} s old, window {window:.0f} s)")
+    return delivery, stamp, signature
+
+
+async def signed_body(
+    request: Request, secret: str, delivery: str, stamp: str, signature: str, limit: int
+) -> bytes:
+    """The request's body, read in chunks into the HMAC and never past ``limit`` bytes.
+
+    Raises:
+        HTTPException: 413 for a body (declared or read) over ``limit``, 400 for a malformed
+            ``Content-Length``, 401 when the signature does not match.
+    """
+    declared = request.headers.get("content-length")
+    if declared is not None:
+        if not re.fullmatch(r"[0-9]{1,20}", declared):
+            raise HTTPException(400, "malformed Content-Length")
+        if int(declared) > limit:
+            raise HTTPException(413, f"body over {limit} bytes ({MAX_BYTES_ENV})")
+    mac = hmac.new(secret.encode(), f"{delivery}.{stamp}.".encode(), hashlib.sha256)
+    body = bytearray()
+    async for chunk in request.stream():
+        if len(body) + len(chunk) > limit:  # a chunked body, or one longer than it declared
+            raise HTTPException(413, f"body over {limit} bytes ({MAX_BYTES_ENV})")
+        mac.update(chunk)
+        body += chunk
+    expected = "v1," + base64.b64encode(mac.digest()).decode()
+    if not hmac.compare_digest(signature.encode("ascii"), expected.encode("ascii")):
+        raise HTTPException(401, "bad signature")
+    return bytes(body)
+
+
 def conf_for(payload: dict[str, Any]) -> dict[str, Any] | None:
     """The optimize DAG's conf for a webhook payload, or None for events it does not handle."""
     if (payload.get("entity"), payload.get("action")) not in EVENTS:
@@ -106,9 +193,14 @@ def create_app(
     clock: Callable[[], float] = time.time,
     allow_variant_source: bool | None = None,
     version_tags: TagsFn | None = None,
+    max_bytes: int | None = None,
 ) -> FastAPI:
     """The webhook receiver. Arguments left out come from the environment (see the module);
-    ``version_tags`` reads a version's tags when the event does not carry them."""
+    ``version_tags`` reads a version's tags when the event does not carry them.
+
+    Raises:
+        ValueError: a window or body limit that is not a finite positive number.
+    """
     secret = secret if secret is not None else os.environ.get("GRAPHTRIM_WEBHOOK_SECRET")
     allow = (
         allow_variant_source
@@ -117,11 +209,8 @@ def create_app(
     )
     tags_of = version_tags or mlflow_version_tags
     dag = dag_id or os.environ.get("GRAPHTRIM_WEBHOOK_DAG", "graphtrim_optimize_model")
-    window = (
-        max_age
-        if max_age is not None
-        else float(os.environ.get("GRAPHTRIM_WEBHOOK_MAX_AGE", "300"))
-    )
+    window = _setting(MAX_AGE_ENV, max_age, 300.0)
+    limit = int(_setting(MAX_BYTES_ENV, max_bytes, DEFAULT_MAX_BYTES, whole=True))
     fire = trigger or airflow_trigger
     seen: collections.OrderedDict[str, str] = collections.OrderedDict()
     app = FastAPI(title="graphtrim MLflow webhooks")
@@ -146,20 +235,8 @@ def create_app(
     async def receive(request: Request) -> dict[str, Any]:
         if not secret:
             raise HTTPException(503, "webhook secret not configured (GRAPHTRIM_WEBHOOK_SECRET)")
-        body = await request.body()
-        delivery = request.headers.get("x-mlflow-delivery-id", "")
-        stamp = request.headers.get("x-mlflow-timestamp", "")
-        signature = request.headers.get("x-mlflow-signature", "")
-        if not (delivery and stamp and signature):
-            raise HTTPException(401, "unsigned request")
-        if not hmac.compare_digest(signature, sign(secret, delivery, stamp, body)):
-            raise HTTPException(401, "bad signature")
-        try:
-            age = abs(clock() - float(stamp))
-        except ValueError as exc:
-            raise HTTPException(400, "malformed timestamp") from exc
-        if age > window:
-            raise HTTPException(400, f"stale request ({age:.0f} s old, window {window:.0f} s)")
+        delivery, stamp, signature = signed_headers(request.headers, clock(), window)
+        body = await signed_body(request, secret, delivery, stamp, signature, limit)
         if delivery in seen:
             return {"status": "duplicate", "run_id": seen[delivery]}
         try:
