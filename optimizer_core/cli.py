@@ -315,21 +315,27 @@ def _cmd_optimize(args: argparse.Namespace) -> int:
         max_unroll_trip_count=args.max_unroll,
         target_opset=args.opset,
     )
-    report = optimize_file(
-        args.input,
-        args.output,
-        preset=args.preset,
-        passes=args.passes,
-        skip=args.skip,
-        options=options,
-        check=args.verify,
-        check_each_pass=args.verify_each_pass,
-        tolerance=Tolerance(rtol=args.rtol, atol=args.atol),
-        trials=args.trials,
-        dim_values=_dims(args.dim),
-        progress=progress if show_progress else None,
-        keep_metadata=args.keep_metadata,
-    )
+    try:
+        report = optimize_file(
+            args.input,
+            args.output,
+            preset=args.preset,
+            passes=args.passes,
+            skip=args.skip,
+            options=options,
+            check=args.verify,
+            check_each_pass=args.verify_each_pass,
+            tolerance=Tolerance(rtol=args.rtol, atol=args.atol),
+            trials=args.trials,
+            dim_values=_dims(args.dim),
+            progress=progress if show_progress else None,
+            keep_metadata=args.keep_metadata,
+        )
+    except VerificationUnavailable as exc:
+        flag = "--verify-each-pass" if args.verify_each_pass else "--verify"
+        raise VerificationUnavailable(
+            f"{exc} (without {flag} the model is optimized, unverified)"
+        ) from exc
     if args.report:
         try:
             report.write_json(args.report)

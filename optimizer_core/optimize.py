@@ -169,8 +169,7 @@ def optimize_file(
             report.verification = record
             if record.unverifiable:
                 raise VerificationUnavailable(
-                    f"cannot verify the optimized model: {record.error}; nothing was written "
-                    "(without --verify the model is optimized unchecked)"
+                    f"cannot verify the optimized model: {record.error}; nothing was written"
                 )
             if not record.ok:
                 raise VerificationError(
