@@ -50,11 +50,14 @@ def _bytes(text: str) -> int:
     mult = units.get(t[-1:], 1)
     number = t[:-1] if t[-1:] in units else t
     try:
-        return int(float(number) * mult)
-    except ValueError as exc:
+        value = int(float(number) * mult)
+    except (ValueError, OverflowError) as exc:  # OverflowError: inf
         raise argparse.ArgumentTypeError(
             f"not a byte size: {text!r} (e.g. 4096, 64KiB, 1MiB)"
         ) from exc
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"a byte size cannot be negative: {text!r}")
+    return value
 
 
 def positive_int(text: str) -> int:
@@ -177,7 +180,12 @@ def build_parser() -> argparse.ArgumentParser:
     opt.add_argument(
         "--report", metavar="R.json", help="write the JSON change log and statistics here"
     )
-    opt.add_argument("--max-iterations", type=int, default=10, help="cap of the fixed-point loop")
+    opt.add_argument(
+        "--max-iterations",
+        type=positive_int,
+        default=10,
+        help="cap of the fixed-point loop (at least 1)",
+    )
     opt.add_argument(
         "--fold-max-growth",
         type=_bytes,
@@ -196,7 +204,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     opt.add_argument(
         "--opset",
-        type=int,
+        type=positive_int,
         default=None,
         metavar="N",
         help="raise the model's opset to N first, so fusions into newer ops can fire "
@@ -210,7 +218,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     opt.add_argument(
         "--max-unroll",
-        type=int,
+        type=nonneg_int,
         default=16,
         help="unroll Loops whose constant trip count is at most this (0 disables unrolling)",
     )

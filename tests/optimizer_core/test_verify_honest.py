@@ -415,6 +415,30 @@ def test_bad_verify_arguments_are_refused(command, arg, tmp_path, capsys):
     assert not out.exists()
 
 
+@pytest.mark.parametrize(
+    "arg",
+    [
+        ["--max-iterations", "0"],
+        ["--max-iterations", "-3"],
+        ["--max-unroll", "-1"],
+        ["--opset", "0"],
+        ["--fold-max-growth", "-1"],
+        ["--fold-max-growth", "inf"],
+        ["--fold-max-tensor", "inf"],
+    ],
+    ids=" ".join,
+)
+def test_bad_optimize_arguments_are_refused(arg, tmp_path, capsys):
+    src = _save(_relu_chain(), tmp_path / "m.onnx")
+    out = tmp_path / "out.onnx"
+    with pytest.raises(SystemExit) as info:
+        main(["optimize", src, "-o", str(out), *arg])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert f"argument {arg[0]}" in err and "Traceback" not in err
+    assert not out.exists()
+
+
 def test_verify_refuses_zero_trials_in_the_library():
     proto = _relu_chain()
     with pytest.raises(ValueError, match="at least 1"):
