@@ -3,9 +3,15 @@ value sets, linted, every manifest validated against the Kubernetes schemas."""
 
 from __future__ import annotations
 
+import contextlib
+import os
 import re
+import signal
 import subprocess
 import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -26,6 +32,7 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
         "connections": {"mlflow": {"trackingUri": "https://mlflow.example.com"}},
     },
     "webhook": {"webhook": {"enabled": True, "existingSecret": "graphtrim-webhook"}},
+    "mlflow-auth": {"mlflow": {"auth": {"enabled": True, "existingSecret": "mlflow-auth"}}},
     "minio-and-placement": {
         "connections": {"aws": {"endpointUrl": "http://minio:9000"}},
         "mlflow": {
@@ -63,6 +70,169 @@ def test_rendered_manifests_are_valid_kubernetes(name: str) -> None:
     kinds = {d["kind"] for d in docs}
     assert {"Secret", "ConfigMap", "ServiceAccount"} <= kinds
     assert ("Deployment" in kinds) == (name != "no-mlflow")
+
+
+def _mlflow_container(values: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    dep = next(d for d in render(values) if d["kind"] == "Deployment")
+    pod = dep["spec"]["template"]["spec"]
+    return pod, next(c for c in pod["containers"] if c["name"] == "mlflow")
+
+
+@pytest.mark.parametrize("name", ["defaults", "mlflow-auth"])
+def test_mlflow_backend_uri_is_never_on_the_command_line(name: str) -> None:
+    """Kubernetes expands ``$(VAR)`` in command and args into the process's command line (the
+    pod spec's resolved command, ``ps`` on the node): the URI, with its password, comes from a
+    Secret into the environment only, where ``mlflow server`` reads it."""
+    _, c = _mlflow_container(VALUE_SETS[name])
+    line = [*c.get("command", []), *c.get("args", [])]
+    assert not [a for a in line if "$(" in a or "backend-store" in a or "password" in a.lower()]
+    env = {e["name"]: e for e in c["env"]}
+    backend = env["MLFLOW_BACKEND_STORE_URI"]
+    assert backend["valueFrom"]["secretKeyRef"] == {"name": "mlflow-backend", "key": "uri"}
+    # mlflow server's --backend-store-uri falls back to that variable
+    from mlflow.cli import server
+
+    option = next(p for p in server.params if p.name == "backend_store_uri")
+    assert option.envvar == "MLFLOW_BACKEND_STORE_URI"
+
+
+def test_mlflow_auth_credentials_come_from_the_secret() -> None:
+    pod, c = _mlflow_container(VALUE_SETS["mlflow-auth"])
+    assert c["args"][:3] == ["server", "--app-name", "basic-auth"]
+    env = {e["name"]: e for e in c["env"]}
+    for name, key in [
+        ("MLFLOW_AUTH_ADMIN_USERNAME", "admin-username"),
+        ("MLFLOW_AUTH_ADMIN_PASSWORD", "admin-password"),
+        ("MLFLOW_FLASK_SERVER_SECRET_KEY", "flask-secret-key"),
+    ]:
+        assert env[name]["valueFrom"]["secretKeyRef"] == {"name": "mlflow-auth", "key": key}
+    assert env["MLFLOW_AUTH_CONFIG_PATH"]["value"] == "/etc/mlflow-auth/basic_auth.ini"
+    volume = next(v for v in pod["volumes"] if v["name"] == "auth-config")
+    assert volume["secret"]["secretName"] == "mlflow-auth"
+    assert volume["secret"]["items"] == [{"key": "basic_auth.ini", "path": "basic_auth.ini"}]
+    # without auth: no basic-auth app, none of its variables
+    _, plain = _mlflow_container({})
+    assert "basic-auth" not in plain["args"]
+    assert not [e for e in plain["env"] if e["name"].startswith("MLFLOW_AUTH")]
+
+
+def test_mlflow_auth_without_existing_secret_is_refused() -> None:
+    with pytest.raises(helm_python.HelmError, match="existingSecret"):
+        render({"mlflow": {"auth": {"enabled": True}}})
+
+
+def _as_kubernetes_runs(
+    container: dict[str, Any], secrets: dict[tuple[str, str], str], over: dict[str, str]
+) -> tuple[list[str], dict[str, str]]:
+    """The command line and environment Kubernetes gives the container: ``secretKeyRef``
+    values from ``secrets``, ``$(VAR)`` in command and args expanded; ``over`` replaces
+    variables (paths that are mounts in the pod)."""
+    env = {}
+    for e in container["env"]:
+        if "value" in e:
+            env[e["name"]] = str(e["value"])
+        else:
+            ref = e["valueFrom"]["secretKeyRef"]
+            env[e["name"]] = secrets[(ref["name"], ref["key"])]
+    env.update(over)
+
+    def expand(arg: str) -> str:
+        return re.sub(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)", lambda m: env.get(m[1], m[0]), arg)
+
+    return [expand(a) for a in [*container["command"], *container["args"]]], env
+
+
+def _option(line: list[str], name: str, value: str) -> None:
+    line[line.index(name) + 1] = value
+
+
+@contextlib.contextmanager
+def _run(line: list[str], env: dict[str, str], log: Path) -> Iterator[subprocess.Popen[bytes]]:
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            line, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
+    try:
+        yield proc
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(timeout=30)
+        except (ProcessLookupError, subprocess.TimeoutExpired):
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+
+
+def _command_lines(root: int) -> list[str]:
+    """The command lines of ``root`` and every process under it, as ``ps`` shows them."""
+    import psutil
+
+    procs = [psutil.Process(root)]
+    procs += procs[0].children(recursive=True)
+    lines = []
+    for p in procs:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            lines.append(" ".join(p.cmdline()))
+    return lines
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["defaults", "mlflow-auth"])
+def test_mlflow_server_runs_as_rendered(name: str, tmp_path: Path) -> None:
+    """The rendered MLflow container run here as Kubernetes would run it (Secret values in its
+    environment, ``$(VAR)`` expanded): the server uses the backend store from the Secret, no
+    process's command line shows it, and with ``mlflow.auth`` the registry wants credentials."""
+    import requests
+
+    from tests.servers import free_port
+
+    _, c = _mlflow_container(VALUE_SETS[name])
+    marker = "pw-" + os.urandom(6).hex()  # stands for the password inside a real URI
+    store = tmp_path / f"store-{marker}.db"
+    auth_ini = tmp_path / "basic_auth.ini"
+    auth_ini.write_text(
+        f"[mlflow]\ndefault_permission = READ\ndatabase_uri = sqlite:///{tmp_path / 'auth.db'}\n"
+        "authorization_function = mlflow.server.auth:authenticate_request_basic_auth\n"
+    )
+    secrets = {
+        ("mlflow-backend", "uri"): f"sqlite:///{store}",
+        ("mlflow-auth", "admin-username"): "admin",
+        ("mlflow-auth", "admin-password"): "a-Long-admin-passw0rd!",
+        ("mlflow-auth", "flask-secret-key"): os.urandom(16).hex(),
+    }
+    over = {"HOME": str(tmp_path), "PATH": os.environ["PATH"]}
+    if name == "mlflow-auth":
+        assert c["env"][1]["value"] == "/etc/mlflow-auth/basic_auth.ini"  # the Secret's mount
+        over["MLFLOW_AUTH_CONFIG_PATH"] = str(auth_ini)
+    line, env = _as_kubernetes_runs(c, secrets, over)
+    line[0] = str(Path(sys.executable).with_name(line[0]))
+    port = free_port()
+    _option(line, "--host", "127.0.0.1")
+    _option(line, "--port", str(port))
+    _option(line, "--workers", "1")
+    _option(line, "--artifacts-destination", str(tmp_path / "artifacts"))
+    url = f"http://127.0.0.1:{port}"
+    with _run(line, env, tmp_path / "mlflow.log") as proc:
+        deadline = time.monotonic() + 300
+        while True:
+            assert proc.poll() is None, (tmp_path / "mlflow.log").read_text()[-3000:]
+            assert time.monotonic() < deadline, (tmp_path / "mlflow.log").read_text()[-3000:]
+            try:
+                if requests.get(f"{url}/health", timeout=5).ok:
+                    break
+            except requests.RequestException:
+                pass
+            time.sleep(1)
+        search = f"{url}/api/2.0/mlflow/registered-models/search"
+        admin = ("admin", secrets[("mlflow-auth", "admin-password")])
+        r = requests.get(search, auth=admin, timeout=60)
+        assert r.status_code == 200, r.text
+        assert store.exists()  # the server's store is the Secret's URI
+        lines = _command_lines(proc.pid)
+        assert lines and not [x for x in lines if marker in x], lines
+        if name == "mlflow-auth":
+            assert requests.get(search, timeout=60).status_code == 401
+            assert requests.get(search, auth=("admin", "wrong"), timeout=60).status_code == 401
 
 
 def test_mlflow_runs_non_root_with_secrets_from_secret_refs() -> None:
@@ -135,6 +305,15 @@ def test_webhook_without_existing_secret_is_refused() -> None:
         render({"webhook": {"enabled": True}})
 
 
+def test_webhook_settings_include_the_body_limit() -> None:
+    docs = render({**VALUE_SETS["webhook"], "webhook": {**VALUE_SETS["webhook"]["webhook"]}})
+    cm = next(d for d in docs if d["metadata"]["name"] == "graphtrim-webhook")
+    assert cm["data"]["GRAPHTRIM_WEBHOOK_MAX_BYTES"] == "1048576"
+    assert "GRAPHTRIM_WEBHOOK_SECRET" not in cm["data"]
+    with pytest.raises(helm_python.HelmError, match="maxBytes"):
+        render({"webhook": {"maxBytes": 0}})
+
+
 # ---------------------------------------------------------------------------- Airflow overlay
 
 
@@ -157,6 +336,29 @@ def test_airflow_overlay_defines_cpu_and_gpu_worker_sets() -> None:
     assert "graphtrim-airflow-connections" in rendered
     assert "graphtrim-gate-policy" in rendered
     assert "graphtrim-airflow-connections" in overlay["extraEnvFrom"]
+
+
+def test_airflow_overlay_gives_the_webhook_secret_to_the_api_server_only() -> None:
+    """The endpoint runs in the API server; the official chart's top-level ``secret``, ``env``,
+    ``extraEnv`` and ``extraEnvFrom`` (and the worker, scheduler, triggerer, DAG processor and
+    pod-template sections) reach other pods, which must not be able to sign registry events."""
+    overlay = yaml.safe_load((REPO / "helm" / "airflow-values.yaml").read_text())
+    elsewhere = {k: v for k, v in overlay.items() if k != "apiServer"}
+    text = yaml.safe_dump(elsewhere)
+    assert "GRAPHTRIM_WEBHOOK_SECRET" not in text
+    assert not [
+        s for s in overlay.get("secret") or [] if s.get("secretName") == "graphtrim-webhook"
+    ]
+    env = overlay["apiServer"]["env"]
+    entry = next(e for e in env if e["name"] == "GRAPHTRIM_WEBHOOK_SECRET")
+    assert entry["valueFrom"]["secretKeyRef"] == {"name": "graphtrim-webhook", "key": "secret"}
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "api-server"},
+        "spec": {"containers": [{"name": "api-server", "image": "x", "env": env}]},
+    }
+    kubernetes_validate.validate(pod, KUBE, strict=True)
 
 
 # ---------------------------------------------------------------------------- Dockerfile
