@@ -10,6 +10,8 @@ by shape and dtype only.
 A comparison ends one of three ways: ``equal``; ``mismatch``, the candidate was run (or failed to
 load or run where the reference did) and differs; ``unverifiable``, the reference itself cannot
 be loaded or run in onnxruntime, or no inputs can be made for it, so nothing was compared.
+Repeated node names, which onnxruntime refuses though they mean nothing to the computation, are
+made unique in the copy handed to onnxruntime.
 """
 
 from __future__ import annotations
@@ -188,7 +190,18 @@ class Session:
             source = model.SerializeToString()
         else:
             source = self._from_ir(model)
-        self.session = ort.InferenceSession(source, so, providers=list(providers))
+        try:
+            try:
+                self.session = ort.InferenceSession(source, so, providers=list(providers))
+            except Exception as exc:
+                # node names mean nothing to the computation, but onnxruntime refuses repeats
+                renamed = _unique_node_names(source) if "same node name" in str(exc) else None
+                if renamed is None:
+                    raise
+                self.session = ort.InferenceSession(renamed, so, providers=list(providers))
+        except BaseException:
+            self.close()
+            raise
 
     def _from_ir(self, model: ir.Model) -> str | bytes:
         from optimizer_core.modelio import (
@@ -219,6 +232,41 @@ class Session:
         if self._tmp is not None:
             self._tmp.cleanup()
             self._tmp = None
+
+
+def _unique_node_names(source: str | bytes) -> bytes | None:
+    """The model with repeated node names made unique (``name__2``, ...), serialized; ``None``
+    where it cannot be held in one protobuf."""
+    from optimizer_core.modelio import PROTO_LIMIT_BYTES
+
+    try:
+        if isinstance(source, bytes):
+            proto = onnx.load_from_string(source)
+        else:  # external data follows, relative to the model's own folder
+            proto = onnx.load(source)
+    except Exception:  # onnxruntime's own refusal says more
+        return None
+    seen: set[str] = set()
+
+    def walk(graph: onnx.GraphProto) -> None:
+        for node in graph.node:
+            if node.name:
+                name, k = node.name, 1
+                while name in seen:
+                    k += 1
+                    name = f"{node.name}__{k}"
+                node.name = name
+                seen.add(name)
+            for attr in node.attribute:
+                if attr.type == onnx.AttributeProto.GRAPH:
+                    walk(attr.g)
+                for sub in attr.graphs:
+                    walk(sub)
+
+    walk(proto.graph)
+    if proto.ByteSize() >= PROTO_LIMIT_BYTES:
+        return None
+    return proto.SerializeToString()
 
 
 def make_inputs(
