@@ -3,16 +3,39 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from optimizer_core.errors import GraphtrimError
+from optimizer_core.redact import install_log_filter, redact
 
 STAGES = ("export", "optimize", "quantize", "validate", "register", "promote")
+
+Command = Callable[[argparse.Namespace], int]
+
+
+def _masked(command: Command) -> Command:
+    """``command`` whose errors leave it with their credentials masked (the CLI prints the
+    message as its error line), and whose log lines are masked too: a tracking URI with
+    ``user:password@`` or a token in it must not reach the terminal or a CI log."""
+
+    @functools.wraps(command)
+    def run(args: argparse.Namespace) -> int:
+        install_log_filter()  # MLflow's and boto's log lines too
+        try:
+            return command(args)
+        except Exception as exc:
+            if not isinstance(exc, OSError):  # an OSError's text is its errno and file name
+                exc.args = tuple(redact(a) if isinstance(a, str) else a for a in exc.args)
+            raise
+
+    return run
 
 
 def _csv(text: str) -> list[str]:
@@ -244,6 +267,7 @@ def add_trigger_parser(sub: Any) -> None:
     )
 
 
+@_masked
 def cmd_trigger(args: argparse.Namespace) -> int:
     import yaml
 
@@ -310,6 +334,7 @@ def _context_and_config(args: argparse.Namespace) -> tuple[Any, Any]:
     started = time.perf_counter()
 
     def progress(line: str) -> None:
+        line = redact(line)
         print(f"[graphtrim {time.perf_counter() - started:6.1f}s] {line}", file=sys.stderr)
 
     policy = None
@@ -434,6 +459,7 @@ def table(records: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+@_masked
 def cmd_pipeline(args: argparse.Namespace) -> int:
     from optimizer_core.stages import pipeline
 
@@ -512,6 +538,7 @@ def _write_json(path: Path, doc: Any) -> None:
     os.replace(tmp, path)
 
 
+@_masked
 def cmd_promote(args: argparse.Namespace) -> int:
     from optimizer_core.integrations.registry import Registry, parse_models_uri
     from optimizer_core.stages.promote import promote_version
@@ -528,6 +555,7 @@ def cmd_promote(args: argparse.Namespace) -> int:
     return 0
 
 
+@_masked
 def cmd_rollback(args: argparse.Namespace) -> int:
     from optimizer_core.integrations.registry import Registry
     from optimizer_core.stages.promote import rollback_alias

@@ -2,10 +2,16 @@
 
 - MLflow: a ``graphtrim_mlflow`` connection (default id ``mlflow_default``). The host holds the
   tracking URI (``http://mlflow:5000``; ``sqlite:////path/mlflow.db`` works too), the password an
-  optional bearer token. Without the connection, ``$MLFLOW_TRACKING_URI`` is used.
+  optional bearer token (or login / password: basic auth). Without the connection,
+  ``$MLFLOW_TRACKING_URI`` (and MLflow's own ``$MLFLOW_TRACKING_TOKEN``) are used.
 - S3: the standard ``aws`` connection (default id ``aws_default``): login / password are the
   access key pair, ``extra.endpoint_url`` (or ``extra.service_config.s3.endpoint_url``) an
   S3-compatible endpoint, ``extra.region_name`` the region. Without it, boto3's own chain.
+
+Credentials go to the clients built from a connection (:meth:`MlflowRegistryHook.get_client`,
+:meth:`MlflowRegistryHook.auth`, :meth:`ArtifactStoreHook.auth`), never into ``os.environ``: a
+later task or trigger in the same process (the triggerer runs every DAG's triggers in one)
+would send them to another connection's server.
 """
 
 from __future__ import annotations
@@ -16,6 +22,8 @@ from typing import Any
 from airflow.sdk import BaseHook
 
 from optimizer_core.errors import GraphtrimError
+from optimizer_core.integrations.artifacts import S3Auth
+from optimizer_core.integrations.registry import MlflowAuth, mlflow_client
 
 
 def _connection(conn_id: str | None) -> Any | None:
@@ -48,7 +56,7 @@ class MlflowRegistryHook(BaseHook):
         }
 
     def tracking_uri(self) -> str:
-        """The tracking URI; a token in the connection is exported for MLflow's client."""
+        """The tracking URI (credentials are in :meth:`auth`)."""
         conn = _connection(self.mlflow_conn_id)
         if conn is None:
             env = os.environ.get("MLFLOW_TRACKING_URI")
@@ -64,9 +72,21 @@ class MlflowRegistryHook(BaseHook):
             host = f"{scheme}://{host}" + (f":{conn.port}" if conn.port else "")
         elif conn.port and host.startswith("http") and host.count(":") == 1:
             host = f"{host}:{conn.port}"
-        if conn.password:
-            os.environ["MLFLOW_TRACKING_TOKEN"] = conn.password
         return host
+
+    def auth(self) -> MlflowAuth | None:
+        """The connection's credentials: the password is a bearer token, or with a login the
+        basic-auth password. None without a connection (MLflow's own environment applies)."""
+        conn = _connection(self.mlflow_conn_id)
+        if conn is None or not (conn.password or conn.login):
+            return None
+        if conn.login:
+            return MlflowAuth(username=conn.login, password=conn.password or None)
+        return MlflowAuth(token=conn.password)
+
+    def get_client(self) -> Any:
+        """An ``MlflowClient`` for this connection, with its credentials and no one else's."""
+        return mlflow_client(self.tracking_uri(), self.auth())
 
 
 class ArtifactStoreHook(BaseHook):
@@ -82,18 +102,26 @@ class ArtifactStoreHook(BaseHook):
         self.aws_conn_id = aws_conn_id
 
     def endpoint_url(self) -> str | None:
-        """Exports the connection's credentials for boto3; returns its endpoint, if any."""
+        """The connection's S3 endpoint, if any (credentials are in :meth:`auth`)."""
         conn = _connection(self.aws_conn_id)
         if conn is None:
             return os.environ.get("AWS_ENDPOINT_URL_S3")
         extra = conn.extra_dejson or {}
-        if conn.login:
-            os.environ["AWS_ACCESS_KEY_ID"] = conn.login
-        if conn.password:
-            os.environ["AWS_SECRET_ACCESS_KEY"] = conn.password
-        region = extra.get("region_name")
-        if region:
-            os.environ.setdefault("AWS_DEFAULT_REGION", region)
         s3 = (extra.get("service_config") or {}).get("s3") or {}
         url = extra.get("endpoint_url") or s3.get("endpoint_url")
         return str(url) if url else None
+
+    def auth(self) -> S3Auth | None:
+        """The connection's key pair, region and endpoint for a boto3 session of its own;
+        None without a connection (boto3's own chain applies)."""
+        conn = _connection(self.aws_conn_id)
+        if conn is None:
+            return None
+        extra = conn.extra_dejson or {}
+        return S3Auth(
+            access_key_id=conn.login or None,
+            secret_access_key=conn.password or None,
+            session_token=extra.get("aws_session_token") or None,
+            region_name=extra.get("region_name") or None,
+            endpoint_url=self.endpoint_url(),
+        )

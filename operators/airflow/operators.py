@@ -28,6 +28,7 @@ from airflow.sdk import BaseOperator
 
 from operators.airflow.hooks import ArtifactStoreHook, MlflowRegistryHook
 from optimizer_core.errors import GraphtrimError
+from optimizer_core.redact import redact
 
 DEVICES = ("cpu", "gpu")
 
@@ -206,13 +207,17 @@ class GraphtrimStageOperator(BaseOperator):
                 f"{self.task_id}: no artifact store: pass artifacts= (s3://bucket/prefix or a "
                 "folder) or set $GRAPHTRIM_ARTIFACTS"
             )
-        endpoint = None
+        endpoint = s3_auth = None
         if str(artifacts).startswith("s3://"):
-            endpoint = ArtifactStoreHook(self.aws_conn_id).endpoint_url()
+            s3_hook = ArtifactStoreHook(self.aws_conn_id)
+            endpoint, s3_auth = s3_hook.endpoint_url(), s3_hook.auth()
+        mlflow_hook = MlflowRegistryHook(self.mlflow_conn_id)
         dag_run = context.get("dag_run")
         run_id = getattr(dag_run, "run_id", None) or context.get("run_id")
         return StageContext(
-            tracking_uri=MlflowRegistryHook(self.mlflow_conn_id).tracking_uri(),
+            tracking_uri=mlflow_hook.tracking_uri(),
+            mlflow_auth=mlflow_hook.auth(),
+            s3_auth=s3_auth,
             artifacts=str(artifacts),
             workdir=self.workdir,
             s3_endpoint_url=endpoint,
@@ -237,7 +242,7 @@ class GraphtrimStageOperator(BaseOperator):
         except GraphtrimError as exc:
             if exc.transient:
                 raise
-            raise AirflowFailException(f"{type(exc).__name__}: {exc}") from exc
+            raise AirflowFailException(redact(f"{type(exc).__name__}: {exc}")) from exc
 
     def pipeline_config(self) -> Any:
         from optimizer_core.stages.context import PipelineConfig

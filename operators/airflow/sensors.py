@@ -45,10 +45,7 @@ class MlflowModelVersionSensor(BaseSensorOperator):
         self.poll_interval = poll_interval
 
     def _check(self) -> str | None:
-        from mlflow import MlflowClient
-
-        uri = MlflowRegistryHook(self.mlflow_conn_id).tracking_uri()
-        client = MlflowClient(tracking_uri=uri, registry_uri=uri)
+        client = MlflowRegistryHook(self.mlflow_conn_id).get_client()
         return find_version(client, self.model_name, self.version, self.alias)
 
     def poke(self, context: Any) -> PokeReturnValue:
@@ -69,7 +66,9 @@ class MlflowModelVersionSensor(BaseSensorOperator):
                 name=self.model_name,
                 version=self.version,
                 alias=self.alias,
-                tracking_uri=MlflowRegistryHook(self.mlflow_conn_id).tracking_uri(),
+                # the connection, not its URI: the trigger reads the credentials itself, so
+                # they are neither serialized with it nor left in any process's environment
+                mlflow_conn_id=self.mlflow_conn_id,
                 poll_interval=self.poll_interval,
                 timeout=float(self.timeout) if self.timeout else None,
             ),

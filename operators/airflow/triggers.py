@@ -25,23 +25,28 @@ from typing import Any
 
 from airflow.triggers.base import BaseEventTrigger, BaseTrigger, TriggerEvent
 
+from optimizer_core.redact import redact
+
 WATERMARK = "graphtrim.watermark."
 
 logger = logging.getLogger("graphtrim.triggers")
 
 
-def _resolve_uri(tracking_uri: str | None, conn_id: str | None) -> str:
+def _connect(tracking_uri: str | None, conn_id: str | None) -> tuple[str, Any]:
+    """(the tracking URI as logs may show it, a client with the connection's own credentials).
+    The credentials are read from the connection here, in the triggerer, each time a trigger
+    starts: they are never part of the trigger's serialized arguments, and never in the
+    process's environment, which every other trigger of this triggerer shares."""
+    from optimizer_core.integrations.registry import mlflow_client
+    from optimizer_core.redact import redact
+
     if tracking_uri:
-        return tracking_uri
+        return redact(tracking_uri), mlflow_client(tracking_uri)
     from operators.airflow.hooks import MlflowRegistryHook
 
-    return MlflowRegistryHook(conn_id or MlflowRegistryHook.default_conn_name).tracking_uri()
-
-
-def _client(uri: str) -> Any:
-    from mlflow import MlflowClient
-
-    return MlflowClient(tracking_uri=uri, registry_uri=uri)
+    hook = MlflowRegistryHook(conn_id or MlflowRegistryHook.default_conn_name)
+    uri = hook.tracking_uri()
+    return redact(uri), mlflow_client(uri, hook.auth())
 
 
 def find_version(client: Any, name: str, version: str | None, alias: str | None) -> str | None:
@@ -101,15 +106,14 @@ class MlflowModelVersionTrigger(BaseTrigger):
         )
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
-        uri = await asyncio.to_thread(_resolve_uri, self.tracking_uri, self.mlflow_conn_id)
-        client = _client(uri)
+        uri, client = await asyncio.to_thread(_connect, self.tracking_uri, self.mlflow_conn_id)
         while True:
             try:
                 found = await asyncio.to_thread(
                     find_version, client, self.name, self.version, self.alias
                 )
             except Exception as exc:  # the registry is down: keep polling, say so
-                self.log.warning("polling %s: %s", uri, exc)
+                self.log.warning("polling %s: %s", uri, redact(exc))
                 found = None
             if found is not None:
                 yield TriggerEvent({"status": "found", "name": self.name, "version": found})
@@ -213,13 +217,12 @@ class MlflowNewModelVersionTrigger(BaseEventTrigger):
             event = None
             try:
                 if client is None:  # resolved in the loop: a missing connection is retried
-                    uri = await asyncio.to_thread(
-                        _resolve_uri, self.tracking_uri, self.mlflow_conn_id
+                    _, client = await asyncio.to_thread(
+                        _connect, self.tracking_uri, self.mlflow_conn_id
                     )
-                    client = _client(uri)
                 event = await asyncio.to_thread(self._claim, client)
             except Exception as exc:
-                self.log.warning("polling the MLflow registry: %s", exc)
+                self.log.warning("polling the MLflow registry: %s", redact(exc))
             if event is not None:
                 yield TriggerEvent(event)
                 continue  # more may be pending: no sleep between them

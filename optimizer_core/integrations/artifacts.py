@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from optimizer_core.errors import GraphtrimError, transient
+from optimizer_core.redact import redact, register_secret
 
 MODEL_FILE = "model.onnx"
 DATA_FILE = "model.onnx.data"
@@ -34,6 +35,34 @@ _SAFE = re.compile(r"[^A-Za-z0-9._-]+")
 
 class ArtifactStoreError(GraphtrimError):
     """The artifact store cannot be reached or refused an operation."""
+
+
+@dataclasses.dataclass(frozen=True)
+class S3Auth:
+    """One S3 connection: its key pair, region and endpoint. A store or client built from it
+    uses its own boto3 session; nothing goes through the process environment (without an
+    ``S3Auth``, boto3's own chain applies: environment, config files, the instance's role)."""
+
+    access_key_id: str | None = None
+    secret_access_key: str | None = dataclasses.field(default=None, repr=False)
+    session_token: str | None = dataclasses.field(default=None, repr=False)
+    region_name: str | None = None
+    endpoint_url: str | None = None
+
+    def __post_init__(self) -> None:
+        register_secret(self.secret_access_key)
+        register_secret(self.session_token)
+
+    def session(self) -> Any:
+        """A boto3 session with exactly these credentials."""
+        import boto3
+
+        return boto3.session.Session(
+            aws_access_key_id=self.access_key_id,
+            aws_secret_access_key=self.secret_access_key,
+            aws_session_token=self.session_token,
+            region_name=self.region_name,
+        )
 
 
 def _safe(part: str) -> str:
@@ -289,6 +318,7 @@ class S3Store:
         *,
         endpoint_url: str | None = None,
         client: Any = None,
+        auth: S3Auth | None = None,
         multipart_threshold: int = 64 * 1024 * 1024,
         attempts: int = 4,
         backoff: float = 0.5,
@@ -298,6 +328,7 @@ class S3Store:
         self.prefix = prefix.strip("/")
         self.endpoint_url = (
             endpoint_url
+            or (auth.endpoint_url if auth is not None else None)
             or os.environ.get("AWS_ENDPOINT_URL_S3")
             or os.environ.get("MLFLOW_S3_ENDPOINT_URL")
         )
@@ -309,7 +340,9 @@ class S3Store:
             import boto3
             from botocore.config import Config
 
-            client = boto3.client(
+            # a connection's credentials stay in its own session (never the process's
+            # environment, which every other task of this process would then use)
+            client = (auth.session() if auth is not None else boto3).client(
                 "s3",
                 endpoint_url=self.endpoint_url,
                 config=Config(
@@ -358,7 +391,7 @@ class S3Store:
         raise transient(
             ArtifactStoreError(
                 f"S3 {what} failed after {self.attempts} attempts (bucket '{self.bucket}', "
-                f"endpoint {self.endpoint_url or 'AWS'}): {last}"
+                f"endpoint {self.endpoint_url or 'AWS'}): {redact(last)}"
             )
         ) from last
 
@@ -479,28 +512,42 @@ def split_s3(uri: str) -> tuple[str, str]:
     return bucket, key.strip("/")
 
 
-def open_store(location: str, *, endpoint_url: str | None = None) -> ArtifactStore:
+def open_store(
+    location: str, *, endpoint_url: str | None = None, auth: S3Auth | None = None
+) -> ArtifactStore:
     """``s3://bucket/prefix`` -> S3Store; a path or ``file://`` URI -> LocalStore."""
     if location.startswith("s3://"):
         bucket, prefix = split_s3(location)
-        return S3Store(bucket, prefix, endpoint_url=endpoint_url)
+        return S3Store(bucket, prefix, endpoint_url=endpoint_url, auth=auth)
     return LocalStore(_local_path(location))
 
 
-def fetch(uri: str, dest: str | os.PathLike[str], *, endpoint_url: str | None = None) -> Path:
+def fetch(
+    uri: str,
+    dest: str | os.PathLike[str],
+    *,
+    endpoint_url: str | None = None,
+    auth: S3Auth | None = None,
+) -> Path:
     """Download the model entry at ``uri`` (from either backend) into ``dest``."""
     if uri.startswith("s3://"):
         bucket, _ = split_s3(uri)
-        return S3Store(bucket, endpoint_url=endpoint_url).fetch_model(uri, dest)
+        return S3Store(bucket, endpoint_url=endpoint_url, auth=auth).fetch_model(uri, dest)
     return LocalStore("/").fetch_model(uri, dest)
 
 
-def fetch_file(uri: str, dest: str | os.PathLike[str], *, endpoint_url: str | None = None) -> Path:
+def fetch_file(
+    uri: str,
+    dest: str | os.PathLike[str],
+    *,
+    endpoint_url: str | None = None,
+    auth: S3Auth | None = None,
+) -> Path:
     """A single file (evaluation data, a policy) from a local path, ``file://`` or ``s3://``
     URI, as a local path: local files are used in place, S3 objects downloaded to ``dest``."""
     if uri.startswith("s3://"):
         bucket, key = split_s3(uri)
-        store = S3Store(bucket, endpoint_url=endpoint_url)
+        store = S3Store(bucket, endpoint_url=endpoint_url, auth=auth)
         out = Path(dest)
         out.parent.mkdir(parents=True, exist_ok=True)
         store._retry(

@@ -15,9 +15,13 @@ import tempfile
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from optimizer_core.errors import GraphtrimError
+
+if TYPE_CHECKING:
+    from optimizer_core.integrations.artifacts import S3Auth
+    from optimizer_core.integrations.registry import MlflowAuth
 
 ProgressFn = Callable[[str], None]
 
@@ -96,15 +100,13 @@ class PipelineConfig:
 
     def resolved(self, ctx: StageContext) -> PipelineConfig:
         """This config with the sha256 of its data files filled in (they enter the hash)."""
-        from optimizer_core.integrations.artifacts import fetch_file
-
         wanted = {k: getattr(self, k) for k in ("calibration", "eval_data") if getattr(self, k)}
         if not wanted or (self.data_sha256 and set(self.data_sha256) == set(wanted)):
             return self
         digests = {}
         with ctx.scratch("data") as tmp:
             for key, uri in wanted.items():
-                path = fetch_file(uri, tmp / f"{key}.npz", endpoint_url=ctx.s3_endpoint_url)
+                path = ctx.fetch_file(uri, tmp / f"{key}.npz")
                 digests[key] = file_sha256(path)
         return dataclasses.replace(self, data_sha256=digests)
 
@@ -141,6 +143,10 @@ class StageContext:
     allow_variant_source: bool = False  # optimize a version graphtrim itself registered
     force_promotion: bool = False  # move the champion even where a person holds it
     child_timeout: float = 1800.0  # seconds for one variant's build or gates in a child process
+    # credentials of this context's tracking server and S3 connection: they go to the clients
+    # built here and nowhere else (not the process environment, not :meth:`to_json`)
+    mlflow_auth: MlflowAuth | None = dataclasses.field(default=None, repr=False, compare=False)
+    s3_auth: S3Auth | None = dataclasses.field(default=None, repr=False, compare=False)
 
     def say(self, line: str) -> None:
         if self.progress is not None:
@@ -149,12 +155,30 @@ class StageContext:
     def store(self) -> Any:
         from optimizer_core.integrations.artifacts import open_store
 
-        return open_store(self.artifacts, endpoint_url=self.s3_endpoint_url)
+        return open_store(self.artifacts, endpoint_url=self.s3_endpoint_url, auth=self.s3_auth)
 
     def registry(self) -> Any:
         from optimizer_core.integrations.registry import Registry
 
-        return Registry(self.tracking_uri)
+        return Registry(self.tracking_uri, auth=self.mlflow_auth, s3=self.s3_auth)
+
+    def mlflow_client(self) -> Any:
+        """An ``MlflowClient`` for this context's tracking server, with its credentials."""
+        from optimizer_core.integrations.registry import mlflow_client
+
+        return mlflow_client(self.tracking_uri, self.mlflow_auth, s3=self.s3_auth)
+
+    def fetch(self, uri: str, dest: str | os.PathLike[str]) -> Path:
+        """The model entry at ``uri`` in ``dest``, fetched with this context's S3 connection."""
+        from optimizer_core.integrations.artifacts import fetch
+
+        return fetch(uri, dest, endpoint_url=self.s3_endpoint_url, auth=self.s3_auth)
+
+    def fetch_file(self, uri: str, dest: str | os.PathLike[str]) -> Path:
+        """A single file at ``uri`` as a local path (see ``artifacts.fetch_file``)."""
+        from optimizer_core.integrations.artifacts import fetch_file
+
+        return fetch_file(uri, dest, endpoint_url=self.s3_endpoint_url, auth=self.s3_auth)
 
     @contextmanager
     def scratch(self, stage: str) -> Iterator[Path]:

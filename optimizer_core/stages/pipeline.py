@@ -22,6 +22,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from optimizer_core.redact import redact
 from optimizer_core.stages.context import (
     PipelineConfig,
     PipelineError,
@@ -39,9 +40,7 @@ T = "graphtrim."  # tag prefix of every lineage tag
 
 
 def _client(ctx: StageContext) -> Any:
-    from mlflow import MlflowClient
-
-    return MlflowClient(tracking_uri=ctx.tracking_uri, registry_uri=ctx.tracking_uri)
+    return ctx.mlflow_client()  # with the context's own credentials
 
 
 def _artifact_location(ctx: StageContext) -> str | None:
@@ -139,7 +138,9 @@ def _close_dead_runs(client: Any, experiment_id: str) -> list[str]:
         if why is None:
             continue
         with contextlib.suppress(Exception):
-            client.set_tag(run.info.run_id, T + "error", f"ended without closing this run: {why}")
+            client.set_tag(
+                run.info.run_id, T + "error", redact(f"ended without closing this run: {why}")
+            )
             client.set_terminated(run.info.run_id, status="KILLED")
             closed.append(str(run.info.run_id))
             logger.warning("closed pipeline run %s: %s", run.info.run_id, why)
@@ -186,7 +187,7 @@ def _stage(
         status = "FAILED" if isinstance(exc, Exception) else "KILLED"
         with contextlib.suppress(Exception):
             client.set_tag(run_id, T + "failed_stage", name)
-            client.set_tag(run_id, T + "error", f"{type(exc).__name__}: {exc}"[:5000])
+            client.set_tag(run_id, T + "error", redact(f"{type(exc).__name__}: {exc}")[:5000])
             client.set_terminated(run_id, status=status)
         raise
     client.set_tag(run_id, T + "last_stage", name)
@@ -309,7 +310,6 @@ def _check_data(ctx: StageContext, config: PipelineConfig, folder: Path, tmp: Pa
     """Calibration and evaluation files against the registered model's input signature, before
     the export runs: a wrong file fails in seconds with one line, and no run is opened."""
     from optimizer_core.data import check_data, input_specs, specs_from_signature
-    from optimizer_core.integrations.artifacts import fetch_file
     from optimizer_core.stages.export import _mlmodel
 
     wanted = {
@@ -329,7 +329,7 @@ def _check_data(ctx: StageContext, config: PipelineConfig, folder: Path, tmp: Pa
         ctx.say("export: the model has no input signature: data files are checked after export")
         return
     for role, uri in wanted.items():
-        path = fetch_file(uri, tmp / f"{role}.npz", endpoint_url=ctx.s3_endpoint_url)
+        path = ctx.fetch_file(uri, tmp / f"{role}.npz")
         check_data(path, specs, role=role)
 
 
@@ -379,7 +379,7 @@ def export(ctx: StageContext, config: PipelineConfig, model_uri: str) -> dict[st
                 client.set_tag(run_id, T + "reused", ",".join(sorted(reused)))
             onnx_path = tmp / "onnx" / "model.onnx"
             info = to_onnx(
-                folder, onnx_path, registry=registry.tracking_uri, fx_simplify=config.fx_simplify
+                folder, onnx_path, registry=registry.where, fx_simplify=config.fx_simplify
             )
             read_proto(onnx_path)  # the exported file is a valid model before anything refers to it
             stored = store.put_model(
@@ -408,9 +408,7 @@ def _params(values: Mapping[str, Any]) -> list[Any]:
 
 
 def _fetch(ctx: StageContext, record: Mapping[str, Any], dest: Path) -> Path:
-    from optimizer_core.integrations.artifacts import fetch
-
-    return fetch(record["model"]["uri"], dest, endpoint_url=ctx.s3_endpoint_url)
+    return ctx.fetch(record["model"]["uri"], dest)
 
 
 def optimize(
@@ -485,17 +483,14 @@ def optimize(
 def _data(ctx: StageContext, config: PipelineConfig, model: Path, tmp: Path) -> tuple[Any, Any]:
     """(calibration, evaluation) data for ``model``; random inputs when none is configured."""
     from optimizer_core.data import input_specs, load_npz, random_data
-    from optimizer_core.integrations.artifacts import fetch_file
 
     specs = input_specs(model)
     calib = evald = None
     if config.calibration:
-        path = fetch_file(
-            config.calibration, tmp / "calibration.npz", endpoint_url=ctx.s3_endpoint_url
-        )
+        path = ctx.fetch_file(config.calibration, tmp / "calibration.npz")
         calib = load_npz(path, specs)
     if config.eval_data:
-        path = fetch_file(config.eval_data, tmp / "eval.npz", endpoint_url=ctx.s3_endpoint_url)
+        path = ctx.fetch_file(config.eval_data, tmp / "eval.npz")
         evald = load_npz(path, specs)
     if evald is None:
         evald = calib if calib is not None else random_data(specs, batches=8)
@@ -577,8 +572,11 @@ def quantize(
         for variant, build in zip(wanted, builds, strict=True):
             if isinstance(build, BaseException):
                 logger.warning("quantize: %s could not be built: %s", variant, build)
-                out[variant] = {"model": None, "error": f"{type(build).__name__}: {build}"}
-                client.set_tag(run_id, f"{T}build_error.{variant}", str(build)[:5000])
+                out[variant] = {
+                    "model": None,
+                    "error": redact(f"{type(build).__name__}: {build}"),
+                }
+                client.set_tag(run_id, f"{T}build_error.{variant}", redact(build)[:5000])
                 continue
             dst = tmp / "variants" / variant / "model.onnx"
             stored = store.put_model(
@@ -935,7 +933,9 @@ def register(
                     client.set_tag(run_id, f"{T}verdict.{variant}", text)
             if not summary["passed"]:
                 failed[variant] = summary["reasons"] or ["failed"]
-                client.set_tag(run_id, f"{T}failed.{variant}", "; ".join(failed[variant])[:5000])
+                client.set_tag(
+                    run_id, f"{T}failed.{variant}", redact("; ".join(failed[variant]))[:5000]
+                )
                 continue
             if summary.get("registered"):  # registered by an earlier run under this key
                 registered[variant] = dict(summary["registered"])
