@@ -34,7 +34,6 @@ from google.protobuf.message import DecodeError
 from optimizer_core.errors import InvalidModelError
 from optimizer_core.graph.shape_inference import SHAPES_INFERRED, more_specific
 
-MIN_OPSET = 7
 # protobuf refuses messages over 2 GiB; keep a margin for the graph itself
 PROTO_LIMIT_BYTES = 1_800_000_000
 
@@ -258,6 +257,8 @@ def _check_types(proto: onnx.ModelProto, path: Path) -> None:
             ) + inside
             typed = _TYPE_ATTRIBUTES.get(node.op_type, {}) if node.domain in ("", "ai.onnx") else {}
             for attr in node.attribute:
+                if attr.ref_attr_name:
+                    continue  # in a function body: the value comes from the calling node
                 if attr.type == onnx.AttributeProto.TENSOR:
                     tensor(attr.t, f"attribute '{attr.name}' of {label}")
                 elif attr.type == onnx.AttributeProto.TENSORS:
@@ -303,14 +304,14 @@ def _read_validated(path: str | os.PathLike[str]) -> tuple[onnx.ModelProto, byte
         raise InvalidModelError.at(p, f"not an ONNX model (protobuf parse failed: {exc})") from exc
     if proto.ir_version <= 0 or (not proto.graph.node and not proto.graph.output):
         raise InvalidModelError.at(p, "not an ONNX model (no IR version or empty graph)")
+    # a model without a default-domain opset (only ai.onnx.ml, say) or older than the passes
+    # support (graph.opset.MIN_OPSET) is valid: it is checked like any other and optimize writes
+    # it out unchanged (graph.opset.passthrough_reason); one newer than this onnx is refused
     opsets = {o.domain or "": o.version for o in proto.opset_import}
     default = opsets.get("", opsets.get("ai.onnx"))
-    if default is None:
-        raise InvalidModelError.at(p, "the model imports no default-domain opset")
-    if not MIN_OPSET <= default <= max_opset():
+    if default is not None and not 1 <= default <= max_opset():
         raise InvalidModelError.at(
-            p,
-            f"unsupported opset {default}: graphtrim supports opsets {MIN_OPSET} to {max_opset()}",
+            p, f"unsupported opset {default}: graphtrim reads opsets 1 to {max_opset()}"
         )
     external = _check_external_data(proto, p)
     _check_types(proto, p)

@@ -28,7 +28,12 @@ import numpy as np
 import onnx
 
 from optimizer_core.data import CalibrationReader, Feeds
-from optimizer_core.errors import GraphtrimError, InvalidModelError, VerificationError
+from optimizer_core.errors import (
+    GraphtrimError,
+    InvalidModelError,
+    PassFailure,
+    VerificationError,
+)
 from optimizer_core.quantize.agreement import Agreement, measure_agreement
 from optimizer_core.quantize.sensitivity import NodeError, node_errors
 
@@ -298,8 +303,14 @@ def _int8_static(
         del tmp
 
 
-def fp16_overflow_nodes(src: Path, feeds: Sequence[Feeds]) -> list[str]:
-    """Nodes whose float outputs on ``feeds`` leave the fp16 range (with a 2x margin)."""
+def fp16_overflow_nodes(
+    src: Path, feeds: Sequence[Feeds], *, workdir: Path | None = None
+) -> list[str]:
+    """Nodes whose float outputs on ``feeds`` leave the fp16 range (with a 2x margin).
+
+    A copy of the model with every float value as an output is written under ``workdir`` (the
+    system's temporary folder without it): a build passes its staging folder, which a killed
+    run's successor removes."""
     import onnxruntime as ort
 
     from optimizer_core.runtime import session_options
@@ -319,7 +330,7 @@ def fp16_overflow_nodes(src: Path, feeds: Sequence[Feeds]) -> list[str]:
         model.graph.output.append(
             onnx.helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, None)
         )
-    with tempfile.TemporaryDirectory(prefix="graphtrim-fp16-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="graphtrim-fp16-", dir=workdir) as tmp:
         path = os.path.join(tmp, "m.onnx")
         onnx.save(model, path, save_as_external_data=model.ByteSize() > 1_500_000_000)
         sess = ort.InferenceSession(
@@ -543,7 +554,7 @@ def build_variant(
 
         excluded = list(cfg.nodes_to_exclude)
         if variant == "fp16":
-            overflow = fp16_overflow_nodes(pre, feeds[:8])
+            overflow = fp16_overflow_nodes(pre, feeds[:8], workdir=stage)
             if overflow:
                 _say(progress, f"fp16: {len(overflow)} node(s) exceed the fp16 range: kept in fp32")
             excluded = sorted(set(excluded) | set(overflow))
@@ -580,7 +591,16 @@ def build_variant(
                     logging.getLogger().removeFilter(advice)
                 clean = work / target.name
                 _say(progress, f"{variant}: cleaning up after the conversion")
-                cleaned = optimize_file(raw, clean, preset="safe", check=True)
+                try:
+                    cleaned = optimize_file(raw, clean, preset="safe", check=True)
+                except (VerificationError, PassFailure):
+                    raise  # a pass changed results or crashed: graphtrim's fault, said as such
+                except GraphtrimError as exc:
+                    # the converter wrote a model that cannot be read or loaded: this variant
+                    # cannot be built (the others of a ``variants`` run go on)
+                    raise QuantizeError(
+                        f"{variant}: the converted model is unusable: {exc}"
+                    ) from exc
                 return clean, cleaned.to_json()
 
             _say(progress, f"{variant}: attempt {number}, {len(excluded)} node(s) kept in float")

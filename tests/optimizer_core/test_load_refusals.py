@@ -267,6 +267,27 @@ def test_valid_type_attributes_still_load(tmp_path, capsys):
     assert capsys.readouterr().err == ""
 
 
+def test_type_attribute_taken_from_a_function_call_loads(tmp_path, capsys):
+    """In a function body ``Cast(to=@to)`` refers to the caller's attribute: its own value
+    (0) names no type and must not be refused."""
+    ref = onnx.AttributeProto()
+    ref.name, ref.ref_attr_name, ref.type = "to", "to", onnx.AttributeProto.INT
+    cast = oh.make_node("Cast", ["a"], ["b"])
+    cast.attribute.append(ref)
+    fn = oh.make_function(
+        "local", "CastTo", ["a"], ["b"], [cast], [oh.make_opsetid("", 17)], attributes=["to"]
+    )
+    proto = _model(
+        [oh.make_node("CastTo", ["x"], ["y"], domain="local", to=FLOAT)],
+        opsets={"": 17, "local": 1},
+    )
+    proto.functions.append(fn)
+    src = _save(proto, tmp_path / "fn.onnx")
+    load_model(src)
+    assert main(["optimize", str(src), "-o", str(tmp_path / "o.onnx"), "--verify", "-q"]) == 0
+    assert capsys.readouterr().err == ""
+
+
 # ---- quantize (and variants) on a model onnxruntime cannot load -----------------------------
 
 
@@ -550,3 +571,22 @@ def test_agreement_that_cannot_be_measured_says_why(tmp_path):
     measured = measure_agreement(src, src, feeds)
     assert measured.measured and measured.min_cosine == pytest.approx(1.0)
     assert set(measured.outputs) == {"y"}  # the string output has no distance
+
+
+def test_a_converter_output_that_cannot_be_read_fails_that_variant(tmp_path, monkeypatch):
+    """What the converter writes is not the user's input: a model it writes that cannot be read
+    fails the variant (QuantizeError: the ``variants`` command goes on with the others), not
+    the command as bad input."""
+    from optimizer_core.quantize import build_variant
+    from optimizer_core.quantize import variants as qv
+    from optimizer_core.quantize.variants import QuantizeError
+
+    def broken_converter(src, dst, cfg, excluded):
+        dst.write_bytes(Path(src).read_bytes()[:40])  # cut short
+
+    monkeypatch.setattr(qv, "_int8_dynamic", broken_converter)
+    src = _matmul(tmp_path / "m.onnx")
+    out = tmp_path / "out" / "q.onnx"
+    with pytest.raises(QuantizeError, match="the converted model is unusable"):
+        build_variant(src, out, "int8-dynamic", probe=False)
+    assert list(out.parent.iterdir()) == []
