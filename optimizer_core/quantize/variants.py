@@ -4,9 +4,10 @@ Every variant starts from graphtrim's optimized model (verified against the sour
 fp16 conversions run on it, then graphtrim's exact passes clean up after them, verified against
 the converted model. Every built variant is compared with the float model it came from (on the
 calibration feeds, else on seeded random inputs): the build record's ``agreement`` holds the
-numbers, or says why they could not be measured. With an accuracy check, a failing int8/fp16 variant is rebuilt with the
-nodes that add the most error kept in float, up to ``max_attempts`` builds; every attempt is
-recorded. The output appears at its path only when complete.
+numbers, or says why they could not be measured. With an accuracy check, a failing int8/fp16
+variant is rebuilt with the nodes that add the most error kept in float, up to
+``max_attempts`` builds; every attempt is recorded. The output appears at its path only when
+complete, built in a staging folder beside it (:func:`optimizer_core.modelio.staging_dir`).
 """
 
 from __future__ import annotations
