@@ -13,12 +13,15 @@ from pathlib import Path
 from typing import Any
 
 import onnx
+import onnx_ir as ir
 
 from optimizer_core import __version__
 from optimizer_core.errors import GraphtrimError, VerificationError, VerificationUnavailable
 from optimizer_core.graph.framework import ChangeLog, Instrument, OptimizeOptions, ProgressFn
 from optimizer_core.graph.metadata import StrippedMetadata, strip_debug_metadata_stats
+from optimizer_core.graph.opset import passthrough_reason
 from optimizer_core.graph.optimize import optimize_model
+from optimizer_core.graph.presets import resolve
 from optimizer_core.modelio import (
     input_files,
     load_model,
@@ -93,6 +96,64 @@ def _check_paths(src: Path, dst: Path, proto: onnx.ModelProto) -> None:
     refuse_overwrite(src, dst, proto)
 
 
+def _pass_through(
+    src: Path,
+    dst: Path,
+    proto: onnx.ModelProto,
+    src_files: Sequence[Path],
+    reason: str,
+    *,
+    preset: str,
+    passes: Sequence[str] | None,
+    skip: Sequence[str],
+    options: OptimizeOptions | None,
+    check: bool,
+    progress: ProgressFn | None,
+) -> OptimizeReport:
+    """Write the input to ``dst`` unchanged: the file's own bytes when it has no external data,
+    else the same graph with its weights in ``<dst>.data`` (as every output keeps them)."""
+    resolve(preset, passes, skip)  # unknown preset or pass names are refused all the same
+    if progress is not None:
+        progress(f"passed through: {reason}")
+    start = time.perf_counter()
+    model = ir.serde.deserialize_model(proto)
+    external = len(src_files) > 1
+    if external:
+        ir.external_data.set_base_dir(model.graph, str(src.parent.resolve()))
+    log = ChangeLog(
+        preset=preset if not passes else "custom",
+        passes=[],
+        notes=[f"passed through: {reason}"],
+        target={"target": (options or OptimizeOptions()).target},
+        passed_through=reason,
+    )
+    if check:
+        # nothing to compare: the output computes what the input computes by construction
+        log.notes.append("not verified: the output is the input unchanged")
+    staging = staging_dir(dst)
+    try:
+        if external:
+            staged = save_model(model, staging / dst.name)
+        else:
+            staged = [staging / dst.name]
+            shutil.copyfile(src, staged[0])
+        report = OptimizeReport(
+            str(src),
+            str(dst),
+            ModelStats.of(model, src_files),
+            ModelStats.of(model, staged),
+            log,
+            time.perf_counter() - start,
+        )
+        for path in reversed(staged):  # data file first, then the model that refers to it
+            os.replace(path, dst.parent / path.name)
+        if len(staged) == 1:  # no external data: drop a stale one from an earlier run
+            dst.with_name(dst.name + ".data").unlink(missing_ok=True)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return report
+
+
 def optimize_file(
     src: str | os.PathLike[str],
     dst: str | os.PathLike[str],
@@ -111,8 +172,11 @@ def optimize_file(
 ) -> OptimizeReport:
     """Optimize the model at ``src`` into ``dst``.
 
-    The input is never written. With ``check`` the saved result is compared with the input in
-    onnxruntime; with ``check_each_pass`` every pass is checked and the first one to change
+    The input is never written. A valid model the passes do not handle (no default-domain
+    opset, or one below :data:`~optimizer_core.graph.opset.MIN_OPSET`) is written out unchanged
+    and the report says why (``log.passed_through``); there is nothing to verify then. With
+    ``check`` the saved result is compared with the input in onnxruntime; with
+    ``check_each_pass`` every pass is checked and the first one to change
     results is named. Either failure raises :class:`VerificationError` and leaves no output.
     Exporter debug metadata (node ``metadata_props``, doc strings: see
     :mod:`optimizer_core.graph.metadata`) is removed from the output unless ``keep_metadata``;
@@ -129,6 +193,24 @@ def optimize_file(
     proto = read_proto(src_p)
     _check_paths(src_p, dst_p, proto)
     src_files = input_files(src_p, proto)  # with every external data file the model names
+    reason = passthrough_reason(
+        {o.domain or "": o.version for o in proto.opset_import},
+        options.target_opset if options is not None else None,
+    )
+    if reason is not None:
+        return _pass_through(
+            src_p,
+            dst_p,
+            proto,
+            src_files,
+            reason,
+            preset=preset,
+            passes=passes,
+            skip=skip,
+            options=options,
+            check=check or check_each_pass,
+            progress=progress,
+        )
     del proto
     start = time.perf_counter()
     model = load_model(src_p)

@@ -134,6 +134,8 @@ class ChangeLog:
     notes: list[str] = dataclasses.field(default_factory=list)
     # the target profile and what it applied (see ``optimizer_core.graph.targets``)
     target: dict[str, Any] = dataclasses.field(default_factory=dict)
+    # why no pass ran and the model was left as it is (see ``graph.opset.passthrough_reason``)
+    passed_through: str | None = None
 
     def fusions(self) -> dict[str, int]:
         """Rules fired by passes that are not exact (the fusions), with their counts."""
@@ -171,6 +173,7 @@ class ChangeLog:
             "converged": self.converged,
             "seconds": round(self.seconds, 6),
             "notes": self.notes,
+            "passed_through": self.passed_through,
             "target": self.target,
             "fusions": self.fusions(),
             "per_pass": self.per_pass(),
@@ -178,10 +181,15 @@ class ChangeLog:
         }
 
     def summary(self) -> str:
+        if self.passed_through is not None:
+            head = f"passed through: {self.passed_through}; the output is the input unchanged"
+            rest = [f"  note: {n}" for n in self.notes if not n.startswith("passed through:")]
+            return "\n".join([head, *rest])
         lines = [
             f"preset {self.preset}: {self.iterations} iteration(s), "
             f"{'converged' if self.converged else 'NOT converged'}, {self.seconds:.3f} s"
         ]
+        lines.extend(f"  note: {note}" for note in self.notes)
         if self.target.get("kept"):
             t = self.target
             lines.append(
@@ -221,7 +229,10 @@ class FixedPointDriver(GraphtrimPass):
     """Runs ``passes`` in order until none modifies the model, at most ``max_iterations`` times.
 
     ``per_iteration`` passes (shape inference) run at the start of each iteration and do not
-    count as a change.
+    count as a change. ``repairs`` run after every pass that changed the model, so that what a
+    rewrite made visible to a runtime's static checks still loads (see
+    :mod:`optimizer_core.graph.passes.scalar_inputs`); their rewrites are credited to that pass
+    as rules ``<repair>:<rule>``.
     """
 
     name = "fixed-point"
@@ -234,6 +245,7 @@ class FixedPointDriver(GraphtrimPass):
         preset: str = "custom",
         options: OptimizeOptions | None = None,
         per_iteration: Sequence[ir.passes.PassBase] = (),
+        repairs: Sequence[GraphtrimPass] = (),
         instruments: Sequence[Instrument] = (),
         progress: ProgressFn | None = None,
     ):
@@ -241,6 +253,7 @@ class FixedPointDriver(GraphtrimPass):
         self.passes = list(passes)
         self.preset = preset
         self.per_iteration = list(per_iteration)
+        self.repairs = list(repairs)
         self.instruments = list(instruments)
         self.progress = progress
         self.log = ChangeLog(preset=preset, passes=[p.name for p in self.passes])
@@ -282,6 +295,9 @@ class FixedPointDriver(GraphtrimPass):
                     raise
                 except Exception as exc:
                     raise PassFailure(pass_.name, history, exc) from exc
+                rules = dict(pass_.rule_counts)
+                if result.modified:
+                    rules.update(self._repair(model, [*history, pass_.name]))
                 seconds = time.perf_counter() - t0
                 after = _node_count(model)
                 removed = u.removed_so_far() - removed_before
@@ -293,7 +309,7 @@ class FixedPointDriver(GraphtrimPass):
                     nodes_after=after,
                     nodes_removed=removed,
                     nodes_added=after - before + removed,
-                    rules=dict(pass_.rule_counts),
+                    rules=rules,
                     seconds=seconds,
                 )
                 self.log.records.append(record)
@@ -328,3 +344,16 @@ class FixedPointDriver(GraphtrimPass):
             logger.warning(msg)
         self.log.seconds = time.perf_counter() - start
         return any_change
+
+    def _repair(self, model: ir.Model, history: Sequence[str]) -> dict[str, int]:
+        rules: dict[str, int] = {}
+        for repair in self.repairs:
+            try:
+                repair(model)
+            except GraphtrimError:
+                raise
+            except Exception as exc:
+                raise PassFailure(repair.name, history, exc) from exc
+            for rule, n in repair.rule_counts.items():
+                rules[f"{repair.name}:{rule}"] = n
+        return rules

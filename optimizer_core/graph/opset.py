@@ -8,6 +8,8 @@ conversion, which is why the upgrade runs only when asked for.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import onnx
 import onnx.helper
 import onnx.version_converter
@@ -15,6 +17,31 @@ import onnx_ir as ir
 
 from optimizer_core.errors import GraphtrimError
 from optimizer_core.graph import _ir_utils as u
+
+# the lowest default-domain opset the passes are written for (older models pass through)
+MIN_OPSET = 7
+
+
+def passthrough_reason(
+    opset_imports: Mapping[str, int], target_opset: int | None = None
+) -> str | None:
+    """Why the passes leave a valid model with these opset imports as it is, or ``None``.
+
+    A model that imports no default-domain opset (only ``ai.onnx.ml``, say) has nothing the
+    passes rewrite; one below :data:`MIN_OPSET` predates the op definitions they assume
+    (unless ``target_opset`` raises it to a supported opset first). Such a model is written out
+    unchanged, never refused.
+    """
+    default = opset_imports.get("", opset_imports.get("ai.onnx"))
+    if default is None:
+        imported = ", ".join(f"{d} {v}" for d, v in sorted(opset_imports.items())) or "none"
+        return (
+            f"the model imports no default-domain opset ({imported}); "
+            "the passes rewrite default-domain ops only"
+        )
+    if default < MIN_OPSET and (target_opset is None or target_opset < MIN_OPSET):
+        return f"opset {default} is below the lowest opset the passes support ({MIN_OPSET})"
+    return None
 
 
 def min_ir_version(opset: int) -> int:

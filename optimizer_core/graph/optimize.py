@@ -16,7 +16,8 @@ from optimizer_core.graph.framework import (
     OptimizeOptions,
     ProgressFn,
 )
-from optimizer_core.graph.opset import upgrade_opset
+from optimizer_core.graph.opset import passthrough_reason, upgrade_opset
+from optimizer_core.graph.passes.scalar_inputs import ScalarInputs
 from optimizer_core.graph.presets import build, resolve
 from optimizer_core.graph.shape_inference import ShapeInference
 from optimizer_core.graph.targets import apply_ort_target, record_metadata
@@ -67,14 +68,28 @@ def optimize_model(
         options: folding budgets, iteration cap and the like.
         instruments: hooks called after every pass (e.g. per-pass verification).
         progress: called with a short line before each pass.
+
+    A model the passes do not handle (see :func:`~optimizer_core.graph.opset.passthrough_reason`)
+    comes back untouched, ``modified`` false, with the reason in ``log.passed_through``.
     """
     options = options or OptimizeOptions()
     names = resolve(preset, passes, skip)
+    reason = passthrough_reason(dict(model.opset_imports), options.target_opset)
+    if reason is not None:
+        log = ChangeLog(
+            preset=preset if not passes else "custom",
+            passes=[],
+            notes=[f"passed through: {reason}"],
+            target={"target": options.target},
+            passed_through=reason,
+        )
+        return OptimizeResult(model=model, log=log, modified=False)
     driver = FixedPointDriver(
         build(names, options),
         preset=preset if not passes else "custom",
         options=options,
         per_iteration=[ShapeInference(only_if_unknown=True)],
+        repairs=[ScalarInputs(options)],
         instruments=instruments,
         progress=progress,
     )

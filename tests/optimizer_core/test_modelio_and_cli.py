@@ -256,7 +256,7 @@ REFUSALS = {
     "length-too-small": (_entry("length", "4"), "length 4 of tensor 'W' does not match"),
     "length-too-large": (_entry("length", "16388"), "length 16388 of tensor 'W' does not match"),
     "no-length-short-file": (_entry("length", None, truncate=True), "too short for tensor 'W'"),
-    "opset-5": (_opset(5), "unsupported opset 5"),
+    "opset-0": (_opset(0), "unsupported opset 0"),
     "opset-99": (_opset(99), "unsupported opset 99"),
     "missing-input": (_missing_input, "no such file"),
     "directory": (_directory, "not a regular file"),

@@ -22,6 +22,22 @@ def _tensor_key(t: Any) -> Any:
     return ("T", int(t.dtype), tuple(t.shape.numpy()), t.tobytes())
 
 
+# attributes whose values onnx_ir keeps as unhashable objects (a ``TypeAndShape`` such as
+# ``Optional``'s ``type``, sparse tensors): keyed by their serialized form
+_SERIALIZED_ATTRS = frozenset(
+    {
+        ir.AttributeType.TYPE_PROTO,
+        ir.AttributeType.TYPE_PROTOS,
+        ir.AttributeType.SPARSE_TENSOR,
+        ir.AttributeType.SPARSE_TENSORS,
+    }
+)
+
+
+def _serialized_key(attr: ir.Attr) -> Any:
+    return ("S", ir.serde.serialize_attribute(attr).SerializeToString(deterministic=True))
+
+
 def _attr_key(attr: ir.Attr) -> Any:
     if attr.type in (ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS):
         return None  # never reached: nodes with subgraphs are skipped
@@ -30,10 +46,15 @@ def _attr_key(attr: ir.Attr) -> Any:
         return _tensor_key(attr.value)
     if attr.type == ir.AttributeType.TENSORS:
         return tuple(_tensor_key(t) for t in attr.value)
+    if attr.type in _SERIALIZED_ATTRS:
+        return _serialized_key(attr)
     value = attr.value
-    if isinstance(value, list | tuple):
-        return tuple(value)
-    return value
+    key = tuple(value) if isinstance(value, list | tuple) else value
+    try:
+        hash(key)
+    except TypeError:  # an attribute kind not listed above: compare what would be saved
+        return _serialized_key(attr)
+    return key
 
 
 def _node_key(node: ir.Node) -> Any:
@@ -119,9 +140,9 @@ class CommonSubexpressionElimination(GraphtrimPass):
                 continue
             try:
                 key = _node_key(node)
-            except Exception:
+                first = seen.get(key)  # hashes the key
+            except Exception:  # a node whose attributes cannot be compared stays as it is
                 continue
-            first = seen.get(key)
             if first is None:
                 seen[key] = node
                 continue

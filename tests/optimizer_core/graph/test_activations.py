@@ -338,10 +338,10 @@ def test_opset11_input_form_clip():
     assert_equivalent(proto, out, dim_values={"N": 3})
 
 
-def test_opset6_attribute_form_clip():
+def test_opset10_attribute_form_clip():
     proto = parse(
         """
-        <ir_version: 3, opset_import: ["" : 6]>
+        <ir_version: 5, opset_import: ["" : 10]>
         g (float[N, 4] x) => (float[N, 4] y, float[N, 4] z, float[N, 4] w) {
           a = Relu(x)
           y = Clip<min = 0.0>(a)
@@ -367,11 +367,11 @@ def test_opset6_attribute_form_clip():
     assert_equivalent(proto, out, dim_values={"N": 3})
 
 
-def test_opset6_nested_clip_left_alone():
+def test_opset10_nested_clip_left_alone():
     # the clip-clip rule builds input-form bounds: attribute-form Clips are not merged
     proto = parse(
         """
-        <ir_version: 3, opset_import: ["" : 6]>
+        <ir_version: 5, opset_import: ["" : 10]>
         g (float[N, 4] x) => (float[N, 4] y) {
           a = Clip<min = -1.0, max = 2.0>(x)
           y = Clip<min = 0.0, max = 3.0>(a)
