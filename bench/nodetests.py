@@ -128,7 +128,7 @@ def check_case(item: dict[str, Any], *, workdir: str) -> dict[str, Any]:
             return {**record, "outcome": "crashed", "detail": _first_line(exc)}
         record["seconds"] = round(time.perf_counter() - t0, 4)
         record["nodes"] = [report.before.nodes, report.after.nodes]
-        passed = report.log.passed_through
+        passed = getattr(report.log, "passed_through", None)  # absent before pass-through
         if passed:
             record["passed_through"] = passed
         step(f"{name}: loading the optimized model")
