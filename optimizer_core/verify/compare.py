@@ -182,7 +182,6 @@ class Session:
         so.inter_op_num_threads = 1
         so.log_severity_level = 3
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
-        self.source = model
         source: str | bytes
         if isinstance(model, str | os.PathLike):
             source = str(model)
@@ -396,6 +395,8 @@ def verify(
     per_output = per_output or {}
     if inputs is None and trials < 1:
         raise ValueError(f"trials must be at least 1, got {trials}")
+    # read before the sessions open: the model's protobuf is gone again when they hold its weights
+    random = random_outputs_of(original)
     try:
         ref = Session(original)
     except Exception as exc:
@@ -403,7 +404,9 @@ def verify(
             tol, f"onnxruntime cannot load the reference model: {reason_of(exc)}"
         )
     try:
-        return _verify_with(ref, optimized, inputs, trials, seed, dim_values, tol, per_output)
+        return _verify_with(
+            ref, optimized, inputs, trials, seed, dim_values, tol, per_output, random
+        )
     finally:
         ref.close()
 
@@ -417,6 +420,7 @@ def _verify_with(
     dim_values: Mapping[str, int] | None,
     tol: Tolerance,
     per_output: Mapping[str, Tolerance],
+    random_outputs: Mapping[str, str],
 ) -> VerificationRecord:
     try:
         feeds_list = (
@@ -435,9 +439,7 @@ def _verify_with(
         return VerificationRecord.cannot_verify(
             tol, f"the reference model fails to run on these inputs: {reason_of(exc)}"
         )
-    random = {
-        name: op for name, op in random_outputs_of(ref.source).items() if name in ref.output_names()
-    }
+    random = {name: op for name, op in random_outputs.items() if name in ref.output_names()}
 
     def differs(reason: str) -> VerificationRecord:
         return VerificationRecord(False, 0, [], tol, {}, error=reason, shape_only=random)
