@@ -115,7 +115,7 @@ def _wait_http(url: str, procs: Processes, timeout: float, ok: Any = None) -> No
     while time.monotonic() < deadline:
         procs.check()
         try:
-            r = requests.get(url, timeout=2)
+            r = requests.get(url, timeout=10)
             if r.status_code < 500 and (ok is None or ok(r)):
                 return
         except requests.RequestException:
@@ -301,11 +301,11 @@ def deployment(
                 for name in workers:
                     start_worker(name)
             api = f"http://127.0.0.1:{api_port}"
-            _wait_http(mlflow_url + "/health", procs, 120)
+            _wait_http(mlflow_url + "/health", procs, 600)
             _wait_http(
                 api + "/api/v2/monitor/health",
                 procs,
-                180,
+                600,  # only against a hang: a busy machine starts the scheduler slowly
                 ok=lambda r: r.json().get("scheduler", {}).get("status") == "healthy",
             )
             yield {

@@ -15,8 +15,50 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import requests
+from requests.adapters import HTTPAdapter
+from urllib3.util.retry import Retry
+
+# (connect, read) seconds for one answer of a server a test started: a busy machine (the suite,
+# the server and what else runs on two cores) can take many seconds for an answer that is
+# instant when idle, so a slow answer is waited for and retried, never a test failure by itself
+TIMEOUT = (10.0, 120.0)
+_IDEMPOTENT = frozenset({"GET", "HEAD", "OPTIONS", "PUT", "PATCH", "DELETE"})
+
+
+class _Session(requests.Session):
+    """A session whose requests have :data:`TIMEOUT` unless they name their own."""
+
+    def request(self, method: str | bytes, url: str | bytes, *args: Any, **kw: Any) -> Any:
+        kw.setdefault("timeout", TIMEOUT)
+        return super().request(method, url, *args, **kw)
+
+
+def http_session(*, attempts: int = 6, backoff: float = 1.0) -> requests.Session:
+    """A ``requests`` session for the servers tests start (MLflow, Airflow's API server): a
+    refused connection, a read timeout or a 5xx answer is retried ``attempts`` times with
+    exponential backoff. Connections refused before the request was sent are retried for every
+    method; read timeouts and 5xx only for idempotent ones (a POST that creates something, such
+    as a DAG run, is not sent twice)."""
+    retry = Retry(
+        total=attempts,
+        connect=attempts,
+        read=attempts,
+        status=attempts,
+        other=0,
+        backoff_factor=backoff,
+        backoff_max=30,
+        status_forcelist=(500, 502, 503, 504),
+        allowed_methods=_IDEMPOTENT,
+        raise_on_status=False,
+    )
+    session = _Session()
+    adapter = HTTPAdapter(max_retries=retry)
+    session.mount("http://", adapter)
+    session.mount("https://", adapter)
+    return session
 
 
 def free_port() -> int:
@@ -30,12 +72,14 @@ def _bin(name: str) -> str:
 
 
 def _wait(url: str, proc: subprocess.Popen[bytes], log: Path, timeout: float) -> None:
+    """Poll ``url`` until the server answers; ``timeout`` only guards against a hang (a server
+    that exits fails at once)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"server exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
         try:
-            if requests.get(url, timeout=2).status_code < 500:
+            if requests.get(url, timeout=10).status_code < 500:
                 return
         except requests.RequestException:
             pass
@@ -113,7 +157,7 @@ def mlflow_server(folder: Path, backend: str | None = None) -> Iterator[str]:
         )
     url = f"http://127.0.0.1:{port}"
     try:
-        _wait(url + "/health", proc, log, timeout=120)
+        _wait(url + "/health", proc, log, timeout=600)
         yield url
     finally:
         _stop(proc)
@@ -135,7 +179,7 @@ def moto_server(folder: Path) -> Iterator[str]:
         )
     url = f"http://127.0.0.1:{port}"
     try:
-        _wait(url + "/moto-api/", proc, log, timeout=30)
+        _wait(url + "/moto-api/", proc, log, timeout=300)
         yield url
     finally:
         _stop(proc)

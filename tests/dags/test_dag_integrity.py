@@ -1,5 +1,6 @@
-"""The DAG files: they import cleanly and fast, hold the tasks, params and placement they
-promise, and import nothing heavy at parse time."""
+"""The DAG files: they import cleanly, hold the tasks, params and placement they promise, and
+import nothing heavy at parse time (what keeps them cheap for the scheduler to parse: their
+parse time is not asserted here, it depends on the machine's load)."""
 
 from __future__ import annotations
 
@@ -85,11 +86,11 @@ def test_gpu_stages_are_placed_on_gpu_workers(dagbag: Any) -> None:
 
 
 @pytest.mark.parametrize("path", DAG_FILES, ids=lambda p: p.name)
-def test_dag_file_parses_fast_and_imports_nothing_heavy(path: Path) -> None:
+def test_dag_file_imports_nothing_heavy(path: Path) -> None:
     code = (
-        "import json, sys, time, runpy; t = time.perf_counter(); "
-        f"runpy.run_path({str(path)!r}); dt = time.perf_counter() - t; "
-        "print(json.dumps({'seconds': dt, 'mods': sorted({m.split('.')[0] for m in sys.modules})}))"
+        "import json, sys, runpy; "
+        f"runpy.run_path({str(path)!r}); "
+        "print(json.dumps({'mods': sorted({m.split('.')[0] for m in sys.modules})}))"
     )
     # airflow itself is imported first: its own import time is not the DAG file's
     warm = "import airflow.sdk, airflow.providers.standard.operators.python; "
@@ -99,7 +100,6 @@ def test_dag_file_parses_fast_and_imports_nothing_heavy(path: Path) -> None:
     doc = json.loads(out.stdout.strip().splitlines()[-1])
     heavy = {"torch", "onnxruntime", "mlflow", "boto3", "onnx", "onnx_ir", "transformers"}
     assert not heavy & set(doc["mods"]), sorted(heavy & set(doc["mods"]))
-    assert doc["seconds"] < 2.0, f"{path.name} took {doc['seconds']:.2f} s to parse"
 
 
 GRAPHTRIM_DAGS = [
