@@ -60,6 +60,8 @@ with DAG(
             MlflowRegistryHook().tracking_uri(),
             ".",
             s3_endpoint_url=ArtifactStoreHook().endpoint_url(),
+            mlflow_auth=MlflowRegistryHook().auth(),
+            s3_auth=ArtifactStoreHook().auth(),
         )
         out: list[dict[str, Any]] = []
         for events in (triggering_asset_events or {}).values():

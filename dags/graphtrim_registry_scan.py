@@ -61,6 +61,10 @@ with DAG(
             s3_endpoint_url=ArtifactStoreHook().endpoint_url()
             if str(artifacts or "").startswith("s3://")
             else None,
+            mlflow_auth=MlflowRegistryHook().auth(),
+            s3_auth=ArtifactStoreHook().auth()
+            if str(artifacts or "").startswith("s3://")
+            else None,
         )
         found = unoptimized_versions(
             ctx,

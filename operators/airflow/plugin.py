@@ -89,13 +89,10 @@ def airflow_trigger(dag_id: str, run_id: str, conf: dict[str, Any]) -> str:
 
 def mlflow_version_tags(name: str, version: str) -> dict[str, str]:
     """A model version's tags, read from the MLflow registry."""
-    from mlflow import MlflowClient
-
     from operators.airflow.hooks import MlflowRegistryHook
 
     conn = os.environ.get("GRAPHTRIM_WEBHOOK_MLFLOW_CONN", MlflowRegistryHook.default_conn_name)
-    uri = MlflowRegistryHook(conn).tracking_uri()
-    client = MlflowClient(tracking_uri=uri, registry_uri=uri)
+    client = MlflowRegistryHook(conn).get_client()  # the connection's token, in this client only
     return dict(client.get_model_version(name, str(version)).tags or {})
 
 

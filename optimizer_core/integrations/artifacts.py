@@ -354,7 +354,12 @@ class S3Store:
         self.client = client
 
     def __repr__(self) -> str:
-        return f"S3Store(s3://{self.bucket}/{self.prefix}, endpoint={self.endpoint_url})"
+        return f"S3Store(s3://{self.bucket}/{self.prefix}, endpoint={self._where})"
+
+    @property
+    def _where(self) -> str:
+        """The endpoint as messages show it (credentials masked)."""
+        return redact(self.endpoint_url) if self.endpoint_url else "AWS"
 
     def _key(self, *parts: str) -> str:
         return "/".join(p for p in (self.prefix, *parts) if p)
@@ -372,16 +377,14 @@ class S3Store:
                 code = exc.response.get("Error", {}).get("Code", "")
                 if code in final:
                     raise ArtifactStoreError(
-                        f"S3 {what} failed: {code} (bucket '{self.bucket}', endpoint "
-                        f"{self.endpoint_url or 'AWS'})"
+                        f"S3 {what} failed: {code} (bucket '{self.bucket}', endpoint {self._where})"
                     ) from exc
                 last = exc
             except S3UploadFailedError as exc:  # the managed transfer wraps the client error
                 code = next((c for c in final if f"({c})" in str(exc)), None)
                 if code is not None:
                     raise ArtifactStoreError(
-                        f"S3 {what} failed: {code} (bucket '{self.bucket}', endpoint "
-                        f"{self.endpoint_url or 'AWS'})"
+                        f"S3 {what} failed: {code} (bucket '{self.bucket}', endpoint {self._where})"
                     ) from exc
                 last = exc
             except (BotoCoreError, OSError) as exc:
@@ -391,7 +394,7 @@ class S3Store:
         raise transient(
             ArtifactStoreError(
                 f"S3 {what} failed after {self.attempts} attempts (bucket '{self.bucket}', "
-                f"endpoint {self.endpoint_url or 'AWS'}): {redact(last)}"
+                f"endpoint {self._where}): {redact(last)}"
             )
         ) from last
 

@@ -41,7 +41,7 @@ def conn_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     yield set_conn
 
 
-def test_mlflow_hook_reads_the_connection_and_exports_the_token(
+def test_mlflow_hook_reads_the_connection_and_keeps_the_token_out_of_the_environment(
     conn_env: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from operators.airflow.hooks import MlflowRegistryHook
@@ -57,7 +57,8 @@ def test_mlflow_hook_reads_the_connection_and_exports_the_token(
         },
     )
     assert MlflowRegistryHook("mlflow_prod").tracking_uri() == "http://mlflow.internal:5000"
-    assert os.environ["MLFLOW_TRACKING_TOKEN"] == "t0k"
+    assert MlflowRegistryHook("mlflow_prod").auth().token == "t0k"
+    assert "MLFLOW_TRACKING_TOKEN" not in os.environ
     conn_env("mlflow_local", {"conn_type": "graphtrim_mlflow", "host": "sqlite:////tmp/x.db"})
     assert MlflowRegistryHook("mlflow_local").tracking_uri() == "sqlite:////tmp/x.db"
 
@@ -90,8 +91,10 @@ def test_artifact_hook_uses_the_standard_aws_connection(
         },
     )
     assert ArtifactStoreHook("minio").endpoint_url() == "http://minio:9000"
-    assert os.environ["AWS_ACCESS_KEY_ID"] == "AKIA"
-    assert os.environ["AWS_SECRET_ACCESS_KEY"] == "secret"
+    auth = ArtifactStoreHook("minio").auth()
+    assert (auth.access_key_id, auth.secret_access_key) == ("AKIA", "secret")
+    assert auth.endpoint_url == "http://minio:9000"
+    assert "AWS_ACCESS_KEY_ID" not in os.environ and "AWS_SECRET_ACCESS_KEY" not in os.environ
 
 
 def test_placement() -> None:
