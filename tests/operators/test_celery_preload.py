@@ -21,7 +21,7 @@ def _fresh(code: str, tmp_path: Path, **env: str) -> str:
         [sys.executable, "-c", code],
         capture_output=True,
         text=True,
-        timeout=180,
+        timeout=540,  # only against a hang (inside the test's own limit)
         cwd=REPO,
         env={
             **os.environ,
