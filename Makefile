@@ -6,7 +6,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.graphtrim-installed
 TORCH_PIN := torch==2.13.0
 
-.PHONY: install demo test lint typecheck bench bench-variants bench-scale deployment clean
+.PHONY: install demo test lint typecheck bench bench-variants bench-scale bench-nodetests deployment clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -39,6 +39,10 @@ bench-variants: $(STAMP)
 
 bench-scale: $(STAMP)
 	$(PY) -m bench.scale $(BENCH_ARGS)
+
+# every onnx backend node test that onnxruntime runs, optimized and compared with its expected outputs
+bench-nodetests: $(STAMP)
+	$(PY) -m bench.nodetests $(BENCH_ARGS)
 
 # a distributed deployment on 127.0.0.1 (PostgreSQL, Redis, Celery cpu/gpu workers, MLflow, S3)
 deployment: $(STAMP)
