@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from optimizer_core.errors import GraphtrimError
+from optimizer_core.redact import redact, register_secret
 
 TERMINAL = ("success", "failed")
 
@@ -48,6 +49,8 @@ class AirflowClient:
         self._token = token or env.get("GRAPHTRIM_AIRFLOW_TOKEN")
         self._username = username or env.get("GRAPHTRIM_AIRFLOW_USERNAME")
         self._password = password or env.get("GRAPHTRIM_AIRFLOW_PASSWORD")
+        register_secret(self._token)
+        register_secret(self._password)
 
     def _request(self, method: str, path: str, **kw: Any) -> Any:
         import requests
@@ -63,7 +66,7 @@ class AirflowClient:
             )
         except requests.RequestException as exc:
             raise AirflowApiError(
-                f"cannot reach the Airflow API at {self.url}: {type(exc).__name__}"
+                f"cannot reach the Airflow API at {redact(self.url)}: {type(exc).__name__}"
             ) from exc
         if r.status_code in (401, 403):
             how = (
@@ -90,7 +93,7 @@ class AirflowClient:
             )
         except requests.RequestException as exc:
             raise AirflowApiError(
-                f"cannot reach the Airflow API at {self.url}: {type(exc).__name__}"
+                f"cannot reach the Airflow API at {redact(self.url)}: {type(exc).__name__}"
             ) from exc
         if r.status_code in (401, 403):
             raise AirflowApiError(
@@ -102,6 +105,7 @@ class AirflowClient:
         token = (r.json() or {}).get("access_token")
         if not token:
             raise AirflowApiError("Airflow /auth/token answered without an access_token")
+        register_secret(str(token))
         return str(token)
 
     def trigger(self, dag_id: str, conf: Mapping[str, Any], *, unpause: bool = True) -> DagRun:
@@ -168,6 +172,6 @@ def _detail(r: Any) -> str:
     try:
         doc = r.json()
     except ValueError:
-        return r.text[:300]
+        return redact(r.text[:300])
     detail = doc.get("detail") if isinstance(doc, dict) else doc
-    return str(detail)[:300]
+    return redact(str(detail)[:300])

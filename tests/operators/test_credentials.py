@@ -359,10 +359,10 @@ def test_two_s3_connections_in_one_process_each_sign_with_their_own_keys(
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'unused.db'}")
     onnx_path = _tiny_onnx(tmp_path / "tiny.onnx")
     contexts = {t: _operator(t, f"s3://team-{t}/models").stage_context({}) for t in KEYS}
-    for team in ("a", "b", "a"):
-        ctx = contexts[team]
-        stored = ctx.store().put_model(onnx_path, model="tiny", version="1", stage="export")
-        fetched = ctx.fetch(stored.uri, tmp_path / f"fetched-{team}-{len(os.listdir(tmp_path))}")
+    for i, team in enumerate(("a", "b", "a")):
+        store = contexts[team].store()
+        stored = store.put_model(onnx_path, model="tiny", version="1", stage="export")
+        fetched = store.fetch_model(stored.uri, tmp_path / f"fetched-{i}")
         assert fetched.read_bytes() == onnx_path.read_bytes()
     for team, proxy in two_s3.items():
         assert _key_ids(proxy) == {KEYS[team][0]}, f"endpoint {team.upper()}: {_key_ids(proxy)}"
