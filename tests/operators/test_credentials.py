@@ -366,6 +366,23 @@ def test_two_s3_connections_in_one_process_each_sign_with_their_own_keys(
         assert fetched.read_bytes() == onnx_path.read_bytes()
     for team, proxy in two_s3.items():
         assert _key_ids(proxy) == {KEYS[team][0]}, f"endpoint {team.upper()}: {_key_ids(proxy)}"
+        proxy.records.clear()
+
+    # MLflow's own artifacts, written straight to S3 (an embedded tracking URI puts them beside
+    # graphtrim's): the run's client uses the context's S3 connection too
+    from optimizer_core.stages import pipeline
+
+    for team in ("a", "b", "a"):
+        ctx = contexts[team]
+        client = pipeline._client(ctx)
+        location = pipeline._artifact_location(ctx)
+        assert location == f"s3://team-{team}/models/mlflow-artifacts"
+        experiment = pipeline._experiment_id(client, f"s3-team-{team}", location)
+        run_id = client.create_run(experiment).info.run_id
+        client.log_dict(run_id, {"team": team}, "graphtrim/config.json")
+    for team, proxy in two_s3.items():
+        assert any(m == "PUT" for m, _, _ in proxy.records), "no MLflow artifact reached S3"
+        assert _key_ids(proxy) == {KEYS[team][0]}, f"endpoint {team.upper()}: {_key_ids(proxy)}"
 
 
 def test_hooks_write_nothing_into_the_environment(
