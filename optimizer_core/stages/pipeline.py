@@ -928,6 +928,8 @@ def register(
         for variant, summary in validated["variants"].items():
             if not summary.get("reused"):  # what a re-run reports instead of judging again
                 verdict = {k: summary.get(k) for k in ("passed", "gates", "metrics", "reasons")}
+                if verdict["reasons"]:
+                    verdict["reasons"] = [redact(r) for r in verdict["reasons"]]
                 text = json.dumps(verdict, sort_keys=True)
                 if len(text) <= 5000:
                     client.set_tag(run_id, f"{T}verdict.{variant}", text)
