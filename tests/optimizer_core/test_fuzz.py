@@ -228,7 +228,19 @@ class _Builder:
 # ops after which a value is bit-identical in the optimized model too (no rounding a pass may
 # change): only such values go through a lossy Cast, whose rounding is discontinuous (one float32
 # ulp of difference, from folding or reassociating, can become a float16 ulp)
-EXACT = {"identity", "cast_exact", "cast_lossy", "transpose_pair", "reshape", "add_zero", "mul_one"}
+EXACT = {
+    "identity",
+    "cast_exact",
+    "cast_lossy",
+    "transpose_pair",
+    "reshape",
+    "add_zero",
+    "mul_one",
+    "concat",
+    "slice",
+    "gather",
+    "unsqueeze_squeeze",
+}
 
 
 def _dense_chain(
@@ -259,6 +271,12 @@ def _dense_chain(
                 "binary2",
                 "if",
                 "dead",
+                "softmax",
+                "concat",
+                "slice",
+                "split",
+                "gather",
+                "unsqueeze_squeeze",
             ]
         )
         if op == "unary":
@@ -303,6 +321,27 @@ def _dense_chain(
             cur = b.node(rng.choice(["Add", "Sub", "Mul", "Max"]), [cur, other])[0]
         elif op == "if":
             cur = _if(b, cur, width, batch)
+        elif op == "softmax":
+            cur = b.node("Softmax", [cur], axis=-1)[0]
+        elif op == "concat":
+            cur = b.node("Concat", [cur, rng.choice(same) if same else cur], axis=1)[0]
+            width, same = 2 * width, []
+        elif op == "slice" and width >= 2:
+            half = width // 2
+            starts, ends, axes = (_int_const(b, [v]) for v in (0, half, 1))
+            cur = b.node("Slice", [cur, starts, ends, axes])[0]
+            width, same = half, []
+        elif op == "split" and width % 2 == 0:
+            left, right = b.node("Split", [cur, _int_const(b, [width // 2] * 2)], 2, axis=1)
+            cur = b.node(rng.choice(["Add", "Max"]), [left, right])[0]
+            width, same = width // 2, []
+        elif op == "gather":
+            picks = [rng.randrange(width) for _ in range(rng.randint(1, width))]
+            cur = b.node("Gather", [cur, _int_const(b, picks)], axis=1)[0]
+            width, same = len(picks), []
+        elif op == "unsqueeze_squeeze":
+            axes = _int_const(b, [1])
+            cur = b.node("Squeeze", [b.node("Unsqueeze", [cur, axes])[0], axes])[0]
         elif op == "dead":
             b.node("Relu", [b.node("Add", [cur, b.const(b.weights(width))])[0]])
         exact = exact and op in EXACT
@@ -361,6 +400,10 @@ def _conv_stem(b: _Builder, x: str, channels: int, size: int) -> tuple[str, int]
         if rng.random() < 0.7:
             cur = b.node(rng.choice(["Relu", "Sigmoid", "Tanh"]), [cur])[0]
         channels = out_c
+    if rng.random() < 0.3:
+        cur = b.node("MaxPool", [cur], kernel_shape=[2, 2], pads=[0, 0, 1, 1])[0]
+    if rng.random() < 0.3:
+        return b.node("Flatten", [b.node("GlobalAveragePool", [cur])[0]], axis=1)[0], channels
     return b.node("Flatten", [cur], axis=1)[0], channels * size * size
 
 
