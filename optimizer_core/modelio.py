@@ -31,7 +31,7 @@ import onnx
 import onnx_ir as ir
 from google.protobuf.message import DecodeError
 
-from optimizer_core.errors import InvalidModelError
+from optimizer_core.errors import GraphtrimError, InvalidModelError
 from optimizer_core.graph.shape_inference import SHAPES_INFERRED, more_specific
 
 # protobuf refuses messages over 2 GiB; keep a margin for the graph itself
@@ -68,7 +68,7 @@ def _external_tensors(proto: onnx.ModelProto):
 
 def _check_external_data(proto: onnx.ModelProto, path: Path) -> bool:
     """Refuse unsafe or inconsistent external data; True when the model has any."""
-    base = path.parent.resolve()
+    base = _resolved(path.parent, path, InvalidModelError)
     found = False
     for tensor in _external_tensors(proto):
         found = True
@@ -91,7 +91,7 @@ def _check_external_data(proto: onnx.ModelProto, path: Path) -> bool:
             raise InvalidModelError.at(
                 path, f"tensor '{tensor.name}' points outside the model folder: '{location}'"
             )
-        target = (base / loc).resolve()
+        target = _resolved(base / loc, path, InvalidModelError)
         if os.path.commonpath([base, target]) != str(base):
             raise InvalidModelError.at(
                 path,
@@ -527,10 +527,20 @@ def input_files(path: str | os.PathLike[str], proto: onnx.ModelProto | None = No
     return files
 
 
+def _resolved(path: Path, what: Path, error: type[GraphtrimError] = GraphtrimError) -> Path:
+    """``path`` with its links resolved; a symlink loop (or a path the OS refuses) is an error
+    naming ``what``, not a traceback."""
+    try:
+        return path.resolve()
+    except (RuntimeError, OSError) as exc:  # RuntimeError: "Symlink loop from ..."
+        named = f" (named by {what})" if what != path else ""
+        raise error(f"cannot resolve {path}{named}: {exc}") from exc
+
+
 def _same_file(a: Path, b: Path) -> bool:
     """``a`` and ``b`` are one file: the same path after links are resolved, or the same inode
     (a hard link, another case of the name on a case-insensitive file system)."""
-    if a.resolve() == b.resolve():
+    if _resolved(a, a) == _resolved(b, b):
         return True
     try:
         return a.exists() and b.exists() and os.path.samefile(a, b)

@@ -253,6 +253,47 @@ def standard_attention_nodes(path: Path) -> list[str]:
     ]
 
 
+def _unsorted(graph: onnx.GraphProto, outer: frozenset[str] = frozenset()) -> bool:
+    """Whether a node of ``graph`` (or of a subgraph) reads a value produced by a later node,
+    directly or from inside one of its subgraphs."""
+    produced = {o for n in graph.node for o in n.output if o}
+    known = set(outer) | {i.name for i in graph.input} | {t.name for t in graph.initializer}
+
+    def reads(node: onnx.NodeProto) -> set[str]:
+        names = {i for i in node.input if i}
+        for attr in node.attribute:
+            for sub in [attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs):
+                inner = {o for n in sub.node for o in n.output} | {i.name for i in sub.input}
+                inner |= {t.name for t in sub.initializer}
+                names |= {r for n in sub.node for r in reads(n)} - inner
+        return names
+
+    for node in graph.node:
+        if any(name in produced and name not in known for name in reads(node)):
+            return True
+        known.update(node.output)
+        for attr in node.attribute:
+            for sub in [attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs):
+                if _unsorted(sub, frozenset(known)):
+                    return True
+    return False
+
+
+def _sorted_output(raw: Path) -> Path:
+    """The converter's output with its nodes in topological order. onnxruntime's quantizer
+    appends the nodes it adds, so a value that an ``If``/``Loop`` body reads from the outer
+    graph can end up produced after that node; such a model is valid once sorted."""
+    import onnx_ir as ir
+
+    from optimizer_core.modelio import save_model
+
+    if not _unsorted(onnx.load(str(raw), load_external_data=False).graph):
+        return raw
+    model = ir.load(str(raw))
+    model.graph.sort()  # subgraphs too, with their reads from outer scopes as dependencies
+    return save_model(model, raw.with_name("sorted.onnx"))[0]
+
+
 def _int8_dynamic(src: Path, dst: Path, cfg: QuantizeConfig, excluded: Sequence[str]) -> None:
     from onnxruntime.quantization import quantize_dynamic
 
@@ -590,6 +631,12 @@ def build_variant(
                     ) from exc
                 finally:
                     logging.getLogger().removeFilter(advice)
+                try:
+                    raw = _sorted_output(raw)
+                except Exception as exc:  # the converter wrote something onnx cannot parse
+                    raise QuantizeError(
+                        f"{variant}: the converted model cannot be read: {exc}"
+                    ) from exc
                 clean = work / target.name
                 _say(progress, f"{variant}: cleaning up after the conversion")
                 try:

@@ -42,7 +42,7 @@ import stat
 import subprocess
 import sys
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -176,24 +176,6 @@ def plan(index: int, rng: random.Random | None = None) -> Plan:
 
 
 PLANS = [plan(i) for i in range(CASES)]
-
-# Bugs this test has found that are not fixed yet, each with the signature of its failure: a case
-# that fails with it is reported as an expected failure (xfail) naming the bug; every other
-# failure fails the test. Remove an entry once its bug is fixed.
-KNOWN_BUGS: dict[str, Callable[[Plan, str], bool]] = {
-    # pathlib's resolve() raises RuntimeError on a symlink loop, and the output guard
-    # (modelio.refuse_overwrite) lets it escape: a traceback and exit 1 instead of exit 2
-    "an output path through a symlink loop crashes the output guard": lambda p, printed: (
-        p.output == "symlink_loop" and "RuntimeError: Symlink loop" in printed
-    ),
-    # onnxruntime's quantizer leaves the nodes that a subgraph (an If branch) reads from the
-    # outer scope after the If node, and the build refuses its own unsorted result: a valid
-    # model with an If that reads a quantized MatMul's output cannot be quantized (exit 2)
-    "quantize leaves a node an If branch reads after the If": lambda p, printed: (
-        p.command == "quantize" and "must be topologically sorted" in printed
-    ),
-}
-
 
 # ------------------------------------------------------------------------------ valid models
 
@@ -820,9 +802,6 @@ def test_cli_keeps_its_contract(p: Plan, tmp_path: Path) -> None:
             how = "in process"
             code, printed = run_in_process(case.args)
         broken = check(case, before, code, printed)
-    known = [reason for reason, hit in KNOWN_BUGS.items() if broken and hit(p, printed)]
-    if known:
-        pytest.xfail(f"known bug: {known[0]} (seed {SEED}, {p.id}; {broken})")
     assert not broken, (
         f"seed {SEED}, {p.id} ({how}): graphtrim {' '.join(repr(a) for a in case.args)}\n"
         f"exit {code}; broken: {broken}\n{printed[-3000:]}\n"

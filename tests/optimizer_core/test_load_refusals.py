@@ -112,6 +112,34 @@ def test_nul_byte_location_is_an_invalid_model_error(tmp_path):
         load_model(_nul_location(tmp_path))
 
 
+@pytest.mark.parametrize("command", ["optimize", "quantize"])
+def test_output_through_a_symlink_loop_is_one_line_exit_2(command, tmp_path, capsys):
+    src = _matmul(tmp_path / "in" / "m.onnx")
+    (tmp_path / "loop").symlink_to("loop")  # resolving it raises RuntimeError in pathlib
+    before = snapshot(tmp_path)
+
+    rc = main([command, str(src), "-o", str(tmp_path / "loop" / "o.onnx"), "-q"])
+
+    err = capsys.readouterr().err
+    assert rc == 2, err
+    assert "Symlink loop" in one_line_error(err)
+    assert snapshot(tmp_path) == before
+
+
+def test_external_data_through_a_symlink_loop_is_refused(tmp_path):
+    src = _matmul(tmp_path / "m.onnx")
+    proto = onnx.load(str(src))
+    tensor = proto.graph.initializer[0]
+    tensor.ClearField("raw_data")
+    tensor.data_location = onnx.TensorProto.EXTERNAL
+    tensor.external_data.add(key="location", value="loop/w.bin")
+    _save(proto, src)
+    (tmp_path / "loop").symlink_to("loop")
+
+    with pytest.raises(InvalidModelError, match="Symlink loop|points outside|missing"):
+        load_model(src)
+
+
 # ---- element types that name no ONNX type ---------------------------------------------------
 
 

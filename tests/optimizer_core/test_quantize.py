@@ -769,3 +769,46 @@ def test_fp16_variant_with_fp16_inputs_is_tuned_on_random_inputs(tmp_path):
     build = build_variant(src, dst, "fp16", config=config, calibration=feeds)
     assert build.tuning is not None and set(build.tuning["p50_ms"]) == {"original", "rewritten"}
     assert _session(dst).get_inputs()[0].type == "tensor(float16)"
+
+
+@pytest.mark.parametrize("variant", ["int8-dynamic", "fp16"])
+def test_quantize_model_whose_if_branches_read_a_quantized_matmul(tmp_path, variant):
+    """onnxruntime's quantizer appends the nodes it adds, after an ``If`` whose branches read
+    the MatMul's output from the outer graph; the build sorts them and the variant runs."""
+    rng = np.random.default_rng(0)
+    branch = [
+        oh.make_graph(
+            [oh.make_node(op, ["r"], [op.lower()])],
+            op,
+            [],
+            [oh.make_tensor_value_info(op.lower(), FLOAT, None)],
+        )
+        for op in ("Relu", "Neg")
+    ]
+    graph = oh.make_graph(
+        [
+            oh.make_node("MatMul", ["x", "W"], ["r"]),
+            oh.make_node("ReduceSum", ["x"], ["s"], keepdims=0),
+            oh.make_node("Greater", ["s", "zero"], ["c"]),
+            oh.make_node("If", ["c"], ["y"], then_branch=branch[0], else_branch=branch[1]),
+        ],
+        "g",
+        [oh.make_tensor_value_info("x", FLOAT, ["N", 16])],
+        [oh.make_tensor_value_info("y", FLOAT, ["N", 16])],
+        [
+            onh.from_array(rng.standard_normal((16, 16)).astype(np.float32), "W"),
+            onh.from_array(np.array(0.0, dtype=np.float32), "zero"),
+        ],
+    )
+    src = tmp_path / "if.onnx"
+    onnx.save(oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)]), src)
+    out = tmp_path / "q.onnx"
+
+    assert main(["quantize", str(src), "-o", str(out), "--variant", variant, "--no-tune"]) == 0
+
+    x = rng.standard_normal((4, 16)).astype(np.float32)
+    expected = _session(src).run(None, {"x": x})[0]
+    got = _session(out).run(None, {"x": x})[0]
+    assert got.shape == expected.shape
+    assert np.corrcoef(got.ravel(), expected.ravel())[0, 1] > 0.99
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["if.onnx", "q.onnx"]
