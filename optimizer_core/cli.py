@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import math
 import os
 import sys
 import time
@@ -19,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from optimizer_core import __version__
+from optimizer_core.argtypes import finite_nonneg_float, nonneg_int, positive_int
 from optimizer_core.errors import (
     GraphtrimError,
     InvalidModelError,
@@ -57,47 +57,6 @@ def _bytes(text: str) -> int:
         ) from exc
     if value < 0:
         raise argparse.ArgumentTypeError(f"a byte size cannot be negative: {text!r}")
-    return value
-
-
-def positive_int(text: str) -> int:
-    """argparse ``type=``: an integer of at least 1 (a count of trials, attempts, threads)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
-
-
-def nonneg_int(text: str) -> int:
-    """argparse ``type=``: an integer of at least 0."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
-    return value
-
-
-def finite_nonneg_float(text: str) -> float:
-    """argparse ``type=``: a finite number of at least 0 (a tolerance); nan and inf refused."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not math.isfinite(value) or value < 0:
-        raise argparse.ArgumentTypeError(f"must be a finite number of at least 0, got {text!r}")
-    return value
-
-
-def positive_float(text: str) -> float:
-    """argparse ``type=``: a finite number greater than 0 (a timeout, an interval)."""
-    value = finite_nonneg_float(text)
-    if value == 0:
-        raise argparse.ArgumentTypeError(f"must be greater than 0, got {text!r}")
     return value
 
 
@@ -443,8 +402,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _error_line(kind: str, exc: BaseException) -> None:
-    """``graphtrim: KIND: message`` on one line of stderr (onnxruntime's messages span several)."""
-    print(f"graphtrim: {kind}: {' '.join(str(exc).split())}", file=sys.stderr)
+    """``graphtrim: KIND: message`` on one line of stderr (onnxruntime's messages span several),
+    credentials masked."""
+    from optimizer_core.redact import redact
+
+    print(f"graphtrim: {kind}: {' '.join(redact(str(exc)).split())}", file=sys.stderr)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from optimizer_core.argtypes import positive_float
 from optimizer_core.errors import GraphtrimError
 from optimizer_core.redact import install_log_filter, redact
 
@@ -132,7 +133,7 @@ def _add_pipeline_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--child-timeout",
-        type=float,
+        type=positive_float,
         default=1800.0,
         metavar="SECONDS",
         help="limit for one variant's build or gates, each run in a child process (a crash "
@@ -258,8 +259,12 @@ def add_trigger_parser(sub: Any) -> None:
     tr.add_argument("--eval-data", help=".npz URI the workers can read")
     tr.add_argument("--artifacts", help="artifact store for this run (s3://... or a folder)")
     tr.add_argument("--wait", action="store_true", help="wait for the run and report its result")
-    tr.add_argument("--timeout", type=float, default=3600.0, help="seconds to wait at most")
-    tr.add_argument("--poll", type=float, default=5.0, help="seconds between status checks")
+    tr.add_argument(
+        "--timeout", type=positive_float, default=3600.0, help="seconds to wait at most"
+    )
+    tr.add_argument(
+        "--poll", type=positive_float, default=5.0, help="seconds between status checks"
+    )
     tr.add_argument(
         "--allow-failed-variants",
         action="store_true",

@@ -14,6 +14,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from optimizer_core.argtypes import positive_int
+
 EXIT_OK, EXIT_FAILED = 0, 1
 
 _VARIANT_HELP = (
@@ -65,7 +67,7 @@ def _add_quant_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--max-attempts",
-        type=int,
+        type=positive_int,
         default=3,
         help="builds allowed for the sensitivity fallback when the accuracy gate fails",
     )
@@ -91,7 +93,9 @@ def _add_data_args(p: argparse.ArgumentParser) -> None:
         "default: seeded random inputs",
     )
     p.add_argument("--label-key", default="labels", help="name of the labels array in the .npz")
-    p.add_argument("--batch-size", type=int, default=32, help="batch size for dynamic batch dims")
+    p.add_argument(
+        "--batch-size", type=positive_int, default=32, help="batch size for dynamic batch dims"
+    )
     p.add_argument("--policy", metavar="P.yaml", help="gate policy (default: built-in thresholds)")
     p.add_argument(
         "--device",
@@ -146,7 +150,9 @@ def add_parsers(sub: Any) -> None:
     e.add_argument("reference")
     e.add_argument("variants", nargs="+", metavar="VARIANT")
     e.add_argument("-o", "--out", default="graphtrim-evaluation", help="folder for the reports")
-    e.add_argument("--threads", type=int, default=None, help="intra-op threads (default: policy's)")
+    e.add_argument(
+        "--threads", type=positive_int, default=None, help="intra-op threads (default: policy's)"
+    )
     _add_data_args(e)
 
     v = sub.add_parser(

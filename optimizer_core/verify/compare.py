@@ -17,6 +17,7 @@ made unique in the copy handed to onnxruntime.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import re
 import tempfile
@@ -127,15 +128,25 @@ class VerificationRecord:
         return {
             "ok": self.ok,
             "trials": self.trials,
-            "max_abs_diff": self.max_abs_diff,
-            "max_rel_diff": self.max_rel_diff,
+            "max_abs_diff": _json_number(self.max_abs_diff),
+            "max_rel_diff": _json_number(self.max_rel_diff),
             "tolerance": dataclasses.asdict(self.tolerance),
             "input_shapes": self.input_shapes,
-            "outputs": [dataclasses.asdict(o) for o in self.outputs],
+            "outputs": [
+                {k: _json_number(v) for k, v in dataclasses.asdict(o).items()} for o in self.outputs
+            ],
             "error": self.error,
             "status": self.status,
             "shape_only": dict(self.shape_only),
         }
+
+
+def _json_number(value: Any) -> Any:
+    """JSON has no infinity or NaN: a difference that is not a number (a shape or dtype
+    mismatch, NaN positions that differ) is written as null; the reason says why."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
 
 
 def shape_only_notes(shape_only: Mapping[str, str]) -> list[str]:

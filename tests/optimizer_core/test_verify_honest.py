@@ -25,7 +25,7 @@ from optimizer_core.cli import main
 from optimizer_core.errors import VerificationError
 from optimizer_core.graph.optimize import optimize_model
 from optimizer_core.verify import VerifyEachPass, compare_outputs, verify
-from optimizer_core.verify.compare import Tolerance
+from optimizer_core.verify.compare import Tolerance, VerificationRecord
 
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 
@@ -457,6 +457,30 @@ def test_bad_optimize_arguments_are_refused(arg, tmp_path, capsys):
     assert not out.exists()
 
 
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["quantize", "m.onnx", "-o", "q.onnx", "--max-attempts", "0"],
+        ["quantize", "m.onnx", "-o", "q.onnx", "--batch-size", "-4"],
+        ["evaluate", "m.onnx", "m.onnx", "--threads", "0"],
+        ["pipeline", "run", "--model", "m", "--version", "1", "--child-timeout", "nan"],
+        ["trigger", "--model", "m", "--version", "1", "--timeout", "-1"],
+        ["trigger", "--model", "m", "--version", "1", "--poll", "0"],
+        ["trigger", "--model", "m", "--version", "1", "--poll", "inf"],
+    ],
+    ids=lambda argv: " ".join(argv[i] for i in (0, -2, -1)),
+)
+def test_counts_and_durations_of_the_other_commands_are_checked(argv, tmp_path, capsys):
+    _save(_relu_chain(), tmp_path / "m.onnx")
+    argv = [str(tmp_path / a) if a.endswith(".onnx") else a for a in argv]
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert f"argument {argv[-2]}" in err and "Traceback" not in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx"]
+
+
 def test_verify_refuses_zero_trials_in_the_library():
     proto = _relu_chain()
     with pytest.raises(ValueError, match="at least 1"):
@@ -538,3 +562,12 @@ def test_a_report_that_cannot_be_written_leaves_no_temporary_file(tmp_path, caps
     assert "No space left on device" in line
     assert rep.read_text() == "{}"  # the earlier report is left as it was
     _no_tmp_left(tmp_path)
+
+
+def test_a_shape_mismatch_record_is_valid_json():
+    """JSON has no Infinity: a difference that is no number is null, with the reason beside it."""
+    cmp = compare_outputs("y", np.zeros((2, 2), np.float32), np.zeros(3, np.float32), Tolerance())
+    record = VerificationRecord(False, 1, [cmp], Tolerance(), {})
+    data = json.loads(json.dumps(record.to_json(), allow_nan=False))
+    assert data["max_abs_diff"] is None and data["outputs"][0]["max_abs_diff"] is None
+    assert "shape" in data["outputs"][0]["reason"]

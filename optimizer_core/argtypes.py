@@ -1,0 +1,48 @@
+"""argparse ``type=`` functions shared by the commands: a count must be a count, a tolerance
+finite, a timeout positive. A bad value is argparse's own one-line error and exit 2."""
+
+from __future__ import annotations
+
+import argparse
+import math
+
+
+def positive_int(text: str) -> int:
+    """argparse ``type=``: an integer of at least 1 (a count of trials, attempts, threads)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def nonneg_int(text: str) -> int:
+    """argparse ``type=``: an integer of at least 0."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
+    return value
+
+
+def finite_nonneg_float(text: str) -> float:
+    """argparse ``type=``: a finite number of at least 0 (a tolerance); nan and inf refused."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"must be a finite number of at least 0, got {text!r}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    """argparse ``type=``: a finite number greater than 0 (a timeout, an interval)."""
+    value = finite_nonneg_float(text)
+    if value == 0:
+        raise argparse.ArgumentTypeError(f"must be greater than 0, got {text!r}")
+    return value
