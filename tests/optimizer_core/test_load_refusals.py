@@ -136,7 +136,7 @@ def test_external_data_through_a_symlink_loop_is_refused(tmp_path):
     _save(proto, src)
     (tmp_path / "loop").symlink_to("loop")
 
-    with pytest.raises(InvalidModelError, match="Symlink loop|points outside|missing"):
+    with pytest.raises(InvalidModelError, match="Symlink loop"):
         load_model(src)
 
 
