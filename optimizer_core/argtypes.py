@@ -7,26 +7,24 @@ import argparse
 import math
 
 
-def positive_int(text: str) -> int:
-    """argparse ``type=``: an integer of at least 1 (a count of trials, attempts, threads)."""
+def _int_at_least(text: str, minimum: int) -> int:
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    if value < minimum:
+        raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {value}")
     return value
+
+
+def positive_int(text: str) -> int:
+    """argparse ``type=``: an integer of at least 1 (a count of trials, attempts, threads)."""
+    return _int_at_least(text, 1)
 
 
 def nonneg_int(text: str) -> int:
     """argparse ``type=``: an integer of at least 0."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
-    return value
+    return _int_at_least(text, 0)
 
 
 def finite_nonneg_float(text: str) -> float:

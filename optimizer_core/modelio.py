@@ -321,7 +321,7 @@ def _read_validated(path: str | os.PathLike[str]) -> tuple[onnx.ModelProto, byte
         onnx.checker.check_model(str(p) if external else data)
     except onnx.checker.ValidationError as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise InvalidModelError.at(p, f"invalid model (possibly truncated): {first}") from exc
+        raise InvalidModelError.at(p, f"invalid model: onnx's checker refuses it: {first}") from exc
     return proto, data, external
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import os
 from collections.abc import Sequence
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -73,3 +74,13 @@ def random_feed(shape, dtype=np.float32, seed=0):
 
 
 __all__ = ["assert_equivalent", "op_types", "parse", "random_feed", "rules_fired", "run_passes"]
+
+
+def tiny_onnx(path: Path) -> Path:
+    """A one-node model (Relu over ``x[1, 2]``) at ``path``: something to register or log."""
+    x = onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 2])
+    y = onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 2])
+    graph = onnx.helper.make_graph([onnx.helper.make_node("Relu", ["x"], ["y"])], "g", [x], [y])
+    model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 18)])
+    onnx.save(model, str(path))
+    return path

@@ -87,13 +87,15 @@ def _wait(url: str, proc: subprocess.Popen[bytes], log: Path, timeout: float) ->
     raise RuntimeError(f"server at {url} not healthy after {timeout} s:\n{log.read_text()[-3000:]}")
 
 
-def _stop(proc: subprocess.Popen[bytes]) -> None:
+def stop_process_group(proc: subprocess.Popen[Any]) -> None:
+    """Stop a server started with ``start_new_session=True``, its children too: SIGTERM to
+    the group, SIGKILL if it is still there after 30 s."""
     if proc.poll() is not None:
         return
     with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGTERM)
     try:
-        proc.wait(timeout=15)
+        proc.wait(timeout=30)
     except subprocess.TimeoutExpired:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
@@ -160,7 +162,7 @@ def mlflow_server(folder: Path, backend: str | None = None) -> Iterator[str]:
         _wait(url + "/health", proc, log, timeout=600)
         yield url
     finally:
-        _stop(proc)
+        stop_process_group(proc)
 
 
 @contextlib.contextmanager
@@ -182,7 +184,7 @@ def moto_server(folder: Path) -> Iterator[str]:
         _wait(url + "/moto-api/", proc, log, timeout=300)
         yield url
     finally:
-        _stop(proc)
+        stop_process_group(proc)
 
 
 def register_onnx(

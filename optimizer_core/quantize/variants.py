@@ -635,7 +635,7 @@ def build_variant(
                     raw = _sorted_output(raw)
                 except Exception as exc:  # the converter wrote something onnx cannot parse
                     raise QuantizeError(
-                        f"{variant}: the converted model cannot be read: {exc}"
+                        f"{variant}: the converted model is unusable: {exc}"
                     ) from exc
                 clean = work / target.name
                 _say(progress, f"{variant}: cleaning up after the conversion")

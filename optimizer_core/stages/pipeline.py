@@ -594,6 +594,12 @@ def quantize(
                 "attempts": len(build.attempts),
                 "excluded": build.excluded,
                 "accuracy_passed": build.accuracy_passed,
+                # the per-output numbers stay in build-<variant>.json: this record is an XCom
+                "agreement": (
+                    {k: v for k, v in build.agreement.to_json().items() if k != "outputs"}
+                    if build.agreement is not None
+                    else None
+                ),
             }
     return {**record, "variants": out, "worker": worker(ctx)}
 

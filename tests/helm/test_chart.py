@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import signal
 import subprocess
 import sys
 import time
@@ -18,6 +17,7 @@ import pytest
 import yaml
 
 from tests.conftest import REPO
+from tests.servers import stop_process_group
 
 helm_python = pytest.importorskip("helm_python")
 kubernetes_validate = pytest.importorskip("kubernetes_validate")
@@ -155,12 +155,7 @@ def _run(line: list[str], env: dict[str, str], log: Path) -> Iterator[subprocess
     try:
         yield proc
     finally:
-        try:
-            os.killpg(proc.pid, signal.SIGTERM)
-            proc.wait(timeout=30)
-        except (ProcessLookupError, subprocess.TimeoutExpired):
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=10)
+        stop_process_group(proc)
 
 
 def _command_lines(root: int) -> list[str]:

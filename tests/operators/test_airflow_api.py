@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -19,7 +18,7 @@ import requests
 
 from optimizer_core.examples.digits import DigitsTask
 from tests.conftest import REPO
-from tests.servers import free_port, http_session, register_onnx
+from tests.servers import free_port, http_session, register_onnx, stop_process_group
 
 # the deadlines below only guard against a hang; the test limit is above their sum
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600)]
@@ -88,12 +87,7 @@ def standalone(
             "http": http_session(),
         }
     finally:
-        try:
-            os.killpg(proc.pid, signal.SIGTERM)
-            proc.wait(timeout=30)
-        except (ProcessLookupError, subprocess.TimeoutExpired):
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=10)
+        stop_process_group(proc)
 
 
 def test_trigger_optimize_dag_over_rest_api(standalone: dict[str, Any]) -> None:

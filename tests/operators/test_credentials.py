@@ -25,6 +25,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
+from tests.helpers import tiny_onnx
 from tests.servers import mlflow_server, moto_server
 
 pytestmark = [pytest.mark.xdist_group("mlflow"), pytest.mark.slow]
@@ -151,17 +152,6 @@ def _connections(monkeypatch: pytest.MonkeyPatch, **docs: dict[str, Any]) -> Non
         monkeypatch.setenv(f"AIRFLOW_CONN_{conn_id.upper()}", json.dumps(doc))
 
 
-def _tiny_onnx(path: Path) -> Path:
-    import onnx
-    from onnx import TensorProto, helper
-
-    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2])
-    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2])
-    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g", [x], [y])
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), str(path))
-    return path
-
-
 def _operator(team: str, artifacts: str, **kw: Any) -> Any:
     from operators.airflow.operators import GraphtrimStageOperator
 
@@ -221,7 +211,7 @@ def test_two_mlflow_connections_in_one_process_each_send_only_their_own_token(
             for t in TOKENS
         },
     )
-    onnx_path = _tiny_onnx(tmp_path / "tiny.onnx")
+    onnx_path = tiny_onnx(tmp_path / "tiny.onnx")
     # both teams' contexts exist before either talks to its server: two tasks (or triggers)
     # of one process, one set up after the other
     contexts = {t: _operator(t, str(tmp_path / f"artifacts-{t}")).stage_context({}) for t in TOKENS}
@@ -357,7 +347,7 @@ def test_two_s3_connections_in_one_process_each_sign_with_their_own_keys(
         ).create_bucket(Bucket=f"team-{t}")
         proxy.records.clear()
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'unused.db'}")
-    onnx_path = _tiny_onnx(tmp_path / "tiny.onnx")
+    onnx_path = tiny_onnx(tmp_path / "tiny.onnx")
     contexts = {t: _operator(t, f"s3://team-{t}/models").stage_context({}) for t in KEYS}
     for i, team in enumerate(("a", "b", "a")):
         store = contexts[team].store()

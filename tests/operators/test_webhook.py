@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -19,6 +18,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from tests.servers import stop_process_group
 
 SECRET = "s3cret"
 EVENT = {
@@ -292,12 +293,7 @@ def api_server(airflow_db: str, tmp_path_factory: pytest.TempPathFactory) -> Ite
             time.sleep(1)
         yield url
     finally:
-        try:
-            os.killpg(proc.pid, signal.SIGTERM)
-            proc.wait(timeout=30)
-        except (ProcessLookupError, subprocess.TimeoutExpired):
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=10)
+        stop_process_group(proc)
 
 
 def _server_rss(url: str) -> int:

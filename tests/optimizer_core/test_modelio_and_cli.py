@@ -167,15 +167,15 @@ def _missing_external(d: Path) -> Path:
 def _traversal(d: Path) -> Path:
     # the file exists and is long enough: the refusal is about where it is, not what it holds
     p = save_external(d / "model" / "m.onnx")
-    shutil.copy(d / "model" / "w.bin", d / "secret.bin")
-    set_location(p, "W", "../secret.bin")
+    shutil.copy(d / "model" / "w.bin", d / "private.bin")
+    set_location(p, "W", "../private.bin")
     return p
 
 
 def _absolute(d: Path) -> Path:
     p = save_external(d / "model" / "m.onnx")
-    shutil.copy(d / "model" / "w.bin", d / "secret.bin")
-    set_location(p, "W", str(d / "secret.bin"))
+    shutil.copy(d / "model" / "w.bin", d / "private.bin")
+    set_location(p, "W", str(d / "private.bin"))
     return p
 
 
@@ -203,8 +203,8 @@ def set_entry(model_path: Path, tensor: str, key: str, value: str | None) -> Non
 def _symlink_escape(d: Path) -> Path:
     # a name inside the folder that resolves outside it
     p = save_external(d / "model" / "m.onnx")
-    shutil.copy(d / "model" / "w.bin", d / "secret.bin")
-    (d / "model" / "link.bin").symlink_to(d / "secret.bin")
+    shutil.copy(d / "model" / "w.bin", d / "private.bin")
+    (d / "model" / "link.bin").symlink_to(d / "private.bin")
     set_location(p, "W", "link.bin")
     return p
 
@@ -245,7 +245,7 @@ REFUSALS = {
         _missing_external,
         "external data file 'w.bin' of tensor 'W' is missing",
     ),
-    "path-traversal": (_traversal, "points outside the model folder: '../secret.bin'"),
+    "path-traversal": (_traversal, "points outside the model folder: '../private.bin'"),
     "absolute-location": (_absolute, "points outside the model folder"),
     "external-data-too-short": (_too_short, "too short for tensor"),
     "symlink-escape": (_symlink_escape, "resolves outside the model folder: 'link.bin'"),

@@ -123,6 +123,10 @@ def test_run_registers_passing_variants_with_lineage(
     for variant, summary in validated.items():
         if not summary["passed"]:
             assert variant in digits_run["register"]["failed"]
+    # every built variant's record says how closely it agrees with the float model
+    for variant, built in digits_run["quantize"]["variants"].items():
+        agreement = built["agreement"]
+        assert agreement["measured"] is True and agreement["cosine"] > 0.9, (variant, agreement)
     config = PipelineConfig.from_json(digits_run["export"]["config"])
     # the data files' content enters the hash
     assert set(config.data_sha256 or {}) == {"calibration", "eval_data"}

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import BUCKET
+from tests.helpers import tiny_onnx
 from tests.servers import free_port, register_onnx
 
 SECRET = "s3cr3t-pw"
@@ -153,17 +154,6 @@ def _env() -> dict[str, str]:
     return {**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true"}
 
 
-def _tiny_onnx(path: Path) -> Path:
-    import onnx
-    from onnx import TensorProto, helper
-
-    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2])
-    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2])
-    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g", [x], [y])
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), str(path))
-    return path
-
-
 def _runs(tracking: str, name: str) -> list[dict[str, str]]:
     from mlflow import MlflowClient
 
@@ -191,7 +181,7 @@ def test_a_failed_stage_tags_its_run_with_the_error_masked(
     pytest.importorskip("mlflow")
     name = "redact-export"
     version = register_onnx(
-        servers["mlflow"], _tiny_onnx(tmp_path / "tiny.onnx"), name, artifact_dir=None
+        servers["mlflow"], tiny_onnx(tmp_path / "tiny.onnx"), name, artifact_dir=None
     )
     endpoint = f"http://alice:{SECRET}@127.0.0.1:{free_port()}"
     ctx = StageContext(
