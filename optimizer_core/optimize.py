@@ -96,6 +96,16 @@ def _check_paths(src: Path, dst: Path, proto: onnx.ModelProto) -> None:
     refuse_overwrite(src, dst, proto)
 
 
+def _move_into_place(staged: Sequence[Path], dst: Path) -> None:
+    """Move a staged model (and its data file) to ``dst``: the data file first, then the
+    model that refers to it; without external data now, a stale ``.data`` of an earlier run
+    goes."""
+    for path in reversed(staged):
+        os.replace(path, dst.parent / path.name)
+    if len(staged) == 1:
+        dst.with_name(dst.name + ".data").unlink(missing_ok=True)
+
+
 def _pass_through(
     src: Path,
     dst: Path,
@@ -145,10 +155,7 @@ def _pass_through(
             log,
             time.perf_counter() - start,
         )
-        for path in reversed(staged):  # data file first, then the model that refers to it
-            os.replace(path, dst.parent / path.name)
-        if len(staged) == 1:  # no external data: drop a stale one from an earlier run
-            dst.with_name(dst.name + ".data").unlink(missing_ok=True)
+        _move_into_place(staged, dst)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return report
@@ -259,10 +266,7 @@ def optimize_file(
                     "rerun with --verify-each-pass to find the pass responsible",
                     record=record,
                 )
-        for path in reversed(staged):  # data file first, then the model that refers to it
-            os.replace(path, dst_p.parent / path.name)
-        if len(staged) == 1:  # no external data now: drop a stale one from an earlier run
-            dst_p.with_name(dst_p.name + ".data").unlink(missing_ok=True)
+        _move_into_place(staged, dst_p)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return report
