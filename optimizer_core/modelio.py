@@ -32,7 +32,27 @@ import onnx_ir as ir
 from google.protobuf.message import DecodeError
 
 from optimizer_core.errors import GraphtrimError, InvalidModelError
-from optimizer_core.graph.shape_inference import SHAPES_INFERRED, more_specific
+
+# set in ``model.meta`` when the loader ran onnx shape inference on the model
+SHAPES_INFERRED = "graphtrim.shapes_inferred"
+
+
+def more_specific(new: ir.Shape | None, old: ir.Shape | None) -> bool:
+    if new is None:
+        return False
+    if old is None:
+        return True
+    if len(new) != len(old):
+        return False  # conflicting ranks: trust what the value already carries
+    for n, o in zip(new.dims, old.dims, strict=True):
+        if isinstance(o, int):
+            continue
+        if isinstance(n, int):
+            return True
+        if getattr(o, "value", None) is None and getattr(n, "value", None) is not None:
+            return True
+    return False
+
 
 # protobuf refuses messages over 2 GiB; keep a margin for the graph itself
 PROTO_LIMIT_BYTES = 1_800_000_000

@@ -30,6 +30,7 @@ from optimizer_core.modelio import (
     save_model,
     staging_dir,
 )
+from optimizer_core.ort_target import apply_target
 from optimizer_core.report import ModelStats, before_after_table
 from optimizer_core.verify import Tolerance, VerificationRecord, VerifyEachPass, verify
 
@@ -238,6 +239,7 @@ def optimize_file(
         instruments=instruments,
         progress=progress,
     )
+    result = apply_target(result)
     stripped = None if keep_metadata else strip_debug_metadata_stats(result.model)
     seconds = time.perf_counter() - start
     dst_p.parent.mkdir(parents=True, exist_ok=True)

@@ -80,6 +80,8 @@ class GraphtrimPass(ir.passes.InPlacePass):
     summary: ClassVar[str] = ""
     # remove the nodes a rewrite made dead, so the change log credits the pass that did it
     sweeps_dead: ClassVar[bool] = True
+    # the pass's rule table (``optimizer_core.graph.rules.Rule``); ``hit`` takes only these names
+    rules: ClassVar[Sequence[Any]] = ()
 
     def __init__(self, options: OptimizeOptions | None = None):
         super().__init__()
@@ -90,6 +92,8 @@ class GraphtrimPass(ir.passes.InPlacePass):
         return f"{type(self).__name__}({self.name!r})"
 
     def hit(self, rule: str, n: int = 1) -> None:
+        if self.rules and rule not in {r.name for r in self.rules}:
+            raise ValueError(f"pass '{self.name}' counted rule '{rule}', which its table lacks")
         self.rule_counts[rule] += n
 
     def call(self, model: ir.Model) -> ir.passes.PassResult:
@@ -136,15 +140,14 @@ class ChangeLog:
     target: dict[str, Any] = dataclasses.field(default_factory=dict)
     # why no pass ran and the model was left as it is (see ``graph.opset.passthrough_reason``)
     passed_through: str | None = None
+    # names of the passes that are not exact (their rules are the fusions); set by the driver
+    inexact: frozenset[str] = frozenset()
 
     def fusions(self) -> dict[str, int]:
         """Rules fired by passes that are not exact (the fusions), with their counts."""
-        from optimizer_core.graph.presets import PASSES
-
         out: Counter[str] = Counter()
         for r in self.records:
-            cls = PASSES.get(r.pass_name)
-            if cls is not None and not cls.exact:
+            if r.pass_name in self.inexact:
                 out.update(r.rules)
         return dict(sorted(out.items()))
 
@@ -256,11 +259,18 @@ class FixedPointDriver(GraphtrimPass):
         self.repairs = list(repairs)
         self.instruments = list(instruments)
         self.progress = progress
-        self.log = ChangeLog(preset=preset, passes=[p.name for p in self.passes])
+        self.log = self._new_log()
+
+    def _new_log(self) -> ChangeLog:
+        return ChangeLog(
+            preset=self.preset,
+            passes=[p.name for p in self.passes],
+            inexact=frozenset(p.name for p in self.passes if not p.exact),
+        )
 
     def apply(self, model: ir.Model) -> bool:
         start = time.perf_counter()
-        self.log = ChangeLog(preset=self.preset, passes=[p.name for p in self.passes])
+        self.log = self._new_log()
         for inst in self.instruments:
             inst.before_run(model)
         any_change = False

@@ -20,7 +20,7 @@ from optimizer_core.graph.opset import passthrough_reason, upgrade_opset
 from optimizer_core.graph.passes.scalar_inputs import ScalarInputs
 from optimizer_core.graph.presets import build, resolve
 from optimizer_core.graph.shape_inference import ShapeInference
-from optimizer_core.graph.targets import apply_ort_target, record_metadata
+from optimizer_core.graph.targets import record_metadata
 
 logger = logging.getLogger("graphtrim.optimizer")
 
@@ -71,6 +71,9 @@ def optimize_model(
 
     A model the passes do not handle (see :func:`~optimizer_core.graph.opset.passthrough_reason`)
     comes back untouched, ``modified`` false, with the reason in ``log.passed_through``.
+
+    For the ``ort-cpu`` / ``ort-cuda`` targets this returns the portable model; onnxruntime's
+    fusions are chosen by timing, above this layer (:func:`optimizer_core.ort_target.apply_target`).
     """
     options = options or OptimizeOptions()
     names = resolve(preset, passes, skip)
@@ -107,8 +110,5 @@ def optimize_model(
     out = result.model
     modified = result.modified or bool(notes)
     driver.log.target = {"target": options.target}
-    if options.target in ("ort-cpu", "ort-cuda"):
-        out, driver.log.target = apply_ort_target(out, options.target)
-        modified = modified or driver.log.target["kept"] != "portable"
     record_metadata(out, options.target, driver.log.fusions())
     return OptimizeResult(model=out, log=driver.log, modified=modified)

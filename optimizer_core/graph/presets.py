@@ -9,6 +9,7 @@ rewrites leave dead; the dead-code pass runs first for what was dead on arrival.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from optimizer_core.errors import GraphtrimError
 from optimizer_core.graph.framework import GraphtrimPass, OptimizeOptions
@@ -129,3 +130,8 @@ def resolve(
 
 def build(names: Sequence[str], options: OptimizeOptions | None = None) -> list[GraphtrimPass]:
     return [PASSES[name](options) for name in names]
+
+
+def all_rules() -> list[tuple[str, Any]]:
+    """Every rule of every pass, as ``(pass name, Rule)`` in registry and table order."""
+    return [(name, rule) for name, cls in PASSES.items() for rule in cls.rules]

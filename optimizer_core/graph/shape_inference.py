@@ -14,12 +14,12 @@ import onnx
 import onnx_ir as ir
 
 from optimizer_core.graph import _ir_utils as u
+from optimizer_core.modelio import SHAPES_INFERRED, more_specific
 
 logger = logging.getLogger("graphtrim.optimizer")
 
-# set in ``model.meta`` by a loader that ran onnx's inference (data propagation on) on the whole
-# model, weights included, and copied its results in
-SHAPES_INFERRED = "graphtrim.shapes_inferred"
+# ``SHAPES_INFERRED`` is set in ``model.meta`` by a loader that ran onnx's inference (data
+# propagation on) on the whole model, weights included, and copied its results in
 
 _INLINE_LIMIT = 1024  # initializers up to this many bytes travel (data propagation reads them)
 
@@ -63,23 +63,6 @@ def _collect_types(graph: onnx.GraphProto, out: dict[str, onnx.TypeProto]) -> No
             elif attr.type == onnx.AttributeProto.GRAPHS:
                 for sub in attr.graphs:
                     _collect_types(sub, out)
-
-
-def more_specific(new: ir.Shape | None, old: ir.Shape | None) -> bool:
-    if new is None:
-        return False
-    if old is None:
-        return True
-    if len(new) != len(old):
-        return False  # conflicting ranks: trust what the value already carries
-    for n, o in zip(new.dims, old.dims, strict=True):
-        if isinstance(o, int):
-            continue
-        if isinstance(n, int):
-            return True
-        if getattr(o, "value", None) is None and getattr(n, "value", None) is not None:
-            return True
-    return False
 
 
 def _adds(tp: onnx.TypeProto, old: ir.Shape | None) -> bool:

@@ -738,7 +738,7 @@ def _probe(
 def _tune(built: Path, device: str, feeds: Sequence[Feeds]) -> dict[str, Any]:
     """Keep ``residual-sum`` in the built model where it is measurably faster on ``device``
     (timed on the first calibration batch, or random inputs without calibration data)."""
-    from optimizer_core.graph.targets import tune_residual_sum
+    from optimizer_core.ort_target import tune_residual_sum
     from optimizer_core.runtime import providers_for
 
     provider = providers_for(device)[0]

@@ -729,7 +729,7 @@ def _residual_ln_model(path: Path) -> Path:
 
 @pytest.mark.parametrize("variant", ["graph", "int8-dynamic"])
 def test_variant_tuned_for_cpu_keeps_residual_sum_where_faster(tmp_path, monkeypatch, variant):
-    from optimizer_core.graph import targets
+    from optimizer_core import ort_target as targets
 
     src = _residual_ln_model(tmp_path / "block.onnx")
     # timing replaced: the rewritten model "runs" twice as fast (real timing: test_residual.py)

@@ -14,7 +14,7 @@ one thread; 120 us against 40 us with two), 22% of a dynamically quantized 6-lay
 The fusion matches ``Add`` only, so ``Sum`` keeps the two fast kernels. Other runtimes see a
 standard op with the same result. The pass is in no preset: the target profiles (``ort-cpu``)
 and variant builds tuned for a device apply it only where it measurably helps there (see
-``optimizer_core.graph.targets.tune_residual_sum``).
+``optimizer_core.ort_target.tune_residual_sum``).
 """
 
 from __future__ import annotations

@@ -9,8 +9,8 @@ import onnx
 import pytest
 from onnx import helper, numpy_helper
 
+from optimizer_core import ort_target as targets
 from optimizer_core.errors import GraphtrimError
-from optimizer_core.graph import targets
 from optimizer_core.graph.framework import OptimizeOptions
 from tests.helpers import assert_equivalent, op_types, run_passes
 from tests.optimizer_core.graph.test_transformer import _gelu_tanh

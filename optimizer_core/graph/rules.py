@@ -1,0 +1,107 @@
+"""Rewrite rules as data.
+
+Every pass module exports its rules as a table, ``RULES``: a tuple of :class:`Rule`. A rule names
+the op types it is tried on, a ``check`` that either declines with a reason (a string) or returns
+what it matched, the ``rewrite`` that replaces the match, and the math it relies on. A pass made
+of node-local rules is a :class:`RulePass`: it walks the nodes in order and, for each node, tries
+the rules that list its op type until one rewrites. Passes that work on the whole graph (dead
+code, folding, CSE, loops) keep their own walk but still export their rules, and a pass may only
+count (``hit``) a rule its table names, so ``graphtrim passes --rules`` lists every rewrite there
+is.
+
+A decline is not silent: it is counted per rule and reason in ``declines`` and logged at debug
+level (logger ``graphtrim.optimizer``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections import Counter
+from collections.abc import Callable, Sequence
+from typing import Any, ClassVar
+
+import onnx_ir as ir
+
+from optimizer_core.graph import _ir_utils as u
+from optimizer_core.graph.framework import GraphtrimPass
+
+logger = logging.getLogger("graphtrim.optimizer")
+
+
+@dataclasses.dataclass(frozen=True)
+class Rule:
+    """One rewrite.
+
+    Attributes:
+        name: the name counted in change logs; unique within its pass.
+        math: what the rewrite relies on, e.g. ``"x + 0 -> x (broadcast keeps x's shape)"``.
+        ops: op types (default domain) the rule is tried on; empty for a rule on the whole graph.
+        check: ``check(node, ctx) -> match | str``; a string is the reason it declines.
+        rewrite: ``rewrite(node, match, ctx) -> None``; replaces what ``check`` matched.
+    """
+
+    name: str
+    math: str
+    ops: tuple[str, ...] = ()
+    check: Callable[..., Any] | None = None
+    rewrite: Callable[..., None] | None = None
+
+
+@dataclasses.dataclass
+class RuleContext:
+    """What a rule sees besides the node: the model, its graph and the pass (options, names)."""
+
+    model: ir.Model
+    graph: ir.Graph
+    pass_: GraphtrimPass
+
+    @property
+    def options(self) -> Any:
+        return self.pass_.options
+
+
+def replace(old: ir.Value, new: ir.Value, what: str) -> None:
+    """Make the users of ``old`` read ``new``; raise when ``old`` cannot be rerouted (the rule's
+    check should have declined), so the driver names the pass that failed."""
+    if not u.replace_value(old, new):
+        raise RuntimeError(f"cannot reroute the output of {what}")
+
+
+class RulePass(GraphtrimPass):
+    """A pass made of node-local rules: ``RULES`` tried in table order on each node they list."""
+
+    rules: ClassVar[Sequence[Rule]] = ()
+
+    def __init__(self, options: Any = None):
+        super().__init__(options)
+        self.declines: Counter[tuple[str, str]] = Counter()
+
+    def apply(self, model: ir.Model) -> bool:
+        by_op: dict[str, list[Rule]] = {}
+        for rule in self.rules:
+            for op in rule.ops:
+                by_op.setdefault(op, []).append(rule)
+        changed = False
+        for graph, node in u.standard_nodes(model):
+            candidates = by_op.get(node.op_type)
+            if not candidates or node.graph is None:
+                continue
+            ctx = RuleContext(model, graph, self)
+            for rule in candidates:
+                if self.try_rule(rule, node, ctx):
+                    changed = True
+                    break
+        return changed
+
+    def try_rule(self, rule: Rule, node: ir.Node, ctx: RuleContext) -> bool:
+        """Check ``rule`` on ``node`` and rewrite on a match; a decline is counted, not raised."""
+        assert rule.check is not None and rule.rewrite is not None, rule.name
+        match = rule.check(node, ctx)
+        if isinstance(match, str):
+            self.declines[(rule.name, match)] += 1
+            logger.debug("%s: %s declined at %s: %s", self.name, rule.name, node.name, match)
+            return False
+        rule.rewrite(node, match, ctx)
+        self.hit(rule.name)
+        return True

@@ -1,0 +1,268 @@
+"""onnxruntime's offline fusions for the ``ort-cpu`` / ``ort-cuda`` targets, kept only where timing
+on the target's provider shows they help (see :mod:`optimizer_core.graph.targets` for the profiles).
+
+This writes files and times onnxruntime sessions, so it sits above the graph layer: the file-level
+optimizer (:func:`optimizer_core.optimize.optimize_file`) applies it after the passes.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import tempfile
+import time
+import weakref
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import onnx_ir as ir
+
+from optimizer_core.errors import GraphtrimError
+from optimizer_core.graph import _ir_utils as u
+from optimizer_core.graph.optimize import OptimizeResult
+from optimizer_core.graph.targets import record_metadata
+
+ORT_TARGETS = ("ort-cpu", "ort-cuda")
+
+# a fused model within this fraction of the portable model's p50 counts as not slower
+NOISE_MARGIN = 0.02
+
+_PROVIDERS = {"ort-cpu": "CPUExecutionProvider", "ort-cuda": "CUDAExecutionProvider"}
+
+
+def _provider(target: str) -> str:
+    import onnxruntime as ort
+
+    from optimizer_core.runtime import GPU_ON_CPU_ENV, providers_for
+
+    provider = _PROVIDERS[target]
+    if provider == "CPUExecutionProvider":
+        return provider
+    chosen = providers_for("gpu")[0]  # raises without CUDA unless the test escape is set
+    if chosen != provider:
+        import logging
+
+        logging.getLogger("graphtrim.optimizer").warning(
+            "target %s fused for %s because %s=1 (no CUDA in onnxruntime %s)",
+            target,
+            chosen,
+            GPU_ON_CPU_ENV,
+            ort.__version__,
+        )
+    return chosen
+
+
+def _p50s(
+    paths: list[Path],
+    provider: str,
+    runs: int,
+    threads: int,
+    feeds: Mapping[str, Any] | None = None,
+) -> tuple[list[float], list[float]]:
+    """Load time and interleaved p50 latency (seconds) of each model, as deployed. The order
+    of the models rotates from round to round, so no model always runs first."""
+    import onnxruntime as ort
+
+    from optimizer_core.runtime import session_options
+    from optimizer_core.verify.compare import make_inputs
+
+    sessions, loads = [], []
+    for path in paths:
+        start = time.perf_counter()
+        sessions.append(
+            ort.InferenceSession(str(path), session_options(threads), providers=[provider])
+        )
+        loads.append(time.perf_counter() - start)
+    if feeds is None:
+        specs = [(i.name, i.type, list(i.shape)) for i in sessions[0].get_inputs()]
+        feeds = make_inputs(specs, seed=0)
+    feeds = dict(feeds)
+    times: list[list[float]] = [[] for _ in sessions]
+    for s in sessions:  # warm-up
+        s.run(None, feeds)
+    order = list(range(len(sessions)))
+    for r in range(runs):
+        for k in order[r % len(order) :] + order[: r % len(order)]:
+            start = time.perf_counter()
+            sessions[k].run(None, feeds)
+            times[k].append(time.perf_counter() - start)
+    return loads, [statistics.median(t) for t in times]
+
+
+def tune_residual_sum(
+    path: str | os.PathLike[str],
+    provider: str = "CPUExecutionProvider",
+    *,
+    feeds: Mapping[str, Any] | None = None,
+    runs: int = 30,
+    threads: int = 1,
+) -> dict[str, Any]:
+    """Rewrite the model file at ``path`` with ``residual-sum`` when that makes it measurably
+    faster on ``provider`` (as deployed, onnxruntime's optimizations on); the record says what
+    was measured and what was kept. The file is replaced only by a complete new one."""
+    from optimizer_core.graph.passes.residual import ResidualSum
+    from optimizer_core.modelio import load_model, publish_model, save_model
+
+    target = Path(path)
+    model = load_model(target)
+    if not ResidualSum()(model).modified:
+        return {"rewrite": "residual-sum", "kept": "original", "why": "nothing to rewrite"}
+    with tempfile.TemporaryDirectory(prefix=".graphtrim-tune-", dir=target.parent) as tmp:
+        candidate = Path(tmp) / target.name
+        save_model(model, candidate)
+        del model
+        _, p50 = _p50s([target, candidate], provider, runs, threads, feeds)
+        faster = p50[1] < p50[0] * (1 - NOISE_MARGIN)
+        record: dict[str, Any] = {
+            "rewrite": "residual-sum",
+            "provider": provider,
+            "p50_ms": {"original": p50[0] * 1e3, "rewritten": p50[1] * 1e3},
+            "kept": "rewritten" if faster else "original",
+        }
+        if faster:
+            from optimizer_core.errors import VerificationError
+            from optimizer_core.verify import Tolerance, verify
+
+            check = verify(
+                target,
+                candidate,
+                inputs=[dict(feeds)] if feeds is not None else None,
+                tolerance=Tolerance(rtol=0.0, atol=0.0, min_cosine=0.0),
+            )
+            if not check.ok:
+                raise VerificationError(
+                    f"residual-sum changed results: {check.summary()}",
+                    pass_name="residual-sum",
+                    record=check,
+                )
+            publish_model(candidate, target)
+        else:
+            record["why"] = (
+                f"rewritten model ran at {p50[1] * 1e3:.3f} ms p50 against "
+                f"{p50[0] * 1e3:.3f} ms: not faster by the {NOISE_MARGIN:.0%} margin"
+            )
+    return record
+
+
+def _fuse(src: Path, dst: Path, provider: str, target: str) -> None:
+    """onnxruntime's offline fusions (extended level) of the model at ``src`` into ``dst``."""
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+    so.optimized_model_filepath = str(dst)
+    so.log_severity_level = 3
+    so.add_session_config_entry(
+        "session.optimized_model_external_initializers_file_name", dst.name + ".data"
+    )
+    so.add_session_config_entry(
+        "session.optimized_model_external_initializers_min_size_in_bytes", "1024"
+    )
+    try:
+        ort.InferenceSession(str(src), so, providers=[provider])
+    except Exception as exc:
+        raise GraphtrimError(
+            f"onnxruntime could not fuse the model for {target}: {str(exc).splitlines()[0]}"
+        ) from exc
+
+
+def apply_ort_target(
+    model: ir.Model, target: str, *, runs: int = 30, threads: int = 1
+) -> tuple[ir.Model, dict[str, Any]]:
+    """``model`` with onnxruntime's offline fusions for ``target`` when they do not slow it down,
+    and the record of what was done.
+
+    Candidates, timed interleaved on the target's provider: the portable model, onnxruntime's
+    fused model and, for ``ort-cpu`` where ``residual-sum`` fires, both again with that rewrite.
+    The fused model is taken when it is not slower than the portable one by more than the
+    noise margin (it also loads faster); a ``residual-sum`` form only when it is faster than the
+    portable one by more than the margin. Of the forms taken, the one furthest inside its
+    allowance is kept."""
+    from optimizer_core.modelio import load_model, save_model
+
+    if target not in _PROVIDERS:
+        raise GraphtrimError(f"target {target} has no onnxruntime provider")
+    provider = _provider(target)
+    tmp = tempfile.TemporaryDirectory(prefix="graphtrim-target-")
+    folder = Path(tmp.name)
+    try:
+        portable = folder / "portable.onnx"
+        save_model(model, portable)
+        fused_path = folder / "fused.onnx"
+        _fuse(portable, fused_path, provider, target)
+        fused = load_model(fused_path)
+        contrib = {
+            k: v
+            for k, v in u.op_counts(fused).items()
+            if "::" in k and not k.startswith(("ai.onnx::",))
+        }
+        # name -> (file, accepted when p50 <= portable's p50 times this)
+        forms: dict[str, tuple[Path, float]] = {
+            "portable": (portable, 1.0),
+            "fused": (fused_path, 1 + NOISE_MARGIN),
+        }
+        summed = None
+        if target == "ort-cpu":
+            from optimizer_core.graph.passes.residual import ResidualSum
+
+            summed = load_model(portable)  # a copy, its weights mapped from the folder
+            if not ResidualSum()(summed).modified:
+                summed = None
+        if summed is not None:
+            summed_path = folder / "portable-sum.onnx"
+            save_model(summed, summed_path)
+            summed_fused = folder / "fused-sum.onnx"
+            _fuse(summed_path, summed_fused, provider, target)
+            forms["portable+residual-sum"] = (summed_path, 1 - NOISE_MARGIN)
+            forms["fused+residual-sum"] = (summed_fused, 1 - NOISE_MARGIN)
+        names = list(forms)
+        loads, p50 = _p50s([forms[n][0] for n in names], provider, runs, threads)
+        timed = dict(zip(names, p50, strict=True))
+        # each form's p50 against its allowance: the fused form wins ties within the margin,
+        # a residual-sum form must beat the portable one by the margin
+        score = {n: timed[n] / forms[n][1] for n in names}
+        kept = min((n for n in names if score[n] <= timed["portable"]), key=score.__getitem__)
+        record: dict[str, Any] = {
+            "target": target,
+            "provider": provider,
+            "contrib_ops": contrib,
+            "nodes_portable": u.count_nodes(model),
+            "nodes_fused": u.count_nodes(fused),
+            "p50_ms": {n: t * 1e3 for n, t in timed.items()},
+            "load_ms": {n: t * 1e3 for n, t in zip(names, loads, strict=True)},
+            "kept": kept,
+        }
+        if kept == "portable":
+            record["why"] = (
+                "onnxruntime's fused model ran at {:.3f} ms p50 against {:.3f} ms for the portable one".format(
+                    timed["fused"] * 1e3, timed["portable"] * 1e3
+                )
+            )
+            tmp.cleanup()
+            return model, record
+        if kept == "fused":
+            chosen = fused
+        elif kept == "portable+residual-sum":
+            assert summed is not None
+            chosen = summed
+        else:
+            chosen = load_model(forms[kept][0])
+        # the chosen model's weights live in the temporary folder: keep it as long as the model
+        weakref.finalize(chosen, tmp.cleanup)
+        return chosen, record
+    except BaseException:
+        tmp.cleanup()
+        raise
+
+
+def apply_target(result: OptimizeResult) -> OptimizeResult:
+    """``result`` with onnxruntime's fusions applied when its target is an onnxruntime one and
+    timing keeps them (the change log's ``target`` records the measurement either way)."""
+    target = result.log.target.get("target")
+    if target not in ORT_TARGETS:
+        return result
+    model, result.log.target = apply_ort_target(result.model, target)
+    record_metadata(model, target, result.log.fusions())
+    modified = result.modified or result.log.target["kept"] != "portable"
+    return OptimizeResult(model=model, log=result.log, modified=modified)
