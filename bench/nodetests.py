@@ -101,7 +101,7 @@ def check_case(item: dict[str, Any], *, workdir: str) -> dict[str, Any]:
 
     from optimizer_core.errors import GraphtrimError, PassFailure
     from optimizer_core.isolation import step
-    from optimizer_core.optimize import optimize_file
+    from optimizer_core.optimize_file import optimize_file
 
     name = item["name"]
     record: dict[str, Any] = {"name": name, "outcome": None, "detail": ""}

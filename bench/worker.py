@@ -13,7 +13,7 @@ from pathlib import Path
 
 
 def _graphtrim(src: str, dst: str) -> None:
-    from optimizer_core.graph.optimize import optimize_model
+    from optimizer_core.graph.optimizer import optimize_model
     from optimizer_core.modelio import load_model, save_model
 
     save_model(optimize_model(load_model(src)).model, dst)
@@ -24,7 +24,7 @@ def _graphtrim_grow(src: str, dst: str) -> None:
     folding budget as loose as the anchors' (constants are materialized even when the model
     grows: placeholder weights made by ConstantOfShape become tensors)."""
     from optimizer_core.graph.framework import OptimizeOptions
-    from optimizer_core.graph.optimize import optimize_model
+    from optimizer_core.graph.optimizer import optimize_model
     from optimizer_core.modelio import load_model, save_model
 
     gib = 1024**3
@@ -82,8 +82,8 @@ TOOLS = {
 
 # import each tool's modules before timing so the time is the optimization alone
 _IMPORTS = {
-    "graphtrim": ["optimizer_core.graph.optimize", "optimizer_core.modelio", "onnxruntime"],
-    "graphtrim-grow": ["optimizer_core.graph.optimize", "optimizer_core.modelio", "onnxruntime"],
+    "graphtrim": ["optimizer_core.graph.optimizer", "optimizer_core.modelio", "onnxruntime"],
+    "graphtrim-grow": ["optimizer_core.graph.optimizer", "optimizer_core.modelio", "onnxruntime"],
     "onnxsim": ["onnxsim"],
     "onnxslim": ["onnxslim"],
     "onnxoptimizer": ["onnxoptimizer"],

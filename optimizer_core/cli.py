@@ -258,7 +258,7 @@ def _check_report_path(report: str, model_paths: Sequence[str]) -> None:
 
 def _cmd_optimize(args: argparse.Namespace) -> int:
     from optimizer_core.graph.framework import OptimizeOptions
-    from optimizer_core.optimize import optimize_file
+    from optimizer_core.optimize_file import optimize_file
     from optimizer_core.verify import Tolerance
 
     if args.report:

@@ -2,7 +2,7 @@
 on the target's provider shows they help (see :mod:`optimizer_core.graph.targets` for the profiles).
 
 This writes files and times onnxruntime sessions, so it sits above the graph layer: the file-level
-optimizer (:func:`optimizer_core.optimize.optimize_file`) applies it after the passes.
+optimizer (:func:`optimizer_core.optimize_file.optimize_file`) applies it after the passes.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import onnx_ir as ir
 
 from optimizer_core.errors import GraphtrimError
 from optimizer_core.graph import _ir_utils as u
-from optimizer_core.graph.optimize import OptimizeResult
+from optimizer_core.graph.optimizer import OptimizeResult
 from optimizer_core.graph.targets import record_metadata
 
 ORT_TARGETS = ("ort-cpu", "ort-cuda")

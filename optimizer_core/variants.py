@@ -19,7 +19,7 @@ from optimizer_core.data import EvalData, input_specs, load_npz, random_data
 from optimizer_core.gates import accuracy as acc
 from optimizer_core.gates.evaluate import Evaluation, evaluate
 from optimizer_core.gates.policy import GatePolicy
-from optimizer_core.quantize.variants import VARIANTS, QuantizeConfig, QuantizeError, build_variant
+from optimizer_core.quantize.build import VARIANTS, QuantizeConfig, QuantizeError, build_variant
 from optimizer_core.runtime import open_session, providers_for
 
 ProgressFn = Callable[[str], None]

@@ -15,7 +15,7 @@ import onnx_ir as ir
 
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 
-from optimizer_core.graph.optimize import OptimizeResult, optimize_model
+from optimizer_core.graph.optimizer import OptimizeResult, optimize_model
 from optimizer_core.ort_target import apply_target
 from optimizer_core.verify import Tolerance, verify
 

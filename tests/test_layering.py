@@ -12,8 +12,8 @@ import pytest
 FORBIDDEN = {
     "optimizer_core": {"airflow", "kfp"},
     "optimizer_core.cli": {"airflow", "kfp", "torch"},
-    "optimizer_core.optimize": {"airflow", "kfp", "mlflow", "boto3", "torch"},
-    "optimizer_core.graph.optimize": {"airflow", "kfp", "mlflow", "boto3", "torch"},
+    "optimizer_core.optimize_file": {"airflow", "kfp", "mlflow", "boto3", "torch"},
+    "optimizer_core.graph.optimizer": {"airflow", "kfp", "mlflow", "boto3", "torch"},
     "optimizer_core.graph.presets": {"airflow", "kfp", "mlflow", "boto3", "torch"},
     "optimizer_core.verify": {"airflow", "kfp", "mlflow", "boto3", "torch"},
 }

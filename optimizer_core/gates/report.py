@@ -13,7 +13,7 @@ import io
 from collections.abc import Mapping
 from typing import Any
 
-from optimizer_core.report import _fmt_bytes
+from optimizer_core.stats import _fmt_bytes
 
 _STATUS_MARK = {"pass": "PASS", "fail": "FAIL", "undecided": "UNDECIDED", "error": "ERROR"}
 

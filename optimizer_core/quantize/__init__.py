@@ -8,8 +8,7 @@ nodes (measured against the float model on calibration data) go back to float an
 is rebuilt, within a budget of attempts.
 """
 
-from optimizer_core.quantize.sensitivity import NodeError, node_errors
-from optimizer_core.quantize.variants import (
+from optimizer_core.quantize.build import (
     CALIBRATION_METHODS,
     VARIANTS,
     Attempt,
@@ -17,6 +16,7 @@ from optimizer_core.quantize.variants import (
     VariantBuild,
     build_variant,
 )
+from optimizer_core.quantize.sensitivity import NodeError, node_errors
 
 __all__ = [
     "CALIBRATION_METHODS",

@@ -53,7 +53,7 @@ class PipelineConfig:
 
     def __post_init__(self) -> None:
         from optimizer_core.graph.presets import PRESETS
-        from optimizer_core.quantize.variants import VARIANTS
+        from optimizer_core.quantize.build import VARIANTS
 
         if not self.variants:
             raise PipelineError("no variants requested")

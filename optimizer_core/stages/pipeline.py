@@ -416,7 +416,7 @@ def optimize(
 ) -> dict[str, Any]:
     """Run the graph optimizer (verified against the export) and store the result."""
     from optimizer_core.graph.presets import PRESETS
-    from optimizer_core.optimize import optimize_file
+    from optimizer_core.optimize_file import optimize_file
 
     config = config.resolved(ctx)
     require(exported, ("run_id", "source", "model"), "optimize")
@@ -512,7 +512,7 @@ def quantize(
     with its error; the others go on. Variants judged before (``exported["reused"]``) are not
     built again."""
     from optimizer_core.isolation import map_isolated
-    from optimizer_core.quantize.variants import QuantizeConfig
+    from optimizer_core.quantize.build import QuantizeConfig
 
     config = config.resolved(ctx)
     require(exported, ("run_id", "source", "model"), "quantize")

@@ -10,7 +10,7 @@ import pytest
 
 from optimizer_core.errors import GraphtrimError
 from optimizer_core.isolation import ChildFailed, call_isolated, map_isolated, step
-from optimizer_core.quantize.variants import QuantizeError
+from optimizer_core.quantize.build import QuantizeError
 
 HERE = "tests.optimizer_core.test_isolation"
 

@@ -605,9 +605,9 @@ def test_a_converter_output_that_cannot_be_read_fails_that_variant(tmp_path, mon
     """What the converter writes is not the user's input: a model it writes that cannot be read
     fails the variant (QuantizeError: the ``variants`` command goes on with the others), not
     the command as bad input."""
+    from optimizer_core.quantize import build as qv
     from optimizer_core.quantize import build_variant
-    from optimizer_core.quantize import variants as qv
-    from optimizer_core.quantize.variants import QuantizeError
+    from optimizer_core.quantize.build import QuantizeError
 
     def broken_converter(src, dst, cfg, excluded):
         dst.write_bytes(Path(src).read_bytes()[:40])  # cut short

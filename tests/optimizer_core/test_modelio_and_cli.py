@@ -24,7 +24,7 @@ from optimizer_core.cli import main
 from optimizer_core.errors import InvalidModelError, VerificationError
 from optimizer_core.graph import presets
 from optimizer_core.modelio import load_model, read_proto
-from optimizer_core.optimize import optimize_file
+from optimizer_core.optimize_file import optimize_file
 from optimizer_core.verify import verify
 from tests.optimizer_core.test_verify import PlantedBug
 
@@ -354,7 +354,7 @@ def test_cli_refuses_an_unusable_output_path(target, expected, tmp_path, capsys)
 
 
 def test_cli_write_failure_is_one_line_and_leaves_nothing(tmp_path, capsys, monkeypatch):
-    import optimizer_core.optimize as optimize_module
+    import optimizer_core.optimize_file as optimize_module
 
     real_save = optimize_module.save_model
 

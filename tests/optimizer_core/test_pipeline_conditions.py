@@ -60,7 +60,7 @@ RELAXED = {
 
 @pytest.fixture(scope="module")
 def fp16_model(digits_task: DigitsTask, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from optimizer_core.quantize.variants import build_variant
+    from optimizer_core.quantize.build import build_variant
 
     out = tmp_path_factory.mktemp("fp16") / "digits.fp16.onnx"
     build_variant(digits_task.model, out, "fp16", probe=False)

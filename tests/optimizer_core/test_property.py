@@ -37,7 +37,7 @@ import onnx_ir as ir
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from optimizer_core.graph.optimize import optimize_model
+from optimizer_core.graph.optimizer import optimize_model
 from optimizer_core.verify import Session, Tolerance, verify
 
 FLOAT = onnx.TensorProto.FLOAT

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from optimizer_core.isolation import ChildFailed, map_isolated
-from optimizer_core.quantize import variants as qv
+from optimizer_core.quantize import build as qv
 from tests.crashers import crashing_model, reference_output, safe_model
 
 torch = pytest.importorskip("torch")
@@ -33,7 +33,7 @@ def test_the_crash_is_a_failed_item_with_signal_and_step(tmp_path: Path) -> None
 def kws_onnx(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, np.ndarray]:
     from optimizer_core.examples.kws import kws_net, make_kws_data
     from optimizer_core.examples.models import export
-    from optimizer_core.optimize import optimize_file
+    from optimizer_core.optimize_file import optimize_file
 
     x, _ = make_kws_data(16, seed=0)
     folder = tmp_path_factory.mktemp("kws")

@@ -20,7 +20,7 @@ import pytest
 
 from optimizer_core.cli import main
 from optimizer_core.graph.metadata import strip_debug_metadata, strip_debug_metadata_stats
-from optimizer_core.optimize import optimize_file
+from optimizer_core.optimize_file import optimize_file
 
 FLOAT = onnx.TensorProto.FLOAT
 

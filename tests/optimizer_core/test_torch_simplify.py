@@ -13,7 +13,7 @@ import pytest
 import torch
 from torch import nn
 
-from optimizer_core.graph.optimize import optimize_model
+from optimizer_core.graph.optimizer import optimize_model
 from optimizer_core.stages.context import PipelineConfig
 from optimizer_core.stages.export import _export_torch
 from optimizer_core.stages.torch_simplify import fx_simplify

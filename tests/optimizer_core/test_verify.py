@@ -11,7 +11,7 @@ from optimizer_core.errors import VerificationError, VerificationUnavailable
 from optimizer_core.graph import _ir_utils as u
 from optimizer_core.graph import presets
 from optimizer_core.graph.framework import GraphtrimPass
-from optimizer_core.graph.optimize import optimize_model
+from optimizer_core.graph.optimizer import optimize_model
 from optimizer_core.verify import Tolerance, VerifyEachPass, compare_outputs, verify
 from tests.helpers import parse, run_passes
 

@@ -23,7 +23,7 @@ from onnx import TensorProto
 
 from optimizer_core.cli import main
 from optimizer_core.errors import VerificationError
-from optimizer_core.graph.optimize import optimize_model
+from optimizer_core.graph.optimizer import optimize_model
 from optimizer_core.verify import VerifyEachPass, compare_outputs, verify
 from optimizer_core.verify.compare import Tolerance, VerificationRecord
 
@@ -541,7 +541,7 @@ def test_report_in_a_new_folder_is_written(tmp_path, capsys):
 
 
 def test_a_report_that_cannot_be_written_leaves_no_temporary_file(tmp_path, capsys, monkeypatch):
-    import optimizer_core.optimize as optimize
+    import optimizer_core.optimize_file as optimize
 
     src = _save(_relu_chain(), tmp_path / "m.onnx")
     out = tmp_path / "out.onnx"

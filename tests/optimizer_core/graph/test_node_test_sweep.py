@@ -26,7 +26,7 @@ import pytest
 
 from optimizer_core.cli import main
 from optimizer_core.graph.opset import MIN_OPSET
-from optimizer_core.graph.optimize import optimize_model
+from optimizer_core.graph.optimizer import optimize_model
 from tests.helpers import rules_fired
 
 

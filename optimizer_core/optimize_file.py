@@ -20,7 +20,7 @@ from optimizer_core.errors import GraphtrimError, VerificationError, Verificatio
 from optimizer_core.graph.framework import ChangeLog, Instrument, OptimizeOptions, ProgressFn
 from optimizer_core.graph.metadata import StrippedMetadata, strip_debug_metadata_stats
 from optimizer_core.graph.opset import passthrough_reason
-from optimizer_core.graph.optimize import optimize_model
+from optimizer_core.graph.optimizer import optimize_model
 from optimizer_core.graph.presets import resolve
 from optimizer_core.modelio import (
     input_files,
@@ -31,7 +31,7 @@ from optimizer_core.modelio import (
     staging_dir,
 )
 from optimizer_core.ort_target import apply_target
-from optimizer_core.report import ModelStats, before_after_table
+from optimizer_core.stats import ModelStats, before_after_table
 from optimizer_core.verify import Tolerance, VerificationRecord, VerifyEachPass, verify
 
 

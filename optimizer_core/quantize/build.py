@@ -522,7 +522,7 @@ def build_variant(
     """
     from optimizer_core.data import input_specs
     from optimizer_core.modelio import publish_model, staging_dir
-    from optimizer_core.optimize import optimize_file
+    from optimizer_core.optimize_file import optimize_file
 
     cfg = config or QuantizeConfig()
     cfg.validate()
