@@ -208,7 +208,7 @@ def optimize_dag(dag_id: str, device: str) -> DAG:
         def summary(validated: Any, registered: Any, promoted: Any) -> str:
             """The variant table (gate verdicts, registered versions, aliases) as this task's
             XCom (Airflow logs it too)."""
-            from optimizer_core.cli_pipeline import table
+            from optimizer_core.cli.pipeline import table
             from optimizer_core.stages.pipeline import merge_validated
 
             merged = merge_validated([dict(validated[i]) for i in range(len(validated))])

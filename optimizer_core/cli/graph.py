@@ -1,15 +1,10 @@
-"""The ``graphtrim`` command line.
-
-Exit codes: 0 success, 1 the optimized model was run and its results differ (or a variant failed a
-gate), 2 bad input or arguments, or a model that cannot be verified (the reference does not run in
-onnxruntime), 3 a pass failed (a bug: the message names the pass).
-"""
+"""``graphtrim optimize``, ``graphtrim verify`` and ``graphtrim passes``: the graph optimizer's
+commands."""
 
 from __future__ import annotations
 
 import argparse
 import json
-import logging
 import os
 import sys
 import time
@@ -17,21 +12,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from optimizer_core import __version__
-from optimizer_core.argtypes import finite_nonneg_float, nonneg_int, positive_int
-from optimizer_core.errors import (
-    GraphtrimError,
-    InvalidModelError,
-    PassFailure,
-    VerificationError,
-    VerificationUnavailable,
-)
-
-EXIT_OK, EXIT_MISMATCH, EXIT_BAD_INPUT, EXIT_PASS_FAILURE = 0, 1, 2, 3
-
-
-def _csv(text: str) -> list[str]:
-    return [t.strip() for t in text.split(",") if t.strip()]
+from optimizer_core.cli.argtypes import csv as _csv
+from optimizer_core.cli.argtypes import finite_nonneg_float, nonneg_int, positive_int
+from optimizer_core.cli.exits import EXIT_MISMATCH, EXIT_OK
+from optimizer_core.errors import GraphtrimError, VerificationUnavailable
 
 
 def _dims(items: Sequence[str]) -> dict[str, int]:
@@ -88,16 +72,9 @@ def _add_verify_args(p: argparse.ArgumentParser) -> None:
     )
 
 
-def build_parser() -> argparse.ArgumentParser:
+def add_parsers(sub: Any) -> None:
     from optimizer_core.graph.framework import TARGETS
     from optimizer_core.graph.presets import PRESETS
-
-    parser = argparse.ArgumentParser(
-        prog="graphtrim",
-        description="Remove redundant nodes from ONNX models without changing their results.",
-    )
-    parser.add_argument("--version", action="version", version=f"graphtrim {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     opt = sub.add_parser(
         "optimize",
@@ -195,6 +172,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="print a line per pass (default when stderr is a terminal)",
     )
     _add_verify_args(opt)
+    opt.set_defaults(handler=cmd_optimize)
 
     ver = sub.add_parser(
         "verify",
@@ -205,38 +183,16 @@ def build_parser() -> argparse.ArgumentParser:
     ver.add_argument("candidate")
     ver.add_argument("--json", action="store_true", help="print the record as JSON")
     _add_verify_args(ver)
+    ver.set_defaults(handler=cmd_verify)
 
-    sub.add_parser("passes", help="list passes and presets")
-
-    from optimizer_core import cli_variants
-
-    cli_variants.add_parsers(sub)
-    from optimizer_core import cli_pipeline
-
-    cli_pipeline.add_parsers(sub)
-    cli_pipeline.add_trigger_parser(sub)
-    EXTENSIONS.clear()
-    EXTENSIONS.update(_extensions(sub))
-    return parser
-
-
-EXTENSIONS: dict[str, Any] = {}
-
-
-def _extensions(sub: Any) -> dict[str, Any]:
-    """Commands contributed by installed adapters (entry point group ``graphtrim.commands``):
-    the core names no orchestrator, an adapter adds its own commands."""
-    from importlib import metadata
-
-    handlers: dict[str, Any] = {}
-    for ep in metadata.entry_points(group="graphtrim.commands"):
-        try:
-            register = ep.load()
-        except ImportError as exc:  # its optional dependency is absent: the command is too
-            logging.getLogger("graphtrim").debug("command %s unavailable: %s", ep.name, exc)
-            continue
-        handlers.update(register(sub))
-    return handlers
+    pas = sub.add_parser(
+        "passes",
+        help="list passes and presets (--rules: every rewrite rule)",
+        description="List the passes and presets; with --rules, every rule of every pass from "
+        "the passes' rule tables, with the math it relies on.",
+    )
+    pas.add_argument("--rules", action="store_true", help="list every rule of every pass")
+    pas.set_defaults(handler=cmd_passes)
 
 
 def _check_report_path(report: str, model_paths: Sequence[str]) -> None:
@@ -256,7 +212,7 @@ def _check_report_path(report: str, model_paths: Sequence[str]) -> None:
             raise GraphtrimError(f"report {report} would overwrite the model {path}")
 
 
-def _cmd_optimize(args: argparse.Namespace) -> int:
+def cmd_optimize(args: argparse.Namespace) -> int:
     from optimizer_core.graph.framework import OptimizeOptions
     from optimizer_core.optimize_file import optimize_file
     from optimizer_core.verify import Tolerance
@@ -325,7 +281,7 @@ def _cmd_optimize(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _cmd_verify(args: argparse.Namespace) -> int:
+def cmd_verify(args: argparse.Namespace) -> int:
     from optimizer_core.modelio import read_proto
     from optimizer_core.verify import Tolerance, verify
 
@@ -347,9 +303,15 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     return EXIT_OK if record.ok else EXIT_MISMATCH
 
 
-def _cmd_passes(args: argparse.Namespace) -> int:
-    from optimizer_core.graph.presets import PASSES, PRESETS
+def cmd_passes(args: argparse.Namespace) -> int:
+    from optimizer_core.graph.presets import PASSES, PRESETS, all_rules
 
+    if args.rules:
+        # every rule from the passes' tables: pass, rule, the op types it is tried on, its math
+        for pass_name, rule in all_rules():
+            ops = ",".join(rule.ops) or "(graph)"
+            print(f"{pass_name:<18} {rule.name:<28} {ops:<24} {rule.math}")
+        return EXIT_OK
     print("passes:")
     for name, cls in PASSES.items():
         print(f"  {name:<18} {'exact ' if cls.exact else 'rounds'}  {cls.summary}")
@@ -357,57 +319,3 @@ def _cmd_passes(args: argparse.Namespace) -> int:
     for name, names in PRESETS.items():
         print(f"  {name:<10} {', '.join(names)}")
     return EXIT_OK
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.WARNING, format="graphtrim: %(levelname)s: %(message)s")
-    from optimizer_core import cli_pipeline, cli_variants
-
-    handler = {
-        "optimize": _cmd_optimize,
-        "verify": _cmd_verify,
-        "passes": _cmd_passes,
-        "quantize": cli_variants.cmd_quantize,
-        "evaluate": cli_variants.cmd_evaluate,
-        "variants": cli_variants.cmd_variants,
-        "report": cli_variants.cmd_report,
-        "pipeline": cli_pipeline.cmd_pipeline,
-        "promote": cli_pipeline.cmd_promote,
-        "rollback": cli_pipeline.cmd_rollback,
-        "trigger": cli_pipeline.cmd_trigger,
-        **EXTENSIONS,
-    }[args.command]
-    try:
-        return handler(args)
-    except VerificationError as exc:  # the optimized model ran and differs
-        _error_line("verification failed", exc)
-        return EXIT_MISMATCH
-    except VerificationUnavailable as exc:  # nothing could be compared: not a difference
-        _error_line("error", exc)
-        return EXIT_BAD_INPUT
-    except InvalidModelError as exc:
-        _error_line("error", exc)
-        return EXIT_BAD_INPUT
-    except PassFailure as exc:
-        _error_line("internal error", exc)
-        return EXIT_PASS_FAILURE
-    except GraphtrimError as exc:
-        _error_line("error", exc)
-        return EXIT_BAD_INPUT
-    except OSError as exc:  # unwritable output, disk full, ...: one line, not a traceback
-        _error_line("error", exc)
-        return EXIT_BAD_INPUT
-
-
-def _error_line(kind: str, exc: BaseException) -> None:
-    """``graphtrim: KIND: message`` on one line of stderr (onnxruntime's messages span several),
-    credentials masked."""
-    from optimizer_core.redact import redact
-
-    print(f"graphtrim: {kind}: {' '.join(redact(str(exc)).split())}", file=sys.stderr)
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())

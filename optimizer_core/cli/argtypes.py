@@ -4,6 +4,7 @@ finite, a timeout positive. A bad value is argparse's own one-line error and exi
 from __future__ import annotations
 
 import argparse
+import json
 import math
 
 
@@ -44,3 +45,14 @@ def positive_float(text: str) -> float:
     if value == 0:
         raise argparse.ArgumentTypeError(f"must be greater than 0, got {text!r}")
     return value
+
+
+def csv(text: str) -> list[str]:
+    """argparse ``type=``: ``a,b,c``, or a JSON list (what orchestrators render a list parameter
+    as)."""
+    if text.strip().startswith("["):
+        try:
+            return [str(t) for t in json.loads(text)]
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(f"not a JSON list: {text!r}") from exc
+    return [t.strip() for t in text.split(",") if t.strip()]

@@ -14,7 +14,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from optimizer_core.argtypes import positive_int
+from optimizer_core.cli.argtypes import csv as _csv
+from optimizer_core.cli.argtypes import positive_int
 
 EXIT_OK, EXIT_FAILED = 0, 1
 
@@ -35,10 +36,6 @@ def _progress(args: argparse.Namespace) -> Callable[[str], None] | None:
         )
 
     return say
-
-
-def _csv(text: str) -> list[str]:
-    return [t.strip() for t in text.split(",") if t.strip()]
 
 
 def _add_quant_args(p: argparse.ArgumentParser) -> None:
@@ -128,6 +125,7 @@ def add_parsers(sub: Any) -> None:
         ),
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
+    q.set_defaults(handler=cmd_quantize)
     q.add_argument("input")
     q.add_argument("-o", "--output", required=True)
     q.add_argument("--variant", choices=VARIANTS, default="int8-dynamic")
@@ -147,6 +145,7 @@ def add_parsers(sub: Any) -> None:
         ),
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
+    e.set_defaults(handler=cmd_evaluate)
     e.add_argument("reference")
     e.add_argument("variants", nargs="+", metavar="VARIANT")
     e.add_argument("-o", "--out", default="graphtrim-evaluation", help="folder for the reports")
@@ -164,6 +163,7 @@ def add_parsers(sub: Any) -> None:
         ),
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
+    v.set_defaults(handler=cmd_variants)
     v.add_argument("input")
     v.add_argument("-o", "--out", required=True, help="folder for variants and reports")
     v.add_argument(
@@ -181,6 +181,7 @@ def add_parsers(sub: Any) -> None:
         help="render an evaluation JSON as HTML or Markdown",
         description="Re-render the reports of an evaluation from its JSON file.",
     )
+    r.set_defaults(handler=cmd_report)
     r.add_argument("evaluation", metavar="EVALUATION.json")
     r.add_argument("-o", "--output", help="output file (.html or .md); default: print Markdown")
 

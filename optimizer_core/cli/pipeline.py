@@ -12,11 +12,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from optimizer_core.argtypes import positive_float
+from optimizer_core.cli.argtypes import csv as _csv
+from optimizer_core.cli.argtypes import positive_float
 from optimizer_core.errors import GraphtrimError
 from optimizer_core.redact import install_log_filter, redact
-
-STAGES = ("export", "optimize", "quantize", "validate", "register", "promote")
+from optimizer_core.stages import STAGE_NAMES
 
 Command = Callable[[argparse.Namespace], int]
 
@@ -37,16 +37,6 @@ def _masked(command: Command) -> Command:
             raise
 
     return run
-
-
-def _csv(text: str) -> list[str]:
-    """``a,b,c``, or a JSON list (what orchestrators render a list parameter as)."""
-    if text.strip().startswith("["):
-        try:
-            return [str(t) for t in json.loads(text)]
-        except ValueError as exc:
-            raise argparse.ArgumentTypeError(f"not a JSON list: {text!r}") from exc
-    return [t.strip() for t in text.split(",") if t.strip()]
 
 
 def _add_location_args(p: argparse.ArgumentParser) -> None:
@@ -154,6 +144,7 @@ def add_parsers(sub: Any) -> None:
             "version and config registers nothing new."
         ),
     )
+    pipe.set_defaults(handler=cmd_pipeline)
     psub = pipe.add_subparsers(dest="pipeline_command", required=True, metavar="SUBCOMMAND")
     run = psub.add_parser(
         "run",
@@ -183,7 +174,7 @@ def add_parsers(sub: Any) -> None:
         ),
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    st.add_argument("stage", choices=STAGES)
+    st.add_argument("stage", choices=STAGE_NAMES)
     st.add_argument("--model", help="source model URI (export only)")
     st.add_argument(
         "--input",
@@ -212,6 +203,7 @@ def add_parsers(sub: Any) -> None:
     pr.add_argument("--why", required=True, help="reason, kept in the audit tags")
     pr.add_argument("--force", action="store_true", help="promote even if gates failed")
     _add_location_args(pr)
+    pr.set_defaults(handler=cmd_promote)
 
     rb = sub.add_parser(
         "rollback",
@@ -225,6 +217,8 @@ def add_parsers(sub: Any) -> None:
     rb.add_argument("--alias", default="champion")
     rb.add_argument("--why", required=True, help="reason, kept in the audit tags")
     _add_location_args(rb)
+    rb.set_defaults(handler=cmd_rollback)
+    add_trigger_parser(sub)
 
 
 def add_trigger_parser(sub: Any) -> None:
@@ -270,6 +264,7 @@ def add_trigger_parser(sub: Any) -> None:
         action="store_true",
         help="succeed when at least one variant passed, even if others failed their gates",
     )
+    tr.set_defaults(handler=cmd_trigger)
 
 
 @_masked
@@ -478,7 +473,7 @@ def cmd_pipeline(args: argparse.Namespace) -> int:
     inputs: dict[str, Any] = {}
     for item in args.input:
         name, sep, path = item.partition("=")
-        if not sep or name not in STAGES:
+        if not sep or name not in STAGE_NAMES:
             raise GraphtrimError(f"--input expects STAGE=FILE with a stage name, got '{item}'")
         inputs[name] = _record(item, path)
     if "export" in inputs and "config" in inputs["export"]:

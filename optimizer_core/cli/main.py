@@ -1,0 +1,96 @@
+"""The ``graphtrim`` command line.
+
+Exit codes: 0 success, 1 the optimized model was run and its results differ (or a variant failed a
+gate), 2 bad input or arguments, or a model that cannot be verified (the reference does not run in
+onnxruntime), 3 a pass failed (a bug: the message names the pass).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from optimizer_core import __version__
+from optimizer_core.cli.exits import EXIT_BAD_INPUT, EXIT_MISMATCH, EXIT_PASS_FAILURE
+from optimizer_core.errors import (
+    GraphtrimError,
+    InvalidModelError,
+    PassFailure,
+    VerificationError,
+    VerificationUnavailable,
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from optimizer_core.cli import graph, pipeline, variants
+
+    parser = argparse.ArgumentParser(
+        prog="graphtrim",
+        description="Remove redundant nodes from ONNX models without changing their results.",
+    )
+    parser.add_argument("--version", action="version", version=f"graphtrim {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    # each command group adds its commands with their handler (``set_defaults(handler=...)``)
+    for group in (graph, variants, pipeline):
+        group.add_parsers(sub)
+    for name, handler in _extensions(sub).items():
+        sub.choices[name].set_defaults(handler=handler)
+    return parser
+
+
+def _extensions(sub: Any) -> dict[str, Any]:
+    """Commands contributed by installed adapters (entry point group ``graphtrim.commands``):
+    the core names no orchestrator, an adapter adds its own commands."""
+    from importlib import metadata
+
+    handlers: dict[str, Any] = {}
+    for ep in metadata.entry_points(group="graphtrim.commands"):
+        try:
+            register = ep.load()
+        except ImportError as exc:  # its optional dependency is absent: the command is too
+            logging.getLogger("graphtrim").debug("command %s unavailable: %s", ep.name, exc)
+            continue
+        handlers.update(register(sub))
+    return handlers
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="graphtrim: %(levelname)s: %(message)s")
+    handler = args.handler
+    try:
+        return handler(args)
+    except VerificationError as exc:  # the optimized model ran and differs
+        _error_line("verification failed", exc)
+        return EXIT_MISMATCH
+    except VerificationUnavailable as exc:  # nothing could be compared: not a difference
+        _error_line("error", exc)
+        return EXIT_BAD_INPUT
+    except InvalidModelError as exc:
+        _error_line("error", exc)
+        return EXIT_BAD_INPUT
+    except PassFailure as exc:
+        _error_line("internal error", exc)
+        return EXIT_PASS_FAILURE
+    except GraphtrimError as exc:
+        _error_line("error", exc)
+        return EXIT_BAD_INPUT
+    except OSError as exc:  # unwritable output, disk full, ...: one line, not a traceback
+        _error_line("error", exc)
+        return EXIT_BAD_INPUT
+
+
+def _error_line(kind: str, exc: BaseException) -> None:
+    """``graphtrim: KIND: message`` on one line of stderr (onnxruntime's messages span several),
+    credentials masked."""
+    from optimizer_core.redact import redact
+
+    print(f"graphtrim: {kind}: {' '.join(redact(str(exc)).split())}", file=sys.stderr)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
