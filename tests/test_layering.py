@@ -1,11 +1,13 @@
 """Layering: the core never imports an orchestrator; the graph passes import neither MLflow nor
-boto3. Checked in a clean interpreter so that nothing imported by other tests can hide a leak."""
+boto3; the import graph has no circle and no arrow to a higher layer; DAGs import no core module. Checked in a clean interpreter so that nothing imported by other tests can hide a leak."""
 
 from __future__ import annotations
 
+import ast
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -52,3 +54,187 @@ def test_cli_starts_without_importing_an_orchestrator_or_torch():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     loaded = set(json.loads(out.stdout.strip().splitlines()[-1]))
     assert not {"kfp", "airflow", "torch", "mlflow"} & loaded, sorted(loaded)
+
+
+# ---------------------------------------------------------------- the import graph
+#
+# Layers, lowest first. A module may import (at module level or inside a function) only modules
+# of its own layer or of a lower one, and the whole graph has no circle. A module is placed by
+# the longest prefix listed here; a new module outside every prefix fails the test until it is
+# given a layer.
+LAYERS: list[tuple[str, tuple[str, ...]]] = [
+    (
+        "errors and helpers",
+        (
+            "optimizer_core",
+            "optimizer_core.errors",
+            "optimizer_core.redact",
+            "optimizer_core.isolation",
+            "optimizer_core.hashing",
+        ),
+    ),
+    ("IR I/O", ("optimizer_core.modelio", "optimizer_core.runtime")),
+    ("graph", ("optimizer_core.graph",)),
+    ("verify", ("optimizer_core.verify",)),
+    (
+        "file optimizer and targets",
+        ("optimizer_core.stats", "optimizer_core.ort_target", "optimizer_core.optimize_file"),
+    ),
+    ("data", ("optimizer_core.data",)),
+    ("quantize and gates", ("optimizer_core.quantize", "optimizer_core.gates")),
+    (
+        "exporters and integrations",
+        (
+            "optimizer_core.integrations",
+            "optimizer_core.exporter",
+            "optimizer_core.torch_simplify",
+            "optimizer_core.promotion",
+        ),
+    ),
+    ("stages", ("optimizer_core.stages",)),
+    ("example models", ("optimizer_core.examples",)),
+    ("CLI", ("optimizer_core.cli",)),
+    ("orchestrator adapters", ("operators",)),
+    ("DAGs", ("dags",)),
+]
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("optimizer_core", "operators", "dags")
+
+
+def _modules() -> dict[str, Path]:
+    found: dict[str, Path] = {}
+    for package in PACKAGES:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            parts = list(path.relative_to(ROOT).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts.pop()
+            found[".".join(parts)] = path
+    return found
+
+
+def import_graph() -> dict[str, set[str]]:
+    """``module -> modules it imports`` among the project's own modules, lazy imports included.
+    ``from P import name`` points at ``P.name`` when that is a module, else at ``P``; a module's
+    own parent packages are left out (Python imports them first anyway)."""
+    modules = _modules()
+    edges: dict[str, set[str]] = {m: set() for m in modules}
+    for module, path in modules.items():
+        is_package = path.name == "__init__.py"
+        ancestors = {".".join(module.split(".")[:i]) for i in range(1, module.count(".") + 1)}
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            targets: list[str] = []
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = module.split(".") if is_package else module.split(".")[:-1]
+                    base = base[: len(base) - (node.level - 1)]
+                    origin = ".".join([*base, *([node.module] if node.module else [])])
+                else:
+                    origin = node.module or ""
+                for alias in node.names:
+                    child = f"{origin}.{alias.name}"
+                    targets.append(child if child in modules else origin)
+            for target in targets:
+                parts = target.split(".")
+                while parts and ".".join(parts) not in modules:
+                    parts.pop()
+                name = ".".join(parts)
+                if name and name != module and name not in ancestors:
+                    edges[module].add(name)
+    return edges
+
+
+def layer_of(module: str) -> int | None:
+    best: tuple[int, int] | None = None  # (prefix length, layer)
+    for index, (_, prefixes) in enumerate(LAYERS):
+        for prefix in prefixes:
+            # the core's package itself (its ``__init__``) is placed by name only
+            nested = prefix != "optimizer_core" and module.startswith(prefix + ".")
+            if module == prefix or nested:
+                if best is None or len(prefix) > best[0]:
+                    best = (len(prefix), index)
+    return None if best is None else best[1]
+
+
+def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(edges.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(edges):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_every_module_has_a_layer():
+    unplaced = sorted(m for m in _modules() if layer_of(m) is None)
+    assert not unplaced, f"modules in no layer (add them to LAYERS): {unplaced}"
+
+
+def test_import_graph_has_no_circle():
+    found = cycles(import_graph())
+    assert not found, "import circles: " + "; ".join(" <-> ".join(c) for c in found)
+
+
+def test_no_module_imports_a_higher_layer():
+    upward = []
+    for module, targets in import_graph().items():
+        own = layer_of(module)
+        for target in sorted(targets):
+            theirs = layer_of(target)
+            if own is not None and theirs is not None and theirs > own:
+                upward.append(f"{module} ({LAYERS[own][0]}) -> {target} ({LAYERS[theirs][0]})")
+    assert not upward, "imports of a higher layer:\n" + "\n".join(upward)
+
+
+def test_dags_compose_operators_only():
+    """A DAG file imports the orchestrator adapters, never the core."""
+    leaks = [
+        f"{module} -> {target}"
+        for module, targets in import_graph().items()
+        if module.startswith("dags")
+        for target in sorted(targets)
+        if target.split(".")[0] == "optimizer_core"
+    ]
+    assert not leaks, "DAGs importing the core:\n" + "\n".join(leaks)
+
+
+def test_the_checks_see_a_circle_an_upward_arrow_and_a_dag_import():
+    """The checks above on a made-up graph: each finds what it looks for."""
+    graph = {
+        "optimizer_core.graph.a": {"optimizer_core.verify.b"},
+        "optimizer_core.verify.b": {"optimizer_core.graph.a"},
+        "dags.x": {"optimizer_core.errors"},
+    }
+    assert cycles(graph) == [["optimizer_core.graph.a", "optimizer_core.verify.b"]]
+    assert layer_of("optimizer_core.graph.a") < layer_of("optimizer_core.verify.b")
+    assert layer_of("optimizer_core.graph.passes.cse") == layer_of("optimizer_core.graph")
+    assert layer_of("dags.x") > layer_of("operators.airflow.hooks")
+    assert layer_of("optimizer_core.unplaced") is None
