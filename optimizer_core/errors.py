@@ -73,10 +73,3 @@ class VerificationUnavailable(GraphtrimError):
     (an op or opset it lacks, a custom domain, ...) or no inputs can be made for it. Not a
     difference: the message says why, and the model may still be optimized without verifying."""
 
-
-class GateFailure(GraphtrimError):
-    """A variant did not pass a gate; ``measured`` holds the numbers."""
-
-    def __init__(self, message: str, measured: Mapping[str, Any] | None = None):
-        self.measured = dict(measured or {})
-        super().__init__(message)
