@@ -24,11 +24,9 @@ from optimizer_core.graph.passes.dead_code import DeadCodeElimination
 from optimizer_core.graph.passes.fusion import AffineFusion
 from optimizer_core.graph.passes.identity import IdentityElimination
 from optimizer_core.graph.passes.linear import GemmFusion
-from optimizer_core.graph.passes.loops import (
-    LoopFusion,
-    LoopInvariantHoisting,
-    LoopUnrolling,
-)
+from optimizer_core.graph.passes.loop_fuse import LoopFusion
+from optimizer_core.graph.passes.loop_hoist import LoopInvariantHoisting
+from optimizer_core.graph.passes.loop_unroll import LoopUnrolling
 from optimizer_core.graph.passes.pad import PadFusion
 from optimizer_core.graph.passes.qdq import QdqCleanup, QdqMove
 from optimizer_core.graph.passes.residual import ResidualSum
