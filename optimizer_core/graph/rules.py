@@ -68,6 +68,32 @@ def replace(old: ir.Value, new: ir.Value, what: str) -> None:
         raise RuntimeError(f"cannot reroute the output of {what}")
 
 
+def reroute_refusal(old: ir.Value, new: ir.Value) -> str | None:
+    """Why :func:`replace` would refuse to make the users of ``old`` read ``new`` (the reasons
+    of ``u.replace_value``), or ``None`` when it can: a check that calls it before matching
+    leaves its rewrite nothing to fail on."""
+    if old is new:
+        return "the value would replace itself"
+    if old.graph is not None and old.is_graph_output():
+        if new.is_graph_input():
+            return "a graph output would become a graph input"
+        if new.is_graph_output():
+            return "a graph output would become another graph output"
+        if new.is_initializer():
+            return "a graph output would become an initializer"
+        if new.graph is not old.graph:
+            return "a graph output would become a value of another scope"
+        if new.producer() is None:
+            return "a graph output would become a value without a producer"
+    return None
+
+
+def replace_output(node: ir.Node, new: ir.Value, ctx: RuleContext) -> None:
+    """The rewrite of a rule whose match is a value equal to ``node``'s (first) output: the
+    output's users read ``new`` and ``node`` goes dead."""
+    replace(node.outputs[0], new, f"{node.op_type} node '{node.name}'")
+
+
 class RulePass(GraphtrimPass):
     """A pass made of node-local rules: ``RULES`` tried in table order on each node they list."""
 
