@@ -28,7 +28,8 @@ from optimizer_core.graph.passes.loop_fuse import LoopFusion
 from optimizer_core.graph.passes.loop_hoist import LoopInvariantHoisting
 from optimizer_core.graph.passes.loop_unroll import LoopUnrolling
 from optimizer_core.graph.passes.pad import PadFusion
-from optimizer_core.graph.passes.qdq import QdqCleanup, QdqMove
+from optimizer_core.graph.passes.qdq import QdqCleanup
+from optimizer_core.graph.passes.qdq_move import QdqMove
 from optimizer_core.graph.passes.residual import ResidualSum
 from optimizer_core.graph.passes.shapes import SymbolicShapes
 from optimizer_core.graph.passes.siblings import SiblingMatMulFusion
