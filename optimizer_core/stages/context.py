@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from optimizer_core.errors import GraphtrimError
+from optimizer_core.hashing import file_sha256
 
 if TYPE_CHECKING:
     from optimizer_core.integrations.artifacts import S3Auth
@@ -200,14 +201,6 @@ class StageContext:
             "force_promotion": self.force_promotion,
             "child_timeout": self.child_timeout,
         }
-
-
-def file_sha256(path: str | os.PathLike[str]) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def library_versions() -> dict[str, str]:
