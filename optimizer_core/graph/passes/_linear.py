@@ -1,0 +1,224 @@
+"""Matchers of the Gemm fusions (pass ``fuse-gemm``, :mod:`optimizer_core.graph.passes.linear`)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING, cast
+
+import numpy as np
+import onnx_ir as ir
+
+from optimizer_core.graph import _ir_utils as u
+from optimizer_core.graph.rules import RuleContext, replace
+
+if TYPE_CHECKING:
+    from optimizer_core.graph.passes.linear import GemmFusion
+
+# element types every runtime's Gemm takes (onnxruntime's CPU Gemm has no float16 kernel)
+GEMM_TYPES = frozenset({ir.DataType.FLOAT, ir.DataType.DOUBLE})
+
+
+def elem_type(value: ir.Value | None) -> ir.DataType | None:
+    if value is None:
+        return None
+    if value.type is not None and isinstance(value.type, ir.TensorType):
+        return value.type.dtype
+    if value.const_value is not None:
+        return value.const_value.dtype
+    return None
+
+
+def last_axis_vector(value: ir.Value | None, n: int, out_rank: int) -> np.ndarray | None:
+    """The constant as a length-``n`` float64 vector when it broadcasts along the last axis
+    of a rank-``out_rank`` result only (scalar, ``[n]``, ``[1, ..., 1, n]``)."""
+    arr = u.const_array(value)
+    if arr is None or arr.dtype.kind != "f" or arr.ndim > out_rank:
+        return None
+    if any(d != 1 for d in arr.shape[:-1]) or (arr.ndim and arr.shape[-1] not in (1, n)):
+        return None
+    return np.broadcast_to(arr.reshape(-1).astype(np.float64), (n,)).copy()
+
+
+def is_transpose_2d(node: ir.Node | None) -> bool:
+    if not u.is_op(node, "Transpose") or node is None:
+        return False
+    if u.rank(node.inputs[0]) != 2:
+        return False
+    perm = node.attributes.get_ints("perm", None)
+    return perm is None or list(perm) == [1, 0]
+
+
+def broadcasts_to(c: ir.Value, y: ir.Value) -> bool:
+    """``c`` broadcasts unidirectionally to ``y`` (rank 2) without widening it."""
+    cd, yd = u.symbolic_dims(c), u.symbolic_dims(y)
+    if cd is None or yd is None or len(yd) != 2 or len(cd) > 2:
+        return False
+    for cdim, ydim in zip(reversed(cd), reversed(yd), strict=False):
+        if cdim == 1:
+            continue
+        if cdim is None or cdim != ydim:
+            return False
+    return True
+
+
+def affine_input(node: ir.Node) -> ir.Value | None:
+    """The non-constant operand of an affine map (BatchNormalization in inference mode on a
+    rank-2 value, or Mul/Add/Div with one constant operand; Div by the constant only)."""
+    if node.op_type == "BatchNormalization":
+        if node.attributes.get_int("training_mode", 0) or len(node.inputs) < 5:
+            return None
+        if any(o.uses() or o.is_graph_output() for o in node.outputs[1:]):
+            return None
+        return node.inputs[0] if u.rank(node.inputs[0]) == 2 else None
+    if len(node.inputs) != 2 or node.inputs[0] is None or node.inputs[1] is None:
+        return None
+    a, b = node.inputs
+    if u.is_constant(b) and not u.is_constant(a):
+        return a
+    if node.op_type != "Div" and u.is_constant(a) and not u.is_constant(b):
+        return b
+    return None
+
+
+def affine(node: ir.Node, x: ir.Value, n: int) -> tuple[np.ndarray, np.ndarray] | str:
+    """``(k, s)`` of the per-column map ``x * k + s`` that ``node`` applies, or why none."""
+    if node.op_type == "BatchNormalization":
+        params = [u.const_array(v) for v in node.inputs[1:5]]
+        if any(p is None or p.size != n or p.dtype.kind != "f" for p in params):
+            return "BatchNormalization parameters not constant float vectors of the column count"
+        gamma, beta, mean, var = (p.astype(np.float64).reshape(-1) for p in params)  # type: ignore[union-attr]
+        k = gamma / np.sqrt(var + node.attributes.get_float("epsilon", 1e-5))
+        return k, beta - mean * k
+    other = node.inputs[1] if node.inputs[0] is x else node.inputs[0]
+    c = last_axis_vector(other, n, 2)
+    if c is None:
+        return "the constant does not broadcast along the last axis only"
+    if node.op_type == "Mul":
+        return c, np.zeros(n)
+    if node.op_type == "Div":
+        if not np.all(c != 0):
+            return "a division by zero"
+        return 1.0 / c, np.zeros(n)
+    return np.ones(n), c
+
+
+def _namer(ctx: RuleContext) -> u.NameGenerator:
+    return cast("GemmFusion", ctx.pass_).namer(ctx.model)
+
+
+def _tied(weight: ir.Value, reader: ir.Node) -> bool:
+    """``weight`` has readers besides ``reader`` (rewriting it would need a copy)."""
+    return not all(user is reader for user, _ in weight.uses()) or weight.is_graph_output()
+
+
+# ---------------------------------------------------------------- affine maps after Gemm
+
+
+@dataclasses.dataclass
+class _AfterGemm:
+    x: ir.Value
+    gemm: ir.Node
+    b: np.ndarray
+    scale: np.ndarray
+    shift: np.ndarray
+    c64: np.ndarray
+
+
+def check_after_gemm(node: ir.Node, ctx: RuleContext) -> _AfterGemm | str:
+    """A per-column ``Y * k + s`` on the output of a Gemm with a constant ``B``."""
+    x = affine_input(node)
+    gemm = x.producer() if x is not None else None
+    if x is None or gemm is None or not u.single_consumer(x):
+        return "no computed operand read by this node alone"
+    if not u.is_op(gemm, "Gemm"):
+        return "the operand is not a Gemm's output"
+    b_val = gemm.inputs[1]
+    c_val = gemm.inputs[2] if len(gemm.inputs) > 2 else None
+    b = u.const_array(b_val)
+    if b_val is None or b is None or b.ndim != 2 or b.dtype.kind != "f":
+        return "B is not a constant float matrix"
+    n = b.shape[0] if gemm.attributes.get_int("transB", 0) else b.shape[1]
+    found = affine(node, x, n)
+    if isinstance(found, str):
+        return found
+    scale, shift = found
+    if not np.all(scale == 1.0) and _tied(b_val, gemm):
+        return "B has other readers (a tied weight)"
+    if c_val is None:
+        return _AfterGemm(x, gemm, b, scale, shift, np.zeros(n))
+    c = u.const_array(c_val)
+    if c is None or c.dtype != b.dtype or c.ndim > 2 or c.size not in (1, n):
+        return "C is not a constant of B's type broadcasting per column"
+    if c.ndim == 2 and c.shape[0] != 1:
+        return "C has rows (it would have to be materialized per row)"
+    return _AfterGemm(
+        x, gemm, b, scale, shift, np.broadcast_to(c.reshape(-1).astype(np.float64), (n,))
+    )
+
+
+def fold_into_gemm(node: ir.Node, m: _AfterGemm, ctx: RuleContext) -> None:
+    graph, gemm = ctx.graph, m.gemm
+    new_b_val = None
+    if not np.all(m.scale == 1.0):
+        b_val = gemm.inputs[1]
+        assert b_val is not None
+        trans_b = gemm.attributes.get_int("transB", 0)
+        col = m.scale.reshape(-1, 1) if trans_b else m.scale.reshape(1, -1)
+        new_b = (m.b.astype(np.float64) * col).astype(m.b.dtype)
+        new_b_val = u.add_initializer(graph, new_b, _namer(ctx)(f"{b_val.name}_fused"))
+    beta = gemm.attributes.get_float("beta", 1.0)
+    new_c = (beta * m.c64 * m.scale + m.shift).astype(m.b.dtype)
+    new_c_val = u.add_initializer(graph, new_c, _namer(ctx)("gemm_bias_fused"))
+    if new_b_val is not None:
+        gemm.replace_input_with(1, new_b_val)
+    if len(gemm.inputs) < 3:
+        gemm.resize_inputs(3)
+    gemm.replace_input_with(2, new_c_val)
+    gemm.attributes["beta"] = ir.AttrFloat32("beta", 1.0)
+    replace(node.outputs[0], m.x, node.op_type)
+    u.remove_nodes(graph, [node])
+
+
+# ---------------------------------------------------------------- MatMul(A, W) * c
+
+
+def check_matmul_scale(
+    node: ir.Node, ctx: RuleContext
+) -> tuple[ir.Value, ir.Node, np.ndarray] | str:
+    """``(x, MatMul, k)`` of ``MatMul(A, W) * k`` (or ``/ c``, ``k = 1 / c``) per column."""
+    x = affine_input(node)
+    mm = x.producer() if x is not None else None
+    if x is None or mm is None or not u.is_op(mm, "MatMul") or not u.single_consumer(x):
+        return "the operand is not a MatMul's output read by this node alone"
+    w_val = mm.inputs[1]
+    w = u.const_array(w_val)
+    if w_val is None or w is None or w.ndim != 2 or w.dtype.kind != "f":
+        return "W is not a constant float matrix"
+    if _tied(w_val, mm):
+        return "W has other readers (a tied weight)"
+    out_rank = u.rank(x)
+    if out_rank is None:
+        return "the MatMul's rank is unknown"
+    other = node.inputs[1] if node.inputs[0] is x else node.inputs[0]
+    c = last_axis_vector(other, w.shape[1], out_rank)
+    if c is None or (node.op_type == "Div" and not np.all(c != 0)):
+        return "the constant does not broadcast along the last axis only (or divides by zero)"
+    arr = u.const_array(other)
+    if arr is None or arr.dtype != w.dtype:
+        return "the constant's type is not W's"
+    return x, mm, (1.0 / c if node.op_type == "Div" else c)
+
+
+def scale_weight(
+    node: ir.Node, match: tuple[ir.Value, ir.Node, np.ndarray], ctx: RuleContext
+) -> None:
+    x, mm, k = match
+    w_val = mm.inputs[1]
+    w = u.const_array(w_val)
+    assert w_val is not None and w is not None
+    new_w = (w.astype(np.float64) * k.reshape(1, -1)).astype(w.dtype)
+    mm.replace_input_with(
+        1, u.add_initializer(ctx.graph, new_w, _namer(ctx)(f"{w_val.name}_fused"))
+    )
+    replace(node.outputs[0], x, node.op_type)
+    u.remove_nodes(ctx.graph, [node])
