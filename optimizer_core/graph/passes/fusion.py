@@ -23,326 +23,271 @@ BatchNormalization vectors within the folding growth budget get a private copy.
 from __future__ import annotations
 
 import dataclasses
+from typing import cast
 
 import numpy as np
 import onnx_ir as ir
 
 from optimizer_core.graph import _ir_utils as u
-from optimizer_core.graph.framework import GraphtrimPass
+from optimizer_core.graph.passes._affine import (
+    Operand,
+    affine_input,
+    conv_affine,
+    operand,
+    other_operand,
+    per_channel,
+    rewritable_const,
+    tie_agrees,
+    weight_scale,
+)
+from optimizer_core.graph.rules import Rule, RuleContext, RulePass, replace
 
 
-def per_channel(value: ir.Value | None, channels: int, out_rank: int) -> np.ndarray | None:
-    """The constant as a length-``channels`` vector if it broadcasts along axis 1 only."""
-    arr = u.const_array(value)
-    if arr is None or arr.dtype.kind != "f" or arr.ndim > out_rank:
-        return None
-    shape = (1,) * (out_rank - arr.ndim) + arr.shape
-    if any(d != 1 for i, d in enumerate(shape) if i != 1):
-        return None
-    if shape[1] not in (1, channels):
-        return None
-    return np.broadcast_to(arr.reshape(-1).astype(np.float64), (channels,)).copy()
+def _pass(ctx: RuleContext) -> AffineFusion:
+    return cast("AffineFusion", ctx.pass_)
 
 
-def _rewritable_const(value: ir.Value | None, reader: ir.Node, copy_budget: int) -> bool:
-    """A constant that may be replaced by a rewritten copy for ``reader``: read by ``reader``
-    alone, or small enough (``copy_budget`` bytes) that a private copy costs nothing worth
-    keeping tied weights for."""
-    if value is None or not u.is_constant(value) or value.is_graph_output():
-        return False
-    if all(user is reader for user, _ in value.uses()):
-        return True
-    return u.const_nbytes(value) <= copy_budget
+def _operand_of(node: ir.Node) -> tuple[ir.Value, ir.Node] | str:
+    """The computed operand ``x`` of an affine ``node`` and its producer."""
+    x = affine_input(node)
+    producer = x.producer() if x is not None else None
+    if x is None or producer is None or not u.single_consumer(x):
+        return "no computed operand that this node alone reads"
+    return x, producer
+
+
+def _reroute(node: ir.Node, x: ir.Value, ctx: RuleContext) -> None:
+    """The rewritten producer of ``x`` now computes ``node``'s output."""
+    replace(node.outputs[0], x, node.op_type)
+    u.remove_nodes(ctx.graph, [node])
+
+
+# ---------------------------------------------------------------- into Conv / ConvTranspose
 
 
 @dataclasses.dataclass
-class _Operand:
-    """A constant operand of a fusion: a materialized array, or a uniform fill produced by
-    ``ConstantOfShape`` (kept as a fill so the model does not grow)."""
-
-    shape: tuple[int, ...]
-    dtype: np.dtype
-    array: np.ndarray | None
-    fill: float | None
-    shape_input: ir.Value | None
-
-    def _broadcastable(self, arr: np.ndarray) -> np.ndarray:
-        if arr.ndim == 1 and len(self.shape) > 1:
-            return arr.reshape((-1,) + (1,) * (len(self.shape) - 1))
-        return arr
-
-    def scaled(
-        self,
-        scale: np.ndarray,
-        shift: np.ndarray,
-        graph: ir.Graph,
-        before: ir.Node,
-        namer: u.NameGenerator,
-    ) -> ir.Value | None:
-        """``self * scale + shift`` as a new initializer or fill: vectors apply along axis 0,
-        higher-rank arrays broadcast against the operand's shape."""
-        scale, shift = self._broadcastable(scale), self._broadcastable(shift)
-        if self.array is not None:
-            out = self.array.astype(np.float64) * scale + shift
-            return u.add_initializer(graph, out.astype(self.dtype), namer("fused"))
-        s0, t0 = float(scale.reshape(-1)[0]), float(shift.reshape(-1)[0])
-        if self.fill is None or not (np.all(scale == s0) and np.all(shift == t0)):
-            return None  # a per-channel result would have to be materialized: the model would grow
-        value = np.array([self.fill * s0 + t0], dtype=self.dtype)
-        node = ir.Node(
-            "", "ConstantOfShape", [self.shape_input], [ir.AttrTensor("value", ir.Tensor(value))]
-        )
-        graph.insert_before(before, node)
-        out = node.outputs[0]
-        # typed here, so no shape inference has to run for it
-        out.shape = ir.Shape(self.shape)
-        out.type = ir.TensorType(ir.DataType.from_numpy(value.dtype))
-        return out
+class _IntoConv:
+    x: ir.Value
+    conv: ir.Node
+    w: Operand
+    b: Operand
+    scale: np.ndarray
+    shift: np.ndarray
+    # the rewritten weight's cache key and the weight's scale, when the weight changes
+    key: tuple[int, str, int, bytes] | None
+    w_scale: np.ndarray | None
 
 
-def _weight_scale(
-    scale: np.ndarray, w_shape: tuple[int, ...], op_type: str, group: int
-) -> np.ndarray:
-    """The per-output-channel ``scale`` shaped to multiply the weight of ``op_type``.
-
-    A Conv weight is ``[C_out, C_in / group, k...]``: the scale runs along axis 0. A ConvTranspose
-    weight is ``[C_in, C_out / group, k...]``: output channel ``g * (C_out / group) + j`` is
-    ``W[g * C_in / group : (g + 1) * C_in / group, j]``.
-    """
-    tail = (1,) * (len(w_shape) - 2)
-    if op_type == "Conv":
-        return scale.reshape((-1, 1, *tail))
-    c_in, c_out_g = w_shape[0], w_shape[1]
-    per_group = scale.reshape(group, 1, c_out_g)
-    full = np.broadcast_to(per_group, (group, c_in // group, c_out_g))
-    return full.reshape((c_in, c_out_g, *tail))
-
-
-def _operand(value: ir.Value | None) -> _Operand | None:
-    if value is None:
-        return None
-    arr = u.const_array(value)
-    if arr is not None:
-        return _Operand(tuple(arr.shape), arr.dtype, arr, None, None)
-    producer = value.producer()
-    if producer is None or not u.is_op(producer, "ConstantOfShape") or producer.inputs[0] is None:
-        return None
-    shape = u.const_ints(producer.inputs[0])
-    if shape is None:
-        return None
-    if "value" in producer.attributes:
-        fill_arr = producer.attributes["value"].value.numpy()
+def _check_conv(node: ir.Node, ctx: RuleContext, op: str) -> _IntoConv | str:
+    found = _operand_of(node)
+    if isinstance(found, str):
+        return found
+    x, conv = found
+    if not u.is_op(conv, op):
+        return f"the operand is not a {op}'s output"
+    w_val = conv.inputs[1] if len(conv.inputs) > 1 else None
+    b_val = conv.inputs[2] if len(conv.inputs) > 2 else None
+    w = operand(w_val)
+    if w_val is None or w is None or w.dtype.kind != "f" or len(w.shape) < 3:
+        return "the weight is not a constant float tensor"
+    group = conv.attributes.get_int("group", 1)
+    if op == "ConvTranspose":
+        if group < 1 or w.shape[0] % group:
+            return "the group does not divide the input channels"
+        channels = w.shape[1] * group  # the weight is [C_in, C_out / group, k...]
     else:
-        fill_arr = np.zeros(1, dtype=np.float32)
-    if fill_arr.size != 1:
-        return None
-    return _Operand(
-        tuple(shape), fill_arr.dtype, None, float(fill_arr.reshape(-1)[0]), producer.inputs[0]
+        channels = w.shape[0]
+    out_rank = len(w.shape)  # the output rank equals the weight rank
+    b = (
+        operand(b_val)
+        if b_val is not None
+        else Operand((channels,), w.dtype, np.zeros(channels, w.dtype), None, None)
+    )
+    if b is None or b.shape != (channels,):
+        return "the bias is not a constant vector of the output channels"
+    affine = conv_affine(node, conv, channels, out_rank)
+    if affine is None:
+        return "not a per-channel constant or an inference-mode BatchNormalization"
+    scale, shift, _ = affine
+    key = w_scale = None
+    if not np.all(scale == 1.0):
+        layout_group = group if op == "ConvTranspose" else 1
+        key = (id(w_val), op, layout_group, scale.tobytes())
+        w_scale = weight_scale(scale, w.shape, op, group)
+        if key not in _pass(ctx).fused_weights:
+            exclusive = all(user is conv for user, _ in w_val.uses())
+            if not exclusive and not tie_agrees(w_val, conv, scale, channels, out_rank):
+                return "the weight is shared with readers scaled differently"
+            if not w.can_scale(w_scale, np.zeros(1)):
+                return "a uniform-fill weight under a per-channel scale would grow the model"
+    # a bias is a vector: a private copy costs C values, less than the node it replaces
+    if not b.can_scale(scale, shift):
+        return "a uniform-fill bias under a per-channel map would grow the model"
+    return _IntoConv(x, conv, w, b, scale, shift, key, w_scale)
+
+
+def check_into_conv(node: ir.Node, ctx: RuleContext) -> _IntoConv | str:
+    return _check_conv(node, ctx, "Conv")
+
+
+def check_into_conv_transpose(node: ir.Node, ctx: RuleContext) -> _IntoConv | str:
+    return _check_conv(node, ctx, "ConvTranspose")
+
+
+def fold_into_conv(node: ir.Node, m: _IntoConv, ctx: RuleContext) -> None:
+    fusion, graph, conv = _pass(ctx), ctx.graph, m.conv
+    namer = fusion.namer(ctx)
+    new_w_val: ir.Value | None = None
+    if m.key is not None:
+        new_w_val = fusion.fused_weights.get(m.key)
+        if new_w_val is None:
+            assert m.w_scale is not None
+            new_w_val = m.w.scaled(m.w_scale, np.zeros(1), graph, conv, namer)
+            assert new_w_val is not None  # checked by can_scale
+            fusion.fused_weights[m.key] = new_w_val
+    new_b_val = m.b.scaled(m.scale, m.shift, graph, conv, namer)
+    assert new_b_val is not None  # checked by can_scale
+    if new_w_val is not None:
+        conv.replace_input_with(1, new_w_val)
+    if len(conv.inputs) < 3:
+        conv.resize_inputs(3)
+    conv.replace_input_with(2, new_b_val)
+    _reroute(node, m.x, ctx)
+
+
+# ---------------------------------------------------------------- into BatchNormalization
+
+
+def check_into_bn(node: ir.Node, ctx: RuleContext) -> tuple[ir.Value, ir.Node, np.ndarray] | str:
+    """``(x, bn, c)`` of ``BatchNormalization(...) * c`` or ``+ c`` per channel."""
+    found = _operand_of(node)
+    if isinstance(found, str):
+        return found
+    x, bn = found
+    if not u.is_op(bn, "BatchNormalization"):
+        return "the operand is not a BatchNormalization's output"
+    if affine_input(bn) is None:
+        return "not an inference-mode BatchNormalization"
+    gamma_v, beta_v = bn.inputs[1], bn.inputs[2]
+    budget = ctx.options.fold_max_growth_bytes
+    if not rewritable_const(gamma_v, bn, budget) or not rewritable_const(beta_v, bn, budget):
+        return "scale or B is shared and larger than the growth budget"
+    gamma, beta = u.const_array(gamma_v), u.const_array(beta_v)
+    if gamma is None or beta is None or gamma.dtype.kind != "f":
+        return "scale or B is not a float constant"
+    out_rank = u.rank(bn.outputs[0]) or u.rank(bn.inputs[0])
+    if out_rank is None or out_rank < 2:
+        return "the rank is unknown or below 2"
+    c = per_channel(other_operand(node, bn.outputs[0]), gamma.size, out_rank)
+    if c is None:
+        return "the constant is not per channel"
+    return x, bn, c
+
+
+def fold_into_bn(node: ir.Node, m: tuple[ir.Value, ir.Node, np.ndarray], ctx: RuleContext) -> None:
+    x, bn, c = m
+    gamma_v, beta_v = bn.inputs[1], bn.inputs[2]
+    gamma, beta = u.const_array(gamma_v), u.const_array(beta_v)
+    assert gamma_v is not None and beta_v is not None and gamma is not None and beta is not None
+    g64, b64 = gamma.astype(np.float64).reshape(-1), beta.astype(np.float64).reshape(-1)
+    if node.op_type == "Mul":
+        g64, b64 = g64 * c, b64 * c
+    else:
+        b64 = b64 + c
+    namer = _pass(ctx).namer(ctx)
+    g_init = u.add_initializer(
+        ctx.graph, g64.astype(gamma.dtype), namer(f"{gamma_v.name or 'scale'}_fused")
+    )
+    b_init = u.add_initializer(
+        ctx.graph, b64.astype(beta.dtype), namer(f"{beta_v.name or 'B'}_fused")
+    )
+    bn.replace_input_with(1, g_init)
+    bn.replace_input_with(2, b_init)
+    _reroute(node, x, ctx)
+
+
+_K = "k = gamma / sqrt(var + eps)"
+
+
+def _conv_rules(op: str, weight: str) -> tuple[Rule, ...]:
+    prefix = op.lower()
+    tail = (
+        f"per output channel o of a {op} with a constant float weight ({weight}); the {op}'s "
+        "output read by this node alone; a weight shared with other readers only when all "
+        "apply the same scale (they keep sharing the rewritten weight)"
+    )
+    check = check_into_conv if op == "Conv" else check_into_conv_transpose
+    return (
+        Rule(
+            f"{prefix}-bn",
+            f"BatchNormalization({op}(x, W, B)) -> {op}(x, W * k, (B - mean) * k + beta), "
+            f"{_K}, {tail}",
+            ("BatchNormalization",),
+            check,
+            fold_into_conv,
+        ),
+        Rule(
+            f"{prefix}-mul",
+            f"{op}(x, W, B) * c -> {op}(x, W * c, B * c), {tail}",
+            ("Mul",),
+            check,
+            fold_into_conv,
+        ),
+        Rule(
+            f"{prefix}-add",
+            f"{op}(x, W, B) + c -> {op}(x, W, B + c), {tail}",
+            ("Add",),
+            check,
+            fold_into_conv,
+        ),
     )
 
 
-class AffineFusion(GraphtrimPass):
+RULES: tuple[Rule, ...] = (
+    *_conv_rules("Conv", "[C_out, C_in / group, k...]: W[o] scales by k[o]"),
+    *_conv_rules(
+        "ConvTranspose",
+        "[C_in, C_out / group, k...]: o = g * (C_out / group) + j scales "
+        "W[g * C_in / group : (g + 1) * C_in / group, j]",
+    ),
+    Rule(
+        "bn-mul",
+        "BatchNormalization(x, gamma, beta, ...) * c -> BatchNormalization(x, gamma * c, "
+        "beta * c, ...) for a per-channel constant c (inference mode)",
+        ("Mul",),
+        check_into_bn,
+        fold_into_bn,
+    ),
+    Rule(
+        "bn-add",
+        "BatchNormalization(x, gamma, beta, ...) + c -> BatchNormalization(x, gamma, beta + c, "
+        "...) for a per-channel constant c (inference mode)",
+        ("Add",),
+        check_into_bn,
+        fold_into_bn,
+    ),
+)
+
+
+class AffineFusion(RulePass):
     name = "fuse-affine"
     exact = False
     summary = (
         "fold BatchNormalization and per-channel Mul/Add into Conv and ConvTranspose; "
         "Mul/Add into BatchNormalization"
     )
+    rules = RULES
 
     def apply(self, model: ir.Model) -> bool:
-        changed = False
         # rewritten weights by (original weight, reader op, ConvTranspose group, per-channel
         # scale): tied weights stay tied
-        self._fused_weights: dict[tuple[int, str, int, bytes], ir.Value] = {}
-        for graph in u.all_graphs(model):
-            namer: u.NameGenerator | None = None
-            for node in u.nodes_in_order(graph):
-                if node.graph is None or not u.is_standard(node):
-                    continue
-                if node.op_type not in ("BatchNormalization", "Mul", "Add"):
-                    continue
-                x = self._affine_input(node)
-                producer = x.producer() if x is not None else None
-                if x is None or producer is None or not u.single_consumer(x):
-                    continue
-                if namer is None:
-                    namer = u.NameGenerator(model)
-                if u.is_op(producer, "Conv", "ConvTranspose"):
-                    done = self._into_conv(node, producer, graph, namer)
-                elif (
-                    u.is_op(producer, "BatchNormalization") and node.op_type != "BatchNormalization"
-                ):
-                    done = self._into_bn(node, producer, graph, namer)
-                else:
-                    continue
-                if done:
-                    # the rewritten producer now computes this node's output
-                    if not u.replace_value(
-                        node.outputs[0], x
-                    ):  # pragma: no cover - x has a producer
-                        raise RuntimeError(f"cannot reroute the output of {node.op_type}")
-                    u.remove_nodes(graph, [node])
-                    changed = True
-        return changed
+        self.fused_weights: dict[tuple[int, str, int, bytes], ir.Value] = {}
+        self._namers: dict[int, u.NameGenerator] = {}
+        return super().apply(model)
 
-    @staticmethod
-    def _affine_input(node: ir.Node) -> ir.Value | None:
-        if node.op_type == "BatchNormalization":
-            if node.attributes.get_int("training_mode", 0) or len(node.inputs) < 5:
-                return None
-            if "is_test" in node.attributes and not node.attributes.get_int("is_test", 0):
-                return None  # opset < 7 in training mode
-            if any(o.uses() or o.is_graph_output() for o in node.outputs[1:]):
-                return None
-            return node.inputs[0]
-        if len(node.inputs) != 2:
-            return None
-        a, b = node.inputs
-        if a is None or b is None:
-            return None
-        if u.is_constant(b) and not u.is_constant(a):
-            return a
-        if u.is_constant(a) and not u.is_constant(b):
-            return b
-        return None
-
-    @staticmethod
-    def _other(node: ir.Node, x: ir.Value) -> ir.Value | None:
-        return node.inputs[1] if node.inputs[0] is x else node.inputs[0]
-
-    def _bn_scale_shift(self, bn: ir.Node, channels: int) -> tuple[np.ndarray, np.ndarray] | None:
-        params = [u.const_array(v) for v in bn.inputs[1:5]]
-        if any(p is None or p.size != channels or p.dtype.kind != "f" for p in params):
-            return None
-        gamma, beta, mean, var = (p.astype(np.float64).reshape(-1) for p in params)  # type: ignore[union-attr]
-        eps = bn.attributes.get_float("epsilon", 1e-5)
-        k = gamma / np.sqrt(var + eps)
-        return k, beta - mean * k
-
-    def _conv_affine(
-        self, node: ir.Node, conv: ir.Node, channels: int, out_rank: int
-    ) -> tuple[np.ndarray, np.ndarray, str] | None:
-        """(scale, shift, rule) that ``node`` applies per output channel of ``conv`` (a Conv or
-        ConvTranspose)."""
-        prefix = conv.op_type.lower()
-        if node.op_type == "BatchNormalization":
-            if self._affine_input(node) is not conv.outputs[0]:
-                return None
-            ss = self._bn_scale_shift(node, channels)
-            return None if ss is None else (ss[0], ss[1], f"{prefix}-bn")
-        if node.op_type not in ("Mul", "Add") or self._affine_input(node) is not conv.outputs[0]:
-            return None
-        c = per_channel(self._other(node, conv.outputs[0]), channels, out_rank)
-        if c is None:
-            return None
-        if node.op_type == "Mul":
-            return c, np.zeros(channels), f"{prefix}-mul"
-        return np.ones(channels), c, f"{prefix}-add"
-
-    def _tie_agrees(
-        self, w_val: ir.Value, conv: ir.Node, scale: np.ndarray, channels: int, out_rank: int
-    ) -> bool:
-        """Every reader of a shared weight is a node like ``conv`` (same op, and for a
-        ConvTranspose the same group, so the weight has the same layout) followed by the same
-        per-channel scale, so one rewritten weight serves them all and the tie survives."""
-        group = conv.attributes.get_int("group", 1)
-        for user, index in w_val.uses():
-            if (
-                not u.is_op(user, conv.op_type)
-                or index != 1
-                or not u.single_consumer(user.outputs[0])
-            ):
-                return False
-            if conv.op_type == "ConvTranspose" and user.attributes.get_int("group", 1) != group:
-                return False
-            follower = next(iter(user.outputs[0].uses()))[0]
-            found = self._conv_affine(follower, user, channels, out_rank)
-            if found is None or not np.array_equal(found[0], scale):
-                return False
-        return True
-
-    def _into_conv(
-        self, node: ir.Node, conv: ir.Node, graph: ir.Graph, namer: u.NameGenerator
-    ) -> bool:
-        w_val = conv.inputs[1] if len(conv.inputs) > 1 else None
-        b_val = conv.inputs[2] if len(conv.inputs) > 2 else None
-        w = _operand(w_val)
-        if w_val is None or w is None or w.dtype.kind != "f" or len(w.shape) < 3:
-            return False
-        group = conv.attributes.get_int("group", 1)
-        if conv.op_type == "ConvTranspose":
-            if group < 1 or w.shape[0] % group:
-                return False
-            channels = w.shape[1] * group  # the weight is [C_in, C_out / group, k...]
-        else:
-            channels = w.shape[0]
-        out_rank = len(w.shape)  # the output rank equals the weight rank
-        b = (
-            _operand(b_val)
-            if b_val is not None
-            else _Operand((channels,), w.dtype, np.zeros(channels, w.dtype), None, None)
-        )
-        if b is None or b.shape != (channels,):
-            return False
-        found = self._conv_affine(node, conv, channels, out_rank)
-        if found is None:
-            return False
-        scale, shift, rule = found
-        new_w_val: ir.Value | None = None
-        if not np.all(scale == 1.0):
-            layout_group = group if conv.op_type == "ConvTranspose" else 1
-            key = (id(w_val), conv.op_type, layout_group, scale.tobytes())
-            new_w_val = self._fused_weights.get(key)
-            if new_w_val is None:
-                exclusive = all(user is conv for user, _ in w_val.uses())
-                if not exclusive and not self._tie_agrees(w_val, conv, scale, channels, out_rank):
-                    return False
-                w_scale = _weight_scale(scale, w.shape, conv.op_type, group)
-                new_w_val = w.scaled(w_scale, np.zeros(1), graph, conv, namer)
-                if new_w_val is None:
-                    return False
-                self._fused_weights[key] = new_w_val
-        # a bias is a vector: a private copy costs C values, less than the node it replaces
-        new_b_val = b.scaled(scale, shift, graph, conv, namer)
-        if new_b_val is None:
-            return False
-        if new_w_val is not None:
-            conv.replace_input_with(1, new_w_val)
-        if len(conv.inputs) < 3:
-            conv.resize_inputs(3)
-        conv.replace_input_with(2, new_b_val)
-        self.hit(rule)
-        return True
-
-    def _into_bn(self, node: ir.Node, bn: ir.Node, graph: ir.Graph, namer: u.NameGenerator) -> bool:
-        if self._affine_input(bn) is None:
-            return False
-        gamma_v, beta_v = bn.inputs[1], bn.inputs[2]
-        budget = self.options.fold_max_growth_bytes
-        if not _rewritable_const(gamma_v, bn, budget) or not _rewritable_const(beta_v, bn, budget):
-            return False
-        gamma, beta = u.const_array(gamma_v), u.const_array(beta_v)
-        if gamma is None or beta is None or gamma.dtype.kind != "f":
-            return False
-        out_rank = u.rank(bn.outputs[0]) or u.rank(bn.inputs[0])
-        if out_rank is None or out_rank < 2:
-            return False
-        c = per_channel(self._other(node, bn.outputs[0]), gamma.size, out_rank)
-        if c is None:
-            return False
-        g64, b64 = gamma.astype(np.float64).reshape(-1), beta.astype(np.float64).reshape(-1)
-        if node.op_type == "Mul":
-            g64, b64, rule = g64 * c, b64 * c, "bn-mul"
-        else:
-            b64, rule = b64 + c, "bn-add"
-        assert gamma_v is not None and beta_v is not None
-        g_init = u.add_initializer(
-            graph, g64.astype(gamma.dtype), namer(f"{gamma_v.name or 'scale'}_fused")
-        )
-        b_init = u.add_initializer(
-            graph, b64.astype(beta.dtype), namer(f"{beta_v.name or 'B'}_fused")
-        )
-        bn.replace_input_with(1, g_init)
-        bn.replace_input_with(2, b_init)
-        self.hit(rule)
-        return True
+    def namer(self, ctx: RuleContext) -> u.NameGenerator:
+        """The name generator of ``ctx.graph`` in this run, made on first use."""
+        key = id(ctx.graph)
+        if key not in self._namers:
+            self._namers[key] = u.NameGenerator(ctx.model)
+        return self._namers[key]
