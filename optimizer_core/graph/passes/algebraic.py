@@ -1,29 +1,38 @@
-"""Algebraic simplification.
+"""Algebraic simplification (``algebraic``).
 
-Exact rules (``algebraic``), applied only when broadcasting cannot change the output shape:
+Exact rules, applied only when broadcasting cannot change the output shape:
 
 - ``x + 0 -> x``, ``0 + x -> x``, ``x - 0 -> x``, ``x * 1 -> x``, ``1 * x -> x``, ``x / 1 -> x``,
   ``x ** 1 -> x``
 - ``Neg(Neg(x)) -> x``, ``Not(Not(x)) -> x``
 - ``Transpose(Transpose(x, p), q) -> Transpose(x, p[q])`` and ``-> x`` when ``p[q]`` is the identity
+- ``Unsqueeze(Unsqueeze(x, a), b) -> Unsqueeze(x, a')`` (opset 13+), ``a'`` the positions of both
 - ``Reshape(R(x), s) -> Reshape(x, s)`` for ``R`` in Reshape/Flatten/Squeeze/Unsqueeze when ``s``
   copies no dim (no 0 entry): a Reshape reads only the element order, which ``R`` keeps.
 
-Rules that round differently (``reassociate``, not in the ``safe`` preset; relative error of the
-order of one ulp):
-
-- ``(x * c1) * c2 -> x * (c1 * c2)`` and ``(x + c1) + c2 -> x + (c1 + c2)`` for constants whose
-  product/sum is no larger than the larger of them (broadcasting never grows a constant)
-- ``Reciprocal(Reciprocal(x)) -> x``
+The rules that round differently (merging constant chains, ``Reciprocal`` pairs) are the
+``reassociate`` pass (:mod:`optimizer_core.graph.passes.reassociate`).
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import onnx_ir as ir
 
 from optimizer_core.graph import _ir_utils as u
-from optimizer_core.graph.framework import GraphtrimPass
+from optimizer_core.graph.passes.reassociate import ReassociateConstants
+from optimizer_core.graph.rules import (
+    Rule,
+    RuleContext,
+    RulePass,
+    replace_output,
+    reroute_refusal,
+)
+
+__all__ = ["RULES", "AlgebraicSimplification", "ReassociateConstants"]
 
 
 def _broadcast_keeps_shape(x: ir.Value, c: ir.Value) -> bool:
@@ -46,196 +55,179 @@ def _same_dtype(a: ir.Value, b: ir.Value) -> bool:
     return a.dtype is None or b.dtype is None or a.dtype == b.dtype
 
 
-class AlgebraicSimplification(GraphtrimPass):
-    name = "algebraic"
-    summary = "x+0, x-0, x*1, x/1, x**1, double Neg/Not, Transpose pairs, Reshape chains"
+def _neutral(operand: int, neutral: float) -> Callable[[ir.Node, RuleContext], Any]:
+    """Check: input ``operand`` is the neutral element for the other input, which the output
+    then equals."""
 
-    def apply(self, model: ir.Model) -> bool:
-        changed = False
-        for _graph, node in u.standard_nodes(model):
-            rule = getattr(self, f"_rule_{node.op_type}", None)
-            if rule is not None and rule(node, model):
-                changed = True
-        return changed
-
-    def _neutral(self, node: ir.Node, operand: int, neutral: float, rule: str) -> bool:
-        """Drop ``node`` when input ``operand`` is the neutral element for the other input."""
+    def check(node: ir.Node, ctx: RuleContext) -> ir.Value | str:
         if len(node.inputs) != 2:
-            return False
+            return "not two inputs"
         x, c = node.inputs[1 - operand], node.inputs[operand]
-        if x is None or c is None or not u.is_all(c, neutral) or not _broadcast_keeps_shape(x, c):
-            return False
+        if x is None or c is None:
+            return "an input is missing"
+        if not u.is_all(c, neutral):
+            return f"input {operand} is not a constant {neutral:g}"
+        if not _broadcast_keeps_shape(x, c):
+            return "broadcasting may change the shape"
         if not _same_dtype(x, node.outputs[0]):
-            return False
-        if u.replace_value(node.outputs[0], x):
-            self.hit(rule)
-            return True
-        return False
+            return "the output's type differs from the operand's"
+        return reroute_refusal(node.outputs[0], x) or x
 
-    def _rule_Add(self, node: ir.Node, model: ir.Model) -> bool:
-        return self._neutral(node, 1, 0, "x+0") or self._neutral(node, 0, 0, "0+x")
+    return check
 
-    def _rule_Sub(self, node: ir.Node, model: ir.Model) -> bool:
-        return self._neutral(node, 1, 0, "x-0")
 
-    def _rule_Mul(self, node: ir.Node, model: ir.Model) -> bool:
-        return self._neutral(node, 1, 1, "x*1") or self._neutral(node, 0, 1, "1*x")
+def _involution(node: ir.Node, ctx: RuleContext) -> ir.Value | str:
+    """``f(f(x)) -> x`` for the node's own op ``f``."""
+    x = node.inputs[0]
+    producer = x.producer() if x is not None else None
+    if producer is None or not u.is_op(producer, node.op_type) or producer.inputs[0] is None:
+        return f"the input is not produced by {node.op_type}"
+    src = producer.inputs[0]
+    return reroute_refusal(node.outputs[0], src) or src
 
-    def _rule_Div(self, node: ir.Node, model: ir.Model) -> bool:
-        return self._neutral(node, 1, 1, "x/1")
 
-    def _rule_Pow(self, node: ir.Node, model: ir.Model) -> bool:
-        return self._neutral(node, 1, 1, "x**1")
+def _transpose_pair(node: ir.Node) -> tuple[ir.Value, list[int]] | str:
+    """The inner Transpose's input and the composed permutation."""
+    x = node.inputs[0]
+    inner = x.producer() if x is not None else None
+    if inner is None or not u.is_op(inner, "Transpose") or inner.inputs[0] is None:
+        return "the input is not produced by Transpose"
+    r = u.rank(x)
+    p = inner.attributes.get_ints("perm", None)
+    q = node.attributes.get_ints("perm", None)
+    if p is None or q is None:
+        if r is None:
+            return "a default permutation of unknown rank"
+        p = list(p) if p is not None else list(reversed(range(r)))
+        q = list(q) if q is not None else list(reversed(range(r)))
+    if len(p) != len(q):
+        return "permutations of different lengths"
+    return inner.inputs[0], [int(p[i]) for i in q]
 
-    def _involution(self, node: ir.Node, rule: str) -> bool:
-        x = node.inputs[0]
-        producer = x.producer() if x is not None else None
-        if producer is None or not u.is_op(producer, node.op_type) or producer.inputs[0] is None:
-            return False
-        if u.replace_value(node.outputs[0], producer.inputs[0]):
-            self.hit(rule)
-            return True
-        return False
 
-    def _rule_Neg(self, node: ir.Node, model: ir.Model) -> bool:
-        return self._involution(node, "neg-neg")
+def _transpose_cancel(node: ir.Node, ctx: RuleContext) -> ir.Value | str:
+    pair = _transpose_pair(node)
+    if isinstance(pair, str):
+        return pair
+    src, composed = pair
+    if composed != list(range(len(composed))):
+        return "the composed permutation is not the identity"
+    return reroute_refusal(node.outputs[0], src) or src
 
-    def _rule_Not(self, node: ir.Node, model: ir.Model) -> bool:
-        return self._involution(node, "not-not")
 
-    def _rule_Transpose(self, node: ir.Node, model: ir.Model) -> bool:
-        x = node.inputs[0]
-        inner = x.producer() if x is not None else None
-        if inner is None or not u.is_op(inner, "Transpose") or inner.inputs[0] is None:
-            return False
-        r = u.rank(x)
-        p = inner.attributes.get_ints("perm", None)
-        q = node.attributes.get_ints("perm", None)
-        if p is None or q is None:
-            if r is None:
-                return False
-            p = list(p) if p is not None else list(reversed(range(r)))
-            q = list(q) if q is not None else list(reversed(range(r)))
-        if len(p) != len(q):
-            return False
-        composed = [int(p[i]) for i in q]
-        src = inner.inputs[0]
-        if composed == list(range(len(composed))) and u.replace_value(node.outputs[0], src):
-            self.hit("transpose-transpose-cancel")
-            return True
-        # otherwise (also when a graph input would have to become a graph output) one
-        # Transpose with the composed permutation replaces the pair
-        node.replace_input_with(0, src)
-        node.attributes["perm"] = ir.AttrInt64s("perm", composed)
-        self.hit("transpose-transpose-compose")
-        return True
+def _transpose_compose(node: ir.Node, ctx: RuleContext) -> tuple[ir.Value, list[int]] | str:
+    # also where the pair cancels but a graph input would have to become a graph output
+    return _transpose_pair(node)
 
-    def _rule_Unsqueeze(self, node: ir.Node, model: ir.Model) -> bool:
-        """Unsqueeze(Unsqueeze(x, a), b) -> Unsqueeze(x, a')  (opset 13+: axes are an input)."""
-        x = node.inputs[0]
-        inner = x.producer() if x is not None else None
-        if inner is None or not u.is_op(inner, "Unsqueeze") or inner.inputs[0] is None:
-            return False
-        if u.node_opset(node, model) < 13 or len(node.inputs) < 2 or len(inner.inputs) < 2:
-            return False
-        outer_axes, inner_axes = u.const_ints(node.inputs[1]), u.const_ints(inner.inputs[1])
-        out_rank = u.rank(node.outputs[0])
-        if outer_axes is None or inner_axes is None or out_rank is None:
-            return False
-        b = u.normalize_axes(outer_axes, out_rank)
-        a = u.normalize_axes(inner_axes, out_rank - len(outer_axes))
-        if a is None or b is None:
-            return False
-        # positions of the intermediate tensor inside the final one: those not inserted by b
-        kept = [i for i in range(out_rank) if i not in set(b)]
-        combined = sorted(set(b) | {kept[i] for i in a})
-        graph = node.graph
-        if graph is None:
-            return False
-        namer = u.NameGenerator(model)
-        axes = u.add_initializer(graph, np.array(combined, dtype=np.int64), namer("unsqueeze_axes"))
-        node.replace_input_with(0, inner.inputs[0])
-        node.replace_input_with(1, axes)
-        self.hit("unsqueeze-unsqueeze")
-        return True
 
-    def _rule_Reshape(self, node: ir.Node, model: ir.Model) -> bool:
+def _compose_transposes(node: ir.Node, match: tuple[ir.Value, list[int]], ctx: RuleContext) -> None:
+    src, composed = match
+    node.replace_input_with(0, src)
+    node.attributes["perm"] = ir.AttrInt64s("perm", composed)
+
+
+def _unsqueeze_pair(node: ir.Node, ctx: RuleContext) -> tuple[ir.Value, list[int]] | str:
+    """Unsqueeze(Unsqueeze(x, a), b): ``x`` and the axes of both in the final tensor."""
+    x = node.inputs[0]
+    inner = x.producer() if x is not None else None
+    if inner is None or not u.is_op(inner, "Unsqueeze") or inner.inputs[0] is None:
+        return "the input is not produced by Unsqueeze"
+    if u.node_opset(node, ctx.model) < 13 or len(node.inputs) < 2 or len(inner.inputs) < 2:
+        return "axes are attributes (opset < 13)"
+    outer_axes, inner_axes = u.const_ints(node.inputs[1]), u.const_ints(inner.inputs[1])
+    out_rank = u.rank(node.outputs[0])
+    if outer_axes is None or inner_axes is None or out_rank is None:
+        return "axes not constant or rank unknown"
+    b = u.normalize_axes(outer_axes, out_rank)
+    a = u.normalize_axes(inner_axes, out_rank - len(outer_axes))
+    if a is None or b is None:
+        return "axes out of range"
+    # positions of the intermediate tensor inside the final one: those not inserted by b
+    kept = [i for i in range(out_rank) if i not in set(b)]
+    return inner.inputs[0], sorted(set(b) | {kept[i] for i in a})
+
+
+def _merge_unsqueezes(node: ir.Node, match: tuple[ir.Value, list[int]], ctx: RuleContext) -> None:
+    src, combined = match
+    namer = u.NameGenerator(ctx.model)
+    axes = u.add_initializer(ctx.graph, np.array(combined, dtype=np.int64), namer("unsqueeze_axes"))
+    node.replace_input_with(0, src)
+    node.replace_input_with(1, axes)
+
+
+def _reshape_of(op: str) -> Callable[[ir.Node, RuleContext], Any]:
+    """Check: the Reshape reads ``op``'s output and its constant shape copies no dim."""
+
+    def check(node: ir.Node, ctx: RuleContext) -> ir.Value | str:
         x = node.inputs[0]
         inner = x.producer() if x is not None else None
-        if inner is None or not u.is_op(inner, "Reshape", "Flatten", "Squeeze", "Unsqueeze"):
-            return False
+        if inner is None or not u.is_op(inner, op):
+            return f"the input is not produced by {op}"
         if len(node.inputs) < 2 or inner.inputs[0] is None:
-            return False
+            return "an input is missing"
         shape = u.const_ints(node.inputs[1])
         if shape is None:
-            return False
+            return "the shape is not constant"
         if 0 in shape and not node.attributes.get_int("allowzero", 0):
-            return False
-        node.replace_input_with(0, inner.inputs[0])
-        self.hit(f"{inner.op_type.lower()}-reshape")
-        return True
+            return "the shape copies a dim (0 entry)"
+        return inner.inputs[0]
+
+    return check
 
 
-class ReassociateConstants(GraphtrimPass):
-    name = "reassociate"
-    exact = False
-    summary = "merge chains of constant Mul/Add; Reciprocal pairs (rounding may differ by an ulp)"
+def _read_source(node: ir.Node, src: ir.Value, ctx: RuleContext) -> None:
+    node.replace_input_with(0, src)
 
-    def apply(self, model: ir.Model) -> bool:
-        changed = False
-        for graph in u.all_graphs(model):
-            namer: u.NameGenerator | None = None
-            for node in u.nodes_in_order(graph):
-                if node.graph is None or not u.is_standard(node):
-                    continue
-                if node.op_type in ("Mul", "Add"):
-                    if namer is None:
-                        namer = u.NameGenerator(model)
-                    changed |= self._chain(node, graph, namer)
-                elif node.op_type == "Reciprocal":
-                    x = node.inputs[0]
-                    inner = x.producer() if x is not None else None
-                    if (
-                        u.is_op(inner, "Reciprocal")
-                        and inner is not None
-                        and inner.inputs[0] is not None
-                    ):
-                        if u.replace_value(node.outputs[0], inner.inputs[0]):
-                            self.hit("reciprocal-reciprocal")
-                            changed = True
-        return changed
 
-    def _chain(self, node: ir.Node, graph: ir.Graph, namer: u.NameGenerator) -> bool:
-        if len(node.inputs) != 2:
-            return False
-        a, b = node.inputs
-        if a is None or b is None:
-            return False
-        x, c2 = (a, b) if u.is_constant(b) else (b, a)
-        if not u.is_constant(c2) or u.is_constant(x) or not u.single_consumer(x):
-            return False
-        inner = x.producer()
-        if inner is None or not u.is_op(inner, node.op_type) or len(inner.inputs) != 2:
-            return False
-        ia, ib = inner.inputs
-        if ia is None or ib is None:
-            return False
-        y, c1 = (ia, ib) if u.is_constant(ib) else (ib, ia)
-        if not u.is_constant(c1) or u.is_constant(y):
-            return False
-        v1, v2 = u.const_array(c1), u.const_array(c2)
-        if v1 is None or v2 is None or v1.dtype != v2.dtype or v1.dtype.kind not in "fiu":
-            return False
-        merged_shape = np.broadcast_shapes(v1.shape, v2.shape)
-        if int(np.prod(merged_shape)) > max(v1.size, v2.size):
-            return False
-        with np.errstate(all="ignore"):
-            merged = (v1 * v2) if node.op_type == "Mul" else (v1 + v2)
-        merged = merged.astype(v1.dtype)
-        if merged.dtype.kind == "f" and not np.all(np.isfinite(merged)):
-            return False
-        const = u.add_initializer(graph, merged, namer(f"{c2.name or 'c'}_merged"))
-        node.replace_input_with(0, y)
-        node.replace_input_with(1, const)
-        self.hit(f"{node.op_type.lower()}-chain")
-        return True
+_BROADCAST = "when broadcasting keeps x's shape and the output has x's dtype"
+
+RULES: tuple[Rule, ...] = (
+    Rule("x+0", f"x + 0 -> x {_BROADCAST}", ("Add",), _neutral(1, 0), replace_output),
+    Rule("0+x", f"0 + x -> x {_BROADCAST}", ("Add",), _neutral(0, 0), replace_output),
+    Rule("x-0", f"x - 0 -> x {_BROADCAST}", ("Sub",), _neutral(1, 0), replace_output),
+    Rule("x*1", f"x * 1 -> x {_BROADCAST}", ("Mul",), _neutral(1, 1), replace_output),
+    Rule("1*x", f"1 * x -> x {_BROADCAST}", ("Mul",), _neutral(0, 1), replace_output),
+    Rule("x/1", f"x / 1 -> x {_BROADCAST}", ("Div",), _neutral(1, 1), replace_output),
+    Rule("x**1", f"x ** 1 -> x {_BROADCAST}", ("Pow",), _neutral(1, 1), replace_output),
+    Rule("neg-neg", "Neg(Neg(x)) -> x", ("Neg",), _involution, replace_output),
+    Rule("not-not", "Not(Not(x)) -> x", ("Not",), _involution, replace_output),
+    Rule(
+        "transpose-transpose-cancel",
+        "Transpose(Transpose(x, p), q) -> x when p[q] is the identity",
+        ("Transpose",),
+        _transpose_cancel,
+        replace_output,
+    ),
+    Rule(
+        "transpose-transpose-compose",
+        "Transpose(Transpose(x, p), q) -> Transpose(x, p[q]) (absent perms reverse the axes)",
+        ("Transpose",),
+        _transpose_compose,
+        _compose_transposes,
+    ),
+    Rule(
+        "unsqueeze-unsqueeze",
+        "Unsqueeze(Unsqueeze(x, a), b) -> Unsqueeze(x, b + the positions of a among the axes "
+        "b leaves), for constant axes (opset 13+)",
+        ("Unsqueeze",),
+        _unsqueeze_pair,
+        _merge_unsqueezes,
+    ),
+    *(
+        Rule(
+            f"{op.lower()}-reshape",
+            f"Reshape({op}(x), s) -> Reshape(x, s) when s is constant and copies no dim (no 0 "
+            f"entry, or allowzero=1): a Reshape reads only the element order, which {op} keeps",
+            ("Reshape",),
+            _reshape_of(op),
+            _read_source,
+        )
+        for op in ("Reshape", "Flatten", "Squeeze", "Unsqueeze")
+    ),
+)
+
+
+class AlgebraicSimplification(RulePass):
+    name = "algebraic"
+    summary = "x+0, x-0, x*1, x/1, x**1, double Neg/Not, Transpose pairs, Reshape chains"
+    rules = RULES

@@ -1,0 +1,104 @@
+"""Examples of the ``algebraic`` rules."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import onnx
+
+from tests.helpers import parse
+from tests.optimizer_core.graph.rule_examples import Example
+
+
+def model(
+    body: str, sig: str = "(float[2, 4] xin) => (float[2, 4] y)", inits: str = "", opset: int = 18
+) -> Callable[[], onnx.ModelProto]:
+    """A builder of the model ``g sig <inits> { body }``."""
+    init = f"<{inits}>" if inits else ""
+
+    def build() -> onnx.ModelProto:
+        return parse(
+            f"""
+            <ir_version: 8, opset_import: ["" : {opset}]>
+            g {sig} {init} {{
+              {body}
+            }}
+            """
+        )
+
+    return build
+
+
+ZERO = "float[4] c = {0.0, 0.0, 0.0, 0.0}"
+ONE = "float[4] c = {1.0, 1.0, 1.0, 1.0}"
+AXES = "int64[1] ax = {0}"
+
+
+def _neutral(expr: str, const: str) -> Example:
+    return Example(model=model(f"x = Neg(xin)\n y = {expr}", inits=const))
+
+
+EXAMPLES: dict[tuple[str, str], Example] = {
+    ("algebraic", "x+0"): _neutral("Add(x, c)", ZERO),
+    ("algebraic", "0+x"): _neutral("Add(c, x)", ZERO),
+    ("algebraic", "x-0"): _neutral("Sub(x, c)", ZERO),
+    ("algebraic", "x*1"): _neutral("Mul(x, c)", ONE),
+    ("algebraic", "1*x"): _neutral("Mul(c, x)", ONE),
+    ("algebraic", "x/1"): _neutral("Div(x, c)", ONE),
+    ("algebraic", "x**1"): _neutral("Pow(x, c)", ONE),
+    ("algebraic", "neg-neg"): Example(
+        model=model("t = Relu(xin)\n a = Neg(t)\n y = Neg(a)"),
+    ),
+    ("algebraic", "not-not"): Example(
+        model=model(
+            "a = Not(xin)\n b = Not(a)\n y = Xor(b, xin)",
+            sig="(bool[2, 4] xin) => (bool[2, 4] y)",
+        ),
+    ),
+    ("algebraic", "transpose-transpose-cancel"): Example(
+        model=model(
+            "a = Transpose<perm = [1, 0]>(xin)\n b = Transpose<perm = [1, 0]>(a)\n y = Relu(b)"
+        ),
+    ),
+    ("algebraic", "transpose-transpose-compose"): Example(
+        model=model(
+            "a = Transpose<perm = [1, 0, 2]>(xin)\n y = Transpose<perm = [0, 2, 1]>(a)",
+            sig="(float[2, 3, 4] xin) => (float[3, 4, 2] y)",
+        ),
+    ),
+    ("algebraic", "unsqueeze-unsqueeze"): Example(
+        model=model(
+            "a = Unsqueeze(xin, ax)\n y = Unsqueeze(a, ax)",
+            sig="(float[2, 4] xin) => (float[1, 1, 2, 4] y)",
+            inits=AXES,
+        ),
+    ),
+    ("algebraic", "reshape-reshape"): Example(
+        model=model(
+            "a = Reshape(xin, s1)\n y = Reshape(a, s2)",
+            sig="(float[2, 4] xin) => (float[4, 2] y)",
+            inits="int64[1] s1 = {8}, int64[2] s2 = {4, 2}",
+        ),
+    ),
+    ("algebraic", "flatten-reshape"): Example(
+        model=model(
+            "a = Flatten<axis = 0>(xin)\n y = Reshape(a, s2)",
+            sig="(float[2, 4] xin) => (float[4, 2] y)",
+            inits="int64[2] s2 = {4, 2}",
+        ),
+    ),
+    ("algebraic", "squeeze-reshape"): Example(
+        model=model(
+            "a = Squeeze(xin, ax)\n y = Reshape(a, s2)",
+            sig="(float[1, 8] xin) => (float[4, 2] y)",
+            inits=f"{AXES}, int64[2] s2 = {{4, 2}}",
+        ),
+    ),
+    ("algebraic", "unsqueeze-reshape"): Example(
+        model=model(
+            "a = Unsqueeze(xin, ax)\n y = Reshape(a, s2)",
+            sig="(float[2, 4] xin) => (float[4, 2] y)",
+            inits=f"{AXES}, int64[2] s2 = {{4, 2}}",
+        ),
+    ),
+}
