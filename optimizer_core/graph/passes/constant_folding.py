@@ -22,14 +22,20 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Sequence
+from typing import cast
 
 import numpy as np
-import onnx
 import onnx_ir as ir
 
 from optimizer_core.graph import _ir_utils as u
-from optimizer_core.graph.framework import GraphtrimPass
-from optimizer_core.graph.passes import _numpy_eval
+from optimizer_core.graph.passes._fold_eval import Plan, run_numpy, run_onnxruntime
+from optimizer_core.graph.passes._shape_values import (
+    check_gather_shape,
+    check_shape,
+    check_size,
+    check_slice_shape,
+)
+from optimizer_core.graph.rules import Rule, RuleContext, RulePass, replace
 
 logger = logging.getLogger("graphtrim.optimizer")
 
@@ -63,112 +69,95 @@ def _static_nbytes(value: ir.Value) -> int | None:
     return int(math.prod(shape) * value.dtype.itemsize)
 
 
-def _shape_range(src: ir.Node, r: int) -> tuple[int, int]:
-    start = src.attributes.get_int("start", 0)
-    end = src.attributes.get_int("end", r)
-    start = min(max(start + r if start < 0 else start, 0), r)
-    end = min(max(end + r if end < 0 else end, 0), r)
-    return start, end
+def _materialize(node: ir.Node, value: np.ndarray, ctx: RuleContext) -> None:
+    """``node``'s output becomes the int64 initializer ``value``."""
+    out = node.outputs[0]
+    namer = cast("ConstantFolding", ctx.pass_).namer
+    assert namer is not None
+    const = u.add_initializer(ctx.graph, value, namer(f"{out.name or 'shape'}_folded"))
+    replace(out, const, node.op_type)
 
 
-def _slice_of_shape(node: ir.Node, src: ir.Node, d: list[int | None]) -> list[int | None] | None:
-    """The dims ``Slice(Shape(x), ...)`` selects, when its arguments are constants."""
-    starts, ends = u.const_ints(node.inputs[1]), u.const_ints(node.inputs[2])
-    axes = (
-        u.const_ints(node.inputs[3]) if len(node.inputs) > 3 and node.inputs[3] is not None else [0]
-    )
-    steps = (
-        u.const_ints(node.inputs[4]) if len(node.inputs) > 4 and node.inputs[4] is not None else [1]
-    )
-    if starts is None or ends is None or axes is None or steps is None:
-        return None
-    if len(starts) != 1 or len(ends) != 1 or axes not in ([0], [-1]) or steps != [1]:
-        return None
-    start, end = _shape_range(src, len(d))
-    # step 1: ONNX clamps start and end like Python slicing does
-    return d[start:end][starts[0] : ends[0]]
+_BUDGET = (
+    "its bytes exceed fold_max_tensor_bytes, or the bytes of the constants it makes dead plus "
+    "fold_max_growth_bytes (a ConstantOfShape/Tile/Expand blow-up stays a node)"
+)
+
+RULES: tuple[Rule, ...] = (
+    Rule(
+        "shape",
+        "Shape(x, start, end) -> the constant dims[start:end] when they are all static",
+        ("Shape",),
+        check_shape,
+        _materialize,
+    ),
+    Rule(
+        "size",
+        "Size(x) -> the constant prod(dims) when x's shape is static",
+        ("Size",),
+        check_size,
+        _materialize,
+    ),
+    Rule(
+        "gather-shape",
+        "Gather(Shape(x, start, end), i, axis=0) -> the constant dims[start:end][i] when the "
+        "gathered dims are static (others may be symbolic)",
+        ("Gather",),
+        check_gather_shape,
+        _materialize,
+    ),
+    Rule(
+        "slice-shape",
+        "Slice(Shape(x, start, end), [s], [e], axes=[0], steps=[1]) -> the constant "
+        "dims[start:end][s:e] when those dims are static",
+        ("Slice",),
+        check_slice_shape,
+        _materialize,
+    ),
+    Rule(
+        "fold",
+        "f(c1, ..., cn) -> the constant it evaluates to (in numpy where exact, else with "
+        "onnxruntime's kernels) for deterministic standard ops of numpy-held dtypes whose inputs "
+        "are all constants, except DequantizeLinear and ops with subgraphs; a value that is a "
+        "graph output stays; counted per value the rest of the graph reads",
+    ),
+    Rule(
+        "skipped-over-budget",
+        f"not folded (the nodes stay, results unchanged): a constant value whose {_BUDGET}",
+    ),
+    Rule(
+        "skipped-unevaluable",
+        "not folded (the nodes stay, results unchanged): a constant value onnxruntime cannot "
+        "evaluate",
+    ),
+)
+_SHAPE_RULES = {rule.ops[0]: rule for rule in RULES if rule.ops}
 
 
-class ConstantFolding(GraphtrimPass):
+class ConstantFolding(RulePass):
     name = "constant-folding"
     summary = "evaluate constant subgraphs (shape arithmetic included) under a byte budget"
+    rules = RULES
 
     def apply(self, model: ir.Model) -> bool:
         changed = False
-        namer: u.NameGenerator | None = None
+        self.namer: u.NameGenerator | None = None
         for graph in u.all_graphs(model):
-            if namer is None:
-                namer = u.NameGenerator(model)
-            changed |= self._fold_shapes(graph, namer)
-            changed |= self._fold_graph(model, graph, namer)
+            if self.namer is None:
+                self.namer = u.NameGenerator(model)
+            changed |= self._fold_shapes(model, graph)
+            changed |= self._fold_graph(model, graph, self.namer)
         return changed
 
-    # ------------------------------------------------------------ shape arithmetic
-
-    def _fold_shapes(self, graph: ir.Graph, namer: u.NameGenerator) -> bool:
+    def _fold_shapes(self, model: ir.Model, graph: ir.Graph) -> bool:
+        """Shape arithmetic, node by node in graph order."""
         changed = False
         for node in u.nodes_in_order(graph):
-            if node.graph is None or not u.is_standard(node) or not node.outputs:
+            if node.graph is None or not u.is_standard(node):
                 continue
-            out = node.outputs[0]
-            if out.is_graph_output() or u.is_constant(out):
-                continue
-            value: np.ndarray | None = None
-            rule = ""
-            if node.op_type == "Shape":
-                d = u.dims(node.inputs[0])
-                if d is None:
-                    continue
-                r = len(d)
-                start = node.attributes.get_int("start", 0)
-                end = node.attributes.get_int("end", r)
-                start = min(max(start + r if start < 0 else start, 0), r)
-                end = min(max(end + r if end < 0 else end, 0), r)
-                picked = d[start:end]
-                if all(x is not None for x in picked):
-                    value, rule = np.array(picked, dtype=np.int64), "shape"
-            elif node.op_type == "Size":
-                s = u.static_shape(node.inputs[0])
-                if s is not None:
-                    value, rule = np.array(int(np.prod(s, dtype=np.int64)), dtype=np.int64), "size"
-            elif node.op_type == "Gather" and node.inputs[0] is not None:
-                src = node.inputs[0].producer()
-                if (
-                    src is None
-                    or not u.is_op(src, "Shape")
-                    or node.attributes.get_int("axis", 0) != 0
-                ):
-                    continue
-                d = u.dims(src.inputs[0])
-                idx = u.const_array(node.inputs[1])
-                if d is None or idx is None or idx.dtype.kind not in "iu":
-                    continue
-                r = len(d)
-                start = src.attributes.get_int("start", 0)
-                end = src.attributes.get_int("end", r)
-                start = min(max(start + r if start < 0 else start, 0), r)
-                end = min(max(end + r if end < 0 else end, 0), r)
-                sliced = d[start:end]
-                flat = [int(i) + len(sliced) if int(i) < 0 else int(i) for i in idx.reshape(-1)]
-                if not all(0 <= i < len(sliced) and sliced[i] is not None for i in flat):
-                    continue
-                value = np.array([sliced[i] for i in flat], dtype=np.int64).reshape(idx.shape)
-                rule = "gather-shape"
-            elif node.op_type == "Slice" and node.inputs[0] is not None and len(node.inputs) >= 3:
-                src = node.inputs[0].producer()
-                d = u.dims(src.inputs[0]) if src is not None and u.is_op(src, "Shape") else None
-                if d is None or src is None:
-                    continue
-                sel = _slice_of_shape(node, src, d)
-                if sel is None or any(x is None for x in sel):
-                    continue
-                value, rule = np.array(sel, dtype=np.int64), "slice-shape"
-            if value is None:
-                continue
-            const = u.add_initializer(graph, value, namer(f"{out.name or 'shape'}_folded"))
-            if u.replace_value(out, const):
-                self.hit(rule)
-                changed = True
+            rule = _SHAPE_RULES.get(node.op_type)
+            if rule is not None:
+                changed |= self.try_rule(rule, node, RuleContext(model, graph, self))
         return changed
 
     # ------------------------------------------------------------ evaluation with onnxruntime
@@ -237,9 +226,7 @@ class ConstantFolding(GraphtrimPass):
                 graph.initializers.pop(const.name or "")
         return changed
 
-    def _plan(
-        self, value: ir.Value, in_set: set[int], order: dict[int, int]
-    ) -> tuple[ir.Value, list[ir.Node], list[ir.Value]] | None:
+    def _plan(self, value: ir.Value, in_set: set[int], order: dict[int, int]) -> Plan | None:
         """The nodes computing ``value`` (in graph order) and the constants they read."""
         closure: dict[int, ir.Node] = {}
         consts: dict[int, ir.Value] = {}
@@ -285,117 +272,22 @@ class ConstantFolding(GraphtrimPass):
                 freed += u.const_nbytes(c)
         return array.nbytes <= freed + self.options.fold_max_growth_bytes
 
-    def _evaluate(
-        self, model: ir.Model, plans: Sequence[tuple[ir.Value, list[ir.Node], list[ir.Value]]]
-    ) -> list[np.ndarray | None]:
+    def _evaluate(self, model: ir.Model, plans: Sequence[Plan]) -> list[np.ndarray | None]:
         """Evaluate every planned value: in numpy when every op is one it computes exactly,
         else in one onnxruntime session; if that fails, one session per value."""
-        exact = self._run_numpy(plans)
+        exact = run_numpy(plans)
         if exact is not None:
             return exact
         try:
-            return self._run(model, plans)
+            return run_onnxruntime(model, plans)
         except Exception as exc:
             logger.debug("batched folding failed (%s); folding value by value", exc)
         out: list[np.ndarray | None] = []
         for plan in plans:
             try:
-                out.extend(self._run(model, [plan]))
+                out.extend(run_onnxruntime(model, [plan]))
             except Exception as exc:
                 logger.debug("cannot fold %s: %s", plan[0].name, exc)
                 self.hit("skipped-unevaluable")
                 out.append(None)
         return out
-
-    def _run_numpy(
-        self, plans: Sequence[tuple[ir.Value, list[ir.Node], list[ir.Value]]]
-    ) -> list[np.ndarray | None] | None:
-        nodes: dict[int, ir.Node] = {}
-        feeds: dict[int, np.ndarray] = {}
-        for _, closure, const_inputs in plans:
-            for n in closure:
-                nodes[id(n)] = n
-            for c in const_inputs:
-                arr = u.const_array(c)
-                if arr is None:
-                    return None
-                feeds[id(c)] = arr
-        graph = plans[0][0].graph
-        order = {id(n): i for i, n in enumerate(graph)} if graph is not None else {}
-        ordered = sorted(nodes.values(), key=lambda n: order.get(id(n), 0))
-        results = _numpy_eval.evaluate(ordered, feeds, [value for value, _, _ in plans])
-        if results is None:
-            return None
-        for (value, _, _), arr in zip(plans, results, strict=True):
-            if value.dtype is None or arr.dtype != value.dtype.numpy():
-                return None
-        logger.debug("folded %d value(s) in numpy", len(results))
-        return list(results)
-
-    def _run(
-        self, model: ir.Model, plans: Sequence[tuple[ir.Value, list[ir.Node], list[ir.Value]]]
-    ) -> list[np.ndarray | None]:
-        import onnxruntime as ort
-
-        names: dict[int, str] = {}
-
-        def name_of(v: ir.Value) -> str:
-            if id(v) not in names:
-                names[id(v)] = f"v{len(names)}"
-            return names[id(v)]
-
-        nodes: dict[int, ir.Node] = {}
-        consts: dict[int, ir.Value] = {}
-        for _, closure, const_inputs in plans:
-            for n in closure:
-                nodes[id(n)] = n
-            for c in const_inputs:
-                consts[id(c)] = c
-        graph = plans[0][0].graph
-        order = {id(n): i for i, n in enumerate(graph)} if graph is not None else {}
-        node_protos: list[onnx.NodeProto] = []
-        for n in sorted(nodes.values(), key=lambda n: order.get(id(n), 0)):
-            proto = ir.serde.serialize_node(n)
-            proto.ClearField("input")
-            proto.ClearField("output")
-            proto.input.extend(name_of(v) if v is not None else "" for v in n.inputs)
-            proto.output.extend(name_of(v) for v in n.outputs)
-            proto.name = f"n{len(node_protos)}"
-            node_protos.append(proto)
-        feeds: dict[str, np.ndarray] = {}
-        inputs = []
-        for c in consts.values():
-            arr = u.const_array(c)
-            if arr is None:
-                raise ValueError(f"constant {c.name} is not readable")
-            feeds[name_of(c)] = np.require(arr, requirements="C")
-            inputs.append(
-                onnx.helper.make_tensor_value_info(
-                    name_of(c), onnx.helper.np_dtype_to_tensor_dtype(arr.dtype), list(arr.shape)
-                )
-            )
-        outputs = []
-        seen_out: set[str] = set()
-        for value, _, _ in plans:
-            nm = name_of(value)
-            if nm in seen_out:
-                continue
-            seen_out.add(nm)
-            outputs.append(onnx.helper.make_tensor_value_info(nm, int(value.dtype), None))  # type: ignore[arg-type]
-        opsets = [
-            onnx.helper.make_opsetid(d if d != "ai.onnx" else "", v)
-            for d, v in model.opset_imports.items()
-        ]
-        proto_model = onnx.helper.make_model(
-            onnx.helper.make_graph(node_protos, "fold", inputs, outputs),
-            opset_imports=opsets,
-            ir_version=max(model.ir_version or 8, 4),
-        )
-        so = ort.SessionOptions()
-        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-        so.log_severity_level = 3
-        sess = ort.InferenceSession(
-            proto_model.SerializeToString(), so, providers=["CPUExecutionProvider"]
-        )
-        results = dict(zip([o.name for o in outputs], sess.run(None, feeds), strict=True))
-        return [np.asarray(results[name_of(value)]) for value, _, _ in plans]

@@ -1,0 +1,87 @@
+"""Examples of constant folding's rules (pass ``constant-folding``)."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from tests.helpers import parse
+from tests.optimizer_core.graph.rule_examples import Example
+
+
+def _shape_of(expr: str, last: str = "N"):
+    """``y = x * float(<expr over Shape(x)>)`` on ``x[2, 3, last]``."""
+
+    def build() -> onnx.ModelProto:
+        return parse(
+            f"""
+            <ir_version: 8, opset_import: ["" : 17]>
+            g (float[2, 3, {last}] x) => (float[2, 3, {last}] y) {{
+              {expr}
+              f = Cast<to = 1>(v)
+              y = Mul(x, f)
+            }}
+            """
+        )
+
+    return build
+
+
+def _constant_subgraph() -> onnx.ModelProto:
+    return parse(
+        """
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[4] x) => (float[4] y) <float[4] c = {1, 2, 3, 4}> {
+          e = Exp(c)
+          y = Add(x, e)
+        }
+        """
+    )
+
+
+def _over_budget() -> onnx.ModelProto:
+    """A constant tiled to 64 KiB: folding would grow the model beyond the budget."""
+    return parse(
+        """
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[16384] x) => (float[16384] y) <float[4] c = {1, 2, 3, 4}, int64[1] r = {4096}> {
+          t = Tile(c, r)
+          y = Add(x, t)
+        }
+        """
+    )
+
+
+def _unevaluable() -> onnx.ModelProto:
+    """``Erf`` of a double constant: a valid model, but onnxruntime's CPU provider has no
+    double Erf kernel, so neither folding nor the comparison can run it."""
+    c = numpy_helper.from_array(np.array([0.5, 1.0], dtype=np.float64), "c")
+    graph = helper.make_graph(
+        [helper.make_node("Erf", ["c"], ["s"]), helper.make_node("Add", ["x", "s"], ["y"])],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.DOUBLE, [2])],
+        [helper.make_tensor_value_info("y", TensorProto.DOUBLE, [2])],
+        [c],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+EXAMPLES = {
+    ("constant-folding", "shape"): Example(model=_shape_of("v = Shape<end = 2>(x)")),
+    ("constant-folding", "size"): Example(model=_shape_of("v = Size(x)", last="4")),
+    ("constant-folding", "gather-shape"): Example(
+        model=_shape_of("s = Shape(x)\n i = Constant<value = int64[1] {1}>()\n v = Gather(s, i)")
+    ),
+    ("constant-folding", "slice-shape"): Example(
+        model=_shape_of(
+            "s = Shape(x)\n a = Constant<value = int64[1] {0}>()\n"
+            " b = Constant<value = int64[1] {2}>()\n v = Slice(s, a, b)"
+        )
+    ),
+    ("constant-folding", "fold"): Example(model=_constant_subgraph),
+    ("constant-folding", "skipped-over-budget"): Example(model=_over_budget),
+    ("constant-folding", "skipped-unevaluable"): Example(model=_unevaluable, compare=False),
+}
