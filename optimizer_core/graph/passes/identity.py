@@ -20,19 +20,21 @@ from __future__ import annotations
 import onnx_ir as ir
 
 from optimizer_core.graph import _ir_utils as u
-from optimizer_core.graph.framework import GraphtrimPass
+from optimizer_core.graph.rules import Rule, RuleContext, RulePass, replace_output, reroute_refusal
 
 INT64_MAX = 2**63 - 1
 
-Found = tuple[str, ir.Value] | None
+Match = ir.Value | str  # the value the node's output equals, or why the rule declines
 
 
-def _on_input(node: ir.Node, rule: str) -> Found:
-    x = node.inputs[0]
-    return None if x is None else (rule, x)
+def _to(node: ir.Node, value: ir.Value | None) -> Match:
+    """``value`` as the match, unless the node's output cannot be rerouted to it."""
+    if value is None:
+        return "the input is missing"
+    return reroute_refusal(node.outputs[0], value) or value
 
 
-def _axes(node: ir.Node, model: ir.Model, input_index: int) -> list[int] | None:
+def _axes(node: ir.Node, input_index: int) -> list[int] | None:
     """The axes of Squeeze/Unsqueeze/Slice/Pad whether given as attribute or input; [] if absent."""
     if "axes" in node.attributes:
         return list(node.attributes["axes"].as_ints())
@@ -41,196 +43,232 @@ def _axes(node: ir.Node, model: ir.Model, input_index: int) -> list[int] | None:
     return []
 
 
-class IdentityElimination(GraphtrimPass):
-    name = "identity"
-    summary = "remove Identity, inference Dropout and no-op Cast/Reshape/Transpose/... nodes"
+def _identity(node: ir.Node, ctx: RuleContext) -> Match:
+    return _to(node, node.inputs[0])
 
-    def apply(self, model: ir.Model) -> bool:
-        changed = False
-        for _graph, node in u.standard_nodes(model):
-            rule = getattr(self, f"_rule_{node.op_type}", None)
-            if rule is None:
-                continue
-            found = rule(node, model)
-            if found is None:
-                continue
-            rule_name, replacement = found
-            if u.replace_value(node.outputs[0], replacement):
-                self.hit(rule_name)
-                changed = True
-        return changed
 
-    # --- rules: each returns (rule name, value equal to the node's output) or None
+def _dropout(node: ir.Node, ctx: RuleContext) -> Match:
+    if len(node.outputs) > 1 and (node.outputs[1].uses() or node.outputs[1].is_graph_output()):
+        return "the mask is read"
+    if u.node_opset(node, ctx.model) < 12:
+        is_test = node.attributes.get_int("is_test", 0)
+        if u.node_opset(node, ctx.model) < 7 and not is_test:
+            return "is_test is not set (opset < 7)"
+        return _to(node, node.inputs[0])
+    training = node.inputs[2] if len(node.inputs) > 2 else None
+    if training is None:
+        return _to(node, node.inputs[0])
+    flag = u.const_array(training)
+    if flag is not None and not bool(flag.reshape(-1)[0]):
+        return _to(node, node.inputs[0])
+    return "training mode may be on"
 
-    def _rule_Identity(self, node: ir.Node, model: ir.Model) -> Found:
-        return _on_input(node, "identity")
 
-    def _rule_Dropout(self, node: ir.Node, model: ir.Model) -> Found:
-        if len(node.outputs) > 1 and (node.outputs[1].uses() or node.outputs[1].is_graph_output()):
-            return None
-        if u.node_opset(node, model) < 12:
-            is_test = node.attributes.get_int("is_test", 0)
-            if u.node_opset(node, model) < 7 and not is_test:
-                return None
-            return _on_input(node, "dropout-inference")
-        training = node.inputs[2] if len(node.inputs) > 2 else None
-        if training is None:
-            return _on_input(node, "dropout-inference")
-        flag = u.const_array(training)
-        if flag is not None and not bool(flag.reshape(-1)[0]):
-            return _on_input(node, "dropout-inference")
-        return None
-
-    def _rule_Cast(self, node: ir.Node, model: ir.Model) -> Found:
-        x = node.inputs[0]
-        to = node.attributes.get_int("to", None)
-        if x is None or x.dtype is None or to is None:
-            return None
-        return _on_input(node, "cast-same-type") if int(x.dtype) == int(to) else None
-
-    def _rule_CastLike(self, node: ir.Node, model: ir.Model) -> Found:
+def _cast_same_type(node: ir.Node, ctx: RuleContext) -> Match:
+    if node.op_type == "CastLike":
         x, like = node.inputs[0], node.inputs[1]
         if x is None or like is None or x.dtype is None or like.dtype is None:
-            return None
-        return _on_input(node, "cast-same-type") if x.dtype == like.dtype else None
+            return "a type is unknown"
+        return _to(node, x) if x.dtype == like.dtype else "the types differ"
+    x = node.inputs[0]
+    to = node.attributes.get_int("to", None)
+    if x is None or x.dtype is None or to is None:
+        return "a type is unknown"
+    return _to(node, x) if int(x.dtype) == int(to) else "the types differ"
 
-    def _rule_Reshape(self, node: ir.Node, model: ir.Model) -> Found:
-        if len(node.inputs) < 2:
-            return None
-        x_dims = u.symbolic_dims(node.inputs[0])
-        target = u.const_ints(node.inputs[1])
-        if x_dims is None or target is None or len(target) != len(x_dims):
-            return None
-        allowzero = node.attributes.get_int("allowzero", 0)
-        minus_one = 0
-        for t, d in zip(target, x_dims, strict=True):
-            if t == -1:
-                minus_one += 1
-            elif t == 0 and not allowzero:
-                continue
-            elif not (isinstance(d, int) and d == t):
-                return None
-        # with every other dim equal, a single -1 can only be the remaining dim
-        return _on_input(node, "reshape-noop") if minus_one <= 1 else None
 
-    def _rule_Transpose(self, node: ir.Node, model: ir.Model) -> Found:
-        perm = node.attributes.get_ints("perm", None)
-        r = u.rank(node.inputs[0])
-        if perm is None:
-            return _on_input(node, "transpose-noop") if r is not None and r <= 1 else None
-        return _on_input(node, "transpose-noop") if list(perm) == list(range(len(perm))) else None
+def _reshape_noop(node: ir.Node, ctx: RuleContext) -> Match:
+    if len(node.inputs) < 2:
+        return "no shape input"
+    x_dims = u.symbolic_dims(node.inputs[0])
+    target = u.const_ints(node.inputs[1])
+    if x_dims is None or target is None or len(target) != len(x_dims):
+        return "shapes unknown or of different ranks"
+    allowzero = node.attributes.get_int("allowzero", 0)
+    minus_one = 0
+    for t, d in zip(target, x_dims, strict=True):
+        if t == -1:
+            minus_one += 1
+        elif t == 0 and not allowzero:
+            continue
+        elif not (isinstance(d, int) and d == t):
+            return "an entry is not provably the input's dim"
+    # with every other dim equal, a single -1 can only be the remaining dim
+    return _to(node, node.inputs[0]) if minus_one <= 1 else "more than one -1"
 
-    def _rule_Squeeze(self, node: ir.Node, model: ir.Model) -> Found:
-        x = node.inputs[0]
-        axes = _axes(node, model, 1)
-        if axes is None or x is None:
-            return None
-        producer = x.producer()
-        if axes and u.is_op(producer, "Unsqueeze") and producer is not None:
-            inner = _axes(producer, model, 1)
-            r = u.rank(x)
-            if inner is not None and r is not None:
-                a = u.normalize_axes(axes, r)
-                b = u.normalize_axes(inner, r)
-                if a is not None and b is not None and sorted(a) == sorted(b):
-                    src = producer.inputs[0]
-                    if src is not None:
-                        return "unsqueeze-squeeze", src
-            return None
-        if not axes:
-            d = u.dims(x)
-            if d is not None and all(v is not None and v != 1 for v in d):
-                return _on_input(node, "squeeze-noop")
-        return None
 
-    def _rule_Unsqueeze(self, node: ir.Node, model: ir.Model) -> Found:
-        x = node.inputs[0]
-        axes = _axes(node, model, 1)
-        producer = x.producer() if x is not None else None
-        if not axes or not u.is_op(producer, "Squeeze") or producer is None:
-            return None
-        inner = _axes(producer, model, 1)
-        out_rank = u.rank(node.outputs[0])
-        src = producer.inputs[0]
-        if not inner or out_rank is None or src is None:
-            return None
-        a = u.normalize_axes(axes, out_rank)
-        b = u.normalize_axes(inner, out_rank)
+def _transpose_noop(node: ir.Node, ctx: RuleContext) -> Match:
+    perm = node.attributes.get_ints("perm", None)
+    r = u.rank(node.inputs[0])
+    if perm is None:
+        if r is not None and r <= 1:
+            return _to(node, node.inputs[0])
+        return "reverses the axes of a tensor of rank > 1 or unknown"
+    if list(perm) == list(range(len(perm))):
+        return _to(node, node.inputs[0])
+    return "perm is not the identity"
+
+
+def _unsqueeze_squeeze(node: ir.Node, ctx: RuleContext) -> Match:
+    x = node.inputs[0]
+    axes = _axes(node, 1)
+    if axes is None or x is None:
+        return "axes not constant"
+    producer = x.producer()
+    if not axes or not u.is_op(producer, "Unsqueeze") or producer is None:
+        return "not a Squeeze with axes of an Unsqueeze"
+    inner = _axes(producer, 1)
+    r = u.rank(x)
+    if inner is not None and r is not None:
+        a = u.normalize_axes(axes, r)
+        b = u.normalize_axes(inner, r)
         if a is not None and b is not None and sorted(a) == sorted(b):
-            return "squeeze-unsqueeze", src
-        return None
+            src = producer.inputs[0]
+            if src is not None:
+                return _to(node, src)
+    return "the axes differ or are unknown"
 
-    def _rule_Expand(self, node: ir.Node, model: ir.Model) -> Found:
-        x_dims = u.symbolic_dims(node.inputs[0])
-        shape = u.const_ints(node.inputs[1]) if len(node.inputs) > 1 else None
-        if x_dims is None or shape is None or len(shape) > len(x_dims):
-            return None
-        for s, d in zip(reversed(shape), reversed(x_dims), strict=False):
-            if s == 1:
-                continue
-            if not (isinstance(d, int) and d == s):
-                return None
-        return _on_input(node, "expand-noop")
 
-    def _rule_Slice(self, node: ir.Node, model: ir.Model) -> Found:
-        if u.node_opset(node, model) < 10 or len(node.inputs) < 3:
-            return None
-        x_dims = u.dims(node.inputs[0])
-        starts = u.const_ints(node.inputs[1])
-        ends = u.const_ints(node.inputs[2])
-        if x_dims is None or starts is None or ends is None:
-            return None
-        r = len(x_dims)
-        axes = _axes(node, model, 3) or list(range(len(starts)))
-        steps = (
-            u.const_ints(node.inputs[4])
-            if len(node.inputs) > 4 and node.inputs[4] is not None
-            else None
-        )
-        if len(node.inputs) > 4 and node.inputs[4] is not None and steps is None:
-            return None
-        steps = steps or [1] * len(starts)
-        norm = u.normalize_axes(axes, r)
-        if norm is None or not (len(norm) == len(starts) == len(ends) == len(steps)):
-            return None
-        for ax, s, e, st in zip(norm, starts, ends, steps, strict=True):
-            if st != 1:
-                return None
-            d = x_dims[ax]
-            if s != 0 and not (d is not None and s <= -d):
-                return None
-            if e < INT64_MAX // 2 and not (d is not None and e >= d):
-                return None
-        return _on_input(node, "slice-noop")
+def _squeeze_noop(node: ir.Node, ctx: RuleContext) -> Match:
+    x = node.inputs[0]
+    axes = _axes(node, 1)
+    if axes is None or x is None:
+        return "axes not constant"
+    if axes:
+        return "has axes"
+    d = u.dims(x)
+    if d is not None and all(v is not None and v != 1 for v in d):
+        return _to(node, x)
+    return "a dim may be 1"
 
-    def _rule_Pad(self, node: ir.Node, model: ir.Model) -> Found:
-        if "pads" in node.attributes:
-            pads = list(node.attributes["pads"].as_ints())
-        elif len(node.inputs) > 1:
-            pads = u.const_ints(node.inputs[1])  # type: ignore[assignment]
-        else:
-            return None
-        if pads is None:
-            return None
-        return _on_input(node, "pad-noop") if all(p == 0 for p in pads) else None
 
-    def _rule_Concat(self, node: ir.Node, model: ir.Model) -> Found:
-        return (
-            _on_input(node, "concat-single")
-            if len(node.inputs) == 1 and node.inputs[0] is not None
-            else None
-        )
+def _squeeze_unsqueeze(node: ir.Node, ctx: RuleContext) -> Match:
+    x = node.inputs[0]
+    axes = _axes(node, 1)
+    producer = x.producer() if x is not None else None
+    if not axes or not u.is_op(producer, "Squeeze") or producer is None:
+        return "not an Unsqueeze of a Squeeze"
+    inner = _axes(producer, 1)
+    out_rank = u.rank(node.outputs[0])
+    src = producer.inputs[0]
+    if not inner or out_rank is None or src is None:
+        return "the Squeeze's axes or the rank unknown"
+    a = u.normalize_axes(axes, out_rank)
+    b = u.normalize_axes(inner, out_rank)
+    if a is not None and b is not None and sorted(a) == sorted(b):
+        return _to(node, src)
+    return "the axes differ"
 
-    def _rule_Flatten(self, node: ir.Node, model: ir.Model) -> Found:
-        x_dims = u.symbolic_dims(node.inputs[0])
-        if x_dims is None or len(x_dims) != 2:
-            return None
-        axis = node.attributes.get_int("axis", 1)
-        # rank-2 input: axis 1 keeps (d0, d1); axis 0 gives (1, d0*d1); axis 2 gives (d0*d1, 1)
-        if axis in (1, -1):
-            return _on_input(node, "flatten-noop")
-        if axis in (0, -2) and x_dims[0] == 1:
-            return _on_input(node, "flatten-noop")
-        if axis == 2 and x_dims[1] == 1:
-            return _on_input(node, "flatten-noop")
-        return None
+
+def _expand_noop(node: ir.Node, ctx: RuleContext) -> Match:
+    x_dims = u.symbolic_dims(node.inputs[0])
+    shape = u.const_ints(node.inputs[1]) if len(node.inputs) > 1 else None
+    if x_dims is None or shape is None or len(shape) > len(x_dims):
+        return "shape not constant, input shape unknown or the rank grows"
+    for s, d in zip(reversed(shape), reversed(x_dims), strict=False):
+        if s == 1:
+            continue
+        if not (isinstance(d, int) and d == s):
+            return "an entry may broadcast a dim"
+    return _to(node, node.inputs[0])
+
+
+def _slice_noop(node: ir.Node, ctx: RuleContext) -> Match:
+    if u.node_opset(node, ctx.model) < 10 or len(node.inputs) < 3:
+        return "bounds are attributes (opset < 10)"
+    x_dims = u.dims(node.inputs[0])
+    starts = u.const_ints(node.inputs[1])
+    ends = u.const_ints(node.inputs[2])
+    if x_dims is None or starts is None or ends is None:
+        return "input shape or bounds unknown"
+    r = len(x_dims)
+    axes = _axes(node, 3) or list(range(len(starts)))
+    steps = (
+        u.const_ints(node.inputs[4])
+        if len(node.inputs) > 4 and node.inputs[4] is not None
+        else None
+    )
+    if len(node.inputs) > 4 and node.inputs[4] is not None and steps is None:
+        return "steps not constant"
+    steps = steps or [1] * len(starts)
+    norm = u.normalize_axes(axes, r)
+    if norm is None or not (len(norm) == len(starts) == len(ends) == len(steps)):
+        return "malformed axes or bounds"
+    for ax, s, e, st in zip(norm, starts, ends, steps, strict=True):
+        if st != 1:
+            return "a step is not 1"
+        d = x_dims[ax]
+        if s != 0 and not (d is not None and s <= -d):
+            return "a start may drop elements"
+        if e < INT64_MAX // 2 and not (d is not None and e >= d):
+            return "an end may drop elements"
+    return _to(node, node.inputs[0])
+
+
+def _pad_noop(node: ir.Node, ctx: RuleContext) -> Match:
+    if "pads" in node.attributes:
+        pads: list[int] | None = list(node.attributes["pads"].as_ints())
+    elif len(node.inputs) > 1:
+        pads = u.const_ints(node.inputs[1])
+    else:
+        return "no pads"
+    if pads is None:
+        return "pads not constant"
+    return _to(node, node.inputs[0]) if all(p == 0 for p in pads) else "a pad is not zero"
+
+
+def _concat_single(node: ir.Node, ctx: RuleContext) -> Match:
+    if len(node.inputs) == 1 and node.inputs[0] is not None:
+        return _to(node, node.inputs[0])
+    return "more than one input"
+
+
+def _flatten_noop(node: ir.Node, ctx: RuleContext) -> Match:
+    x_dims = u.symbolic_dims(node.inputs[0])
+    if x_dims is None or len(x_dims) != 2:
+        return "the input is not of rank 2"
+    axis = node.attributes.get_int("axis", 1)
+    # rank-2 input: axis 1 keeps (d0, d1); axis 0 gives (1, d0*d1); axis 2 gives (d0*d1, 1)
+    if axis in (1, -1):
+        return _to(node, node.inputs[0])
+    if axis in (0, -2) and x_dims[0] == 1:
+        return _to(node, node.inputs[0])
+    if axis == 2 and x_dims[1] == 1:
+        return _to(node, node.inputs[0])
+    return "the result's shape differs"
+
+
+_RULES = (  # name, op types, check, math
+    ("identity", ("Identity",), _identity, "Identity(x) -> x"),
+    ("dropout-inference", ("Dropout",), _dropout, "Dropout(x) -> x without training (no or a "
+     "false constant training flag, is_test before opset 7) when the mask is unread"),
+    ("cast-same-type", ("Cast", "CastLike"), _cast_same_type,
+     "Cast(x, to=T) -> x and CastLike(x, y) -> x when x already has type T (y's type)"),
+    ("reshape-noop", ("Reshape",), _reshape_noop, "Reshape(x, s) -> x when each entry of s is "
+     "x's dim at its position (0 copies a dim unless allowzero=1, one -1 fills)"),
+    ("transpose-noop", ("Transpose",), _transpose_noop,
+     "Transpose(x, perm) -> x when perm is the identity (or absent and rank(x) <= 1)"),
+    ("unsqueeze-squeeze", ("Squeeze",), _unsqueeze_squeeze,
+     "Squeeze(Unsqueeze(x, a), a) -> x for the same constant axes"),
+    ("squeeze-noop", ("Squeeze",), _squeeze_noop, "Squeeze(x) -> x without axes when no dim is 1"),
+    ("squeeze-unsqueeze", ("Unsqueeze",), _squeeze_unsqueeze,
+     "Unsqueeze(Squeeze(x, a), a) -> x for the same constant axes"),
+    ("expand-noop", ("Expand",), _expand_noop,
+     "Expand(x, s) -> x when each entry of s is 1 or x's dim (right-aligned), rank kept"),
+    ("slice-noop", ("Slice",), _slice_noop,
+     "Slice(x, starts, ends, axes, 1) -> x when every sliced axis keeps all its elements"),
+    ("pad-noop", ("Pad",), _pad_noop, "Pad(x, pads) -> x when all pads are zero"),
+    ("concat-single", ("Concat",), _concat_single, "Concat(x) -> x (one input)"),
+    ("flatten-noop", ("Flatten",), _flatten_noop, "Flatten(x, axis) -> x for x of rank 2 when "
+     "the result has x's shape (axis 1, or the dim it merges with is 1)"),
+)  # fmt: skip
+
+RULES: tuple[Rule, ...] = tuple(
+    Rule(name, math, ops, check, replace_output) for name, ops, check, math in _RULES
+)
+
+
+class IdentityElimination(RulePass):
+    name = "identity"
+    summary = "remove Identity, inference Dropout and no-op Cast/Reshape/Transpose/... nodes"
+    rules = RULES

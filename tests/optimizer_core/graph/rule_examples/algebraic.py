@@ -2,32 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
-import onnx
-
-from tests.helpers import parse
 from tests.optimizer_core.graph.rule_examples import Example
-
-
-def model(
-    body: str, sig: str = "(float[2, 4] xin) => (float[2, 4] y)", inits: str = "", opset: int = 18
-) -> Callable[[], onnx.ModelProto]:
-    """A builder of the model ``g sig <inits> { body }``."""
-    init = f"<{inits}>" if inits else ""
-
-    def build() -> onnx.ModelProto:
-        return parse(
-            f"""
-            <ir_version: 8, opset_import: ["" : {opset}]>
-            g {sig} {init} {{
-              {body}
-            }}
-            """
-        )
-
-    return build
-
+from tests.optimizer_core.graph.rule_examples._build import model
 
 ZERO = "float[4] c = {0.0, 0.0, 0.0, 0.0}"
 ONE = "float[4] c = {1.0, 1.0, 1.0, 1.0}"

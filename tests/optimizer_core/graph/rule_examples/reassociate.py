@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from tests.optimizer_core.graph.rule_examples import Example
-from tests.optimizer_core.graph.rule_examples.algebraic import model
+from tests.optimizer_core.graph.rule_examples._build import model
 
 CONSTANTS = "float[4] c1 = {2.0, 3.0, 0.5, 1.5}, float[4] c2 = {0.25, 1.5, 3.0, -2.0}"
 RTOL, ATOL = 1e-5, 1e-6
