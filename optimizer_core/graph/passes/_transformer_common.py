@@ -1,0 +1,82 @@
+"""Helpers shared by the transformer fusions' matchers (pass ``fuse-transformer``)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, cast
+
+import onnx_ir as ir
+
+from optimizer_core.graph import _ir_utils as u
+from optimizer_core.graph.rules import RuleContext
+
+if TYPE_CHECKING:
+    from optimizer_core.graph.passes.transformer import TransformerFusion
+
+FLOATS = frozenset({ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.DOUBLE})
+
+
+def fusion(ctx: RuleContext) -> TransformerFusion:
+    return cast("TransformerFusion", ctx.pass_)
+
+
+def scalar(value: ir.Value | None) -> float | None:
+    arr = u.const_array(value)
+    if arr is None or arr.size != 1 or arr.dtype.kind != "f":
+        return None
+    return float(arr.reshape(-1)[0])
+
+
+def close(a: float | None, b: float, rel: float = 1e-4) -> bool:
+    return a is not None and abs(a - b) <= rel * abs(b)
+
+
+def split_const(node: ir.Node) -> tuple[ir.Value, ir.Value] | None:
+    """(variable operand, constant operand) of a binary node with exactly one constant input."""
+    if len(node.inputs) != 2:
+        return None
+    a, b = node.inputs
+    if a is None or b is None:
+        return None
+    if u.is_constant(b) and not u.is_constant(a):
+        return a, b
+    if u.is_constant(a) and not u.is_constant(b) and node.op_type in ("Mul", "Add"):
+        return b, a
+    return None
+
+
+def producer(value: ir.Value | None, *ops: str) -> ir.Node | None:
+    node = value.producer() if value is not None else None
+    return node if node is not None and u.is_op(node, *ops) else None
+
+
+def only_reader(value: ir.Value, reader: ir.Node) -> bool:
+    return not value.is_graph_output() and all(user is reader for user, _ in value.uses())
+
+
+def elem_type(value: ir.Value | None) -> ir.DataType | None:
+    if value is None or value.type is None or not isinstance(value.type, ir.TensorType):
+        return None
+    return value.type.dtype
+
+
+def sole_reader(value: ir.Value, op: str) -> ir.Node | None:
+    if value.is_graph_output() or len(value.uses()) != 1:
+        return None
+    node = next(iter(value.uses()))[0]
+    return node if u.is_op(node, op) else None
+
+
+def other(node: ir.Node, value: ir.Value) -> ir.Value | None:
+    return node.inputs[1] if node.inputs[0] is value else node.inputs[0]
+
+
+def private(nodes: list[ir.Node], keep: ir.Value | None = None) -> bool:
+    """No output of ``nodes`` but ``keep`` is a graph output or read outside ``nodes``."""
+    ids = {id(n) for n in nodes}
+    for n in nodes:
+        for o in n.outputs:
+            if o is keep:
+                continue
+            if o.is_graph_output() or any(id(user) not in ids for user, _ in o.uses()):
+                return False
+    return True

@@ -1,0 +1,193 @@
+"""The normalization fusions of pass ``fuse-transformer``: LayerNormalization (opset 17) and
+RMSNormalization (opset 23), matched from the ReduceMean of the squares."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import onnx_ir as ir
+
+from optimizer_core.graph import _ir_utils as u
+from optimizer_core.graph.passes._transformer_common import (
+    FLOATS,
+    elem_type,
+    fusion,
+    producer,
+    scalar,
+    sole_reader,
+    split_const,
+)
+from optimizer_core.graph.rules import RuleContext, replace
+from optimizer_core.graph.targets import emits_allowed
+
+
+def _last_axis_mean(node: ir.Node, x: ir.Value | None) -> bool:
+    """``node`` is ReduceMean over the last axis of ``x`` with keepdims."""
+    if node.attributes.get_int("keepdims", 1) != 1 or x is None:
+        return False
+    if "axes" in node.attributes:
+        axes = list(node.attributes["axes"].as_ints())
+    elif len(node.inputs) > 1 and node.inputs[1] is not None:
+        axes = u.const_ints(node.inputs[1]) or []
+    else:
+        return False
+    r = u.rank(x)
+    return r is not None and len(axes) == 1 and axes[0] in (-1, r - 1)
+
+
+def _square_of(value: ir.Value | None) -> tuple[ir.Value, ir.Node] | None:
+    """``(x, node)`` when ``value`` is ``x * x`` or ``x ** 2``."""
+    node = producer(value, "Mul", "Pow")
+    if node is None or len(node.inputs) != 2:
+        return None
+    a, b = node.inputs
+    if node.op_type == "Mul":
+        return (a, node) if a is not None and a is b else None
+    return (a, node) if a is not None and scalar(b) == 2.0 else None
+
+
+def _channel_const(node: ir.Node, y: ir.Value, channels: int, dtype: np.dtype) -> ir.Value | None:
+    other = node.inputs[1] if node.inputs[0] is y else node.inputs[0]
+    arr = u.const_array(other)
+    if other is None or arr is None or arr.dtype != dtype:
+        return None
+    return other if arr.shape == (channels,) else None
+
+
+@dataclasses.dataclass
+class Norm:
+    kind: str  # "layernorm" or "rmsnorm"
+    x: ir.Value
+    eps: float
+    channels: int
+    dtype: np.dtype
+    y: ir.Value  # the value the fused op computes
+    last: ir.Node  # the pattern's last node (the fused op goes before it)
+    gamma: ir.Value | None
+    beta: ir.Value | None
+
+
+def match_norm(mean2: ir.Node, ctx: RuleContext) -> Norm | str:
+    """Match from the ReduceMean of the squares (the variance, or the mean square)."""
+    sq = _square_of(mean2.inputs[0])
+    if sq is None:
+        return "the input is not a square"
+    d, sq_node = sq
+    if not _last_axis_mean(mean2, d) or elem_type(d) not in FLOATS:
+        return "not a float mean over the last axis with keepdims"
+    # Add(eps) -> Sqrt -> Div(d, .) or Mul(d, Reciprocal(.))
+    v = mean2.outputs[0]
+    if len(v.uses()) != 1:
+        return "the mean has several readers"
+    add = next(iter(v.uses()))[0]
+    split = split_const(add) if u.is_op(add, "Add") else None
+    eps = scalar(split[1]) if split is not None else None
+    if split is None or eps is None or eps < 0 or len(add.outputs[0].uses()) != 1:
+        return "not followed by + eps (a scalar >= 0) read once"
+    sqrt = next(iter(add.outputs[0].uses()))[0]
+    if not u.is_op(sqrt, "Sqrt") or len(sqrt.outputs[0].uses()) != 1:
+        return "not followed by a Sqrt read once"
+    nxt = next(iter(sqrt.outputs[0].uses()))[0]
+    chain = [mean2, add, sqrt]
+    if u.is_op(nxt, "Div") and nxt.inputs[0] is d and nxt.inputs[1] is sqrt.outputs[0]:
+        scaled = nxt
+    elif u.is_op(nxt, "Reciprocal") and len(nxt.outputs[0].uses()) == 1:
+        recip_reader = next(iter(nxt.outputs[0].uses()))[0]
+        if not u.is_op(recip_reader, "Mul") or d not in recip_reader.inputs:
+            return "the reciprocal does not multiply the normalized value"
+        chain.append(nxt)
+        scaled = recip_reader
+    else:
+        return "the root does not divide the normalized value"
+    chain += [sq_node, scaled]
+    # centered (LayerNormalization) or not (RMSNormalization)
+    sub = producer(d, "Sub")
+    mean1 = producer(sub.inputs[1], "ReduceMean") if sub is not None else None
+    if (
+        sub is not None
+        and mean1 is not None
+        and sub.inputs[0] is mean1.inputs[0]
+        and _last_axis_mean(mean1, sub.inputs[0])
+        and len(mean1.outputs[0].uses()) == 1
+    ):
+        x = sub.inputs[0]
+        kind = "layernorm"
+        chain += [sub, mean1]
+        inner = {id(n) for n in chain}
+        if any(id(user) not in inner for user, _ in d.uses()) or d.is_graph_output():
+            return "the centered value is read outside the pattern"
+    else:
+        opset = fusion(ctx).opset
+        if opset < 23 or not emits_allowed(ctx.options.target, "RMSNormalization"):
+            return "RMSNormalization needs opset 23 and a target that takes it"
+        x, kind = d, "rmsnorm"
+    inner = {id(n) for n in chain}
+    for n in chain:
+        if n is scaled:
+            continue
+        for out in n.outputs:
+            if out.is_graph_output() or any(id(user) not in inner for user, _ in out.uses()):
+                return "an intermediate value is read outside the pattern"
+    assert x is not None
+    dims = u.dims(x)
+    if dims is None or dims[-1] is None:
+        return "the last dim is not static"
+    channels = dims[-1]
+    dtype = elem_type(x)
+    assert dtype is not None
+    np_dtype = dtype.numpy()
+    # optional affine tail: * gamma, + beta (per-channel constants of x's dtype)
+    y = scaled.outputs[0]
+    gamma = beta = None
+    tail: list[ir.Node] = []
+    mul = sole_reader(y, "Mul")
+    if mul is not None:
+        g = _channel_const(mul, y, channels, np_dtype)
+        if g is not None:
+            gamma, y = g, mul.outputs[0]
+            tail.append(mul)
+    if kind == "layernorm":
+        add2 = sole_reader(y, "Add")
+        if add2 is not None:
+            b = _channel_const(add2, y, channels, np_dtype)
+            if b is not None:
+                beta, y = b, add2.outputs[0]
+                tail.append(add2)
+    last = tail[-1] if tail else scaled
+    return Norm(kind, x, eps, channels, np_dtype, y, last, gamma, beta)
+
+
+def check_layernorm(node: ir.Node, ctx: RuleContext) -> Norm | str:
+    found = match_norm(node, ctx)
+    if isinstance(found, Norm) and found.kind != "layernorm":
+        return "not centered (an RMSNormalization pattern)"
+    return found
+
+
+def check_rmsnorm(node: ir.Node, ctx: RuleContext) -> Norm | str:
+    found = match_norm(node, ctx)
+    if isinstance(found, Norm) and found.kind != "rmsnorm":
+        return "centered (a LayerNormalization pattern)"
+    return found
+
+
+def fuse_norm(node: ir.Node, m: Norm, ctx: RuleContext) -> None:
+    name = fusion(ctx).new_name
+    gamma = m.gamma
+    if gamma is None:
+        gamma = u.add_initializer(ctx.graph, np.ones(m.channels, m.dtype), name("norm_scale"))
+    inputs = [m.x, gamma] + ([m.beta] if m.beta is not None else [])
+    op = "LayerNormalization" if m.kind == "layernorm" else "RMSNormalization"
+    fused = ir.Node(
+        "",
+        op,
+        inputs,
+        [ir.AttrInt64("axis", -1), ir.AttrFloat32("epsilon", m.eps)],
+        name=name(op),
+        version=None,
+    )
+    ctx.graph.insert_before(m.last, fused)
+    fused.outputs[0].shape = m.y.shape
+    fused.outputs[0].type = m.y.type
+    replace(m.y, fused.outputs[0], op)
