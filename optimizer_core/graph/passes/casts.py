@@ -12,7 +12,7 @@ from __future__ import annotations
 import onnx_ir as ir
 
 from optimizer_core.graph import _ir_utils as u
-from optimizer_core.graph.framework import GraphtrimPass
+from optimizer_core.graph.rules import Rule, RuleContext, RulePass, replace_output, reroute_refusal
 
 D = ir.DataType
 
@@ -53,32 +53,65 @@ def is_exact_cast(src: ir.DataType, dst: ir.DataType) -> bool:
     return False
 
 
-class CastChainElimination(GraphtrimPass):
+def _exact_pair(node: ir.Node) -> tuple[ir.Value, D, D] | str:
+    """``Cast(Cast(x, T1), T2)`` whose first cast is exact: ``x``, ``T1`` and ``T2``."""
+    mid = node.inputs[0]
+    inner = mid.producer() if mid is not None else None
+    if inner is None or not u.is_op(inner, "Cast") or inner.inputs[0] is None:
+        return "the input is not produced by Cast"
+    x = inner.inputs[0]
+    t1, t2 = inner.attributes.get_int("to", None), node.attributes.get_int("to", None)
+    if x.dtype is None or t1 is None or t2 is None:
+        return "a type is unknown"
+    if not is_exact_cast(x.dtype, D(t1)):
+        return "the first cast is not exact"
+    return x, D(t1), D(t2)
+
+
+def _round_trip(node: ir.Node, ctx: RuleContext) -> ir.Value | str:
+    pair = _exact_pair(node)
+    if isinstance(pair, str):
+        return pair
+    x, _, t2 = pair
+    if t2 != x.dtype:
+        return "the second cast is not back to the input's type"
+    return reroute_refusal(node.outputs[0], x) or x
+
+
+def _chain(node: ir.Node, ctx: RuleContext) -> ir.Value | str:
+    pair = _exact_pair(node)
+    if isinstance(pair, str):
+        return pair
+    x, _, t2 = pair
+    if t2 == x.dtype:
+        return "a round trip (the other rule)"
+    return x
+
+
+def _cast_input(node: ir.Node, x: ir.Value, ctx: RuleContext) -> None:
+    node.replace_input_with(0, x)
+
+
+RULES: tuple[Rule, ...] = (
+    Rule(
+        "cast-round-trip",
+        "Cast(Cast(x, T1), type(x)) -> x when every value of x's type is representable in T1",
+        ("Cast",),
+        _round_trip,
+        replace_output,
+    ),
+    Rule(
+        "cast-chain",
+        "Cast(Cast(x, T1), T2) -> Cast(x, T2) when every value of x's type is representable in "
+        "T1 (the second cast sees x's very value)",
+        ("Cast",),
+        _chain,
+        _cast_input,
+    ),
+)
+
+
+class CastChainElimination(RulePass):
     name = "casts"
     summary = "collapse Cast chains whose first cast is exact; remove exact round trips"
-
-    def apply(self, model: ir.Model) -> bool:
-        changed = False
-        for graph in u.all_graphs(model):
-            for node in u.nodes_in_order(graph):
-                if node.graph is None or not u.is_op(node, "Cast"):
-                    continue
-                mid = node.inputs[0]
-                inner = mid.producer() if mid is not None else None
-                if inner is None or not u.is_op(inner, "Cast") or inner.inputs[0] is None:
-                    continue
-                x = inner.inputs[0]
-                t1, t2 = inner.attributes.get_int("to", None), node.attributes.get_int("to", None)
-                if x.dtype is None or t1 is None or t2 is None:
-                    continue
-                if not is_exact_cast(x.dtype, D(t1)):
-                    continue
-                if D(t2) == x.dtype:
-                    if u.replace_value(node.outputs[0], x):
-                        self.hit("cast-round-trip")
-                        changed = True
-                else:
-                    node.replace_input_with(0, x)
-                    self.hit("cast-chain")
-                    changed = True
-        return changed
+    rules = RULES
