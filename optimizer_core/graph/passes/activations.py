@@ -18,7 +18,7 @@ import numpy as np
 import onnx_ir as ir
 
 from optimizer_core.graph import _ir_utils as u
-from optimizer_core.graph.framework import GraphtrimPass
+from optimizer_core.graph.rules import Rule, RuleContext, RulePass, replace_output, reroute_refusal
 
 _NON_NEGATIVE_OPS = frozenset({"Relu", "Sigmoid", "Softmax", "Abs", "Exp", "Softplus"})
 
@@ -57,87 +57,158 @@ def is_non_negative(value: ir.Value, model: ir.Model) -> bool:
     return False
 
 
-class RedundantActivations(GraphtrimPass):
+def _relu_after_non_negative(node: ir.Node, ctx: RuleContext) -> ir.Value | str:
+    x = node.inputs[0]
+    if x is None or not is_non_negative(x, ctx.model):
+        return "the input may be negative"
+    return reroute_refusal(node.outputs[0], x) or x
+
+
+Bounds = tuple[ir.Value, float | None, float | None]
+
+
+def _clip(node: ir.Node, ctx: RuleContext) -> Bounds | str:
+    x = node.inputs[0]
+    bounds = _clip_bounds(node, ctx.model)
+    if x is None or bounds is None:
+        return "a bound is not a constant scalar"
+    return x, bounds[0], bounds[1]
+
+
+def _keeps_non_negative(x: ir.Value, lo: float | None, hi: float | None, model: ir.Model) -> bool:
+    """A Clip with no upper bound and ``lo <= 0`` cannot change its non-negative input."""
+    return hi is None and (lo is None or lo <= 0) and is_non_negative(x, model)
+
+
+def _clip_after_non_negative(node: ir.Node, ctx: RuleContext) -> ir.Value | str:
+    clip = _clip(node, ctx)
+    if isinstance(clip, str):
+        return clip
+    x, lo, hi = clip
+    if not _keeps_non_negative(x, lo, hi, ctx.model):
+        return "the Clip may change its input"
+    return reroute_refusal(node.outputs[0], x) or x
+
+
+def _clip_of(op: str, node: ir.Node, ctx: RuleContext) -> tuple[Bounds, ir.Node] | str:
+    """The Clip's input, bounds and the ``op`` node producing its input (read only there)."""
+    clip = _clip(node, ctx)
+    if isinstance(clip, str):
+        return clip
+    x, lo, hi = clip
+    if _keeps_non_negative(x, lo, hi, ctx.model):
+        return "the Clip cannot change its input, whose readers cannot be rerouted"
+    producer = x.producer()
+    if producer is None or not u.single_consumer(x):
+        return "the input is not computed for the Clip alone"
+    if not u.is_op(producer, op):
+        return f"the input is not produced by {op}"
+    return clip, producer
+
+
+def _relu_into_clip(node: ir.Node, ctx: RuleContext) -> ir.Value | str:
+    found = _clip_of("Relu", node, ctx)
+    if isinstance(found, str):
+        return found
+    (_, lo, _), relu = found
+    if lo is None or lo < 0 or relu.inputs[0] is None:
+        return "the Clip's lower bound is not >= 0"
+    return relu.inputs[0]
+
+
+def _read_source(node: ir.Node, src: ir.Value, ctx: RuleContext) -> None:
+    node.replace_input_with(0, src)
+
+
+Merged = tuple[ir.Value, float | None, float | None, np.dtype]
+
+
+def _clip_clip(node: ir.Node, ctx: RuleContext) -> Merged | str:
+    found = _clip_of("Clip", node, ctx)
+    if isinstance(found, str):
+        return found
+    (x, lo, hi), producer = found
+    if u.node_opset(node, ctx.model) < 11:
+        return "bounds are attributes (opset < 11)"
+    inner = _clip_bounds(producer, ctx.model)
+    if inner is None or producer.inputs[0] is None:
+        return "an inner bound is not a constant scalar"
+    los = [b for b in (lo, inner[0]) if b is not None]
+    his = [b for b in (hi, inner[1]) if b is not None]
+    new_lo = max(los) if los else None
+    new_hi = min(his) if his else None
+    if new_lo is not None and new_hi is not None and new_lo > new_hi:
+        return "the intervals do not overlap"
+    if x.dtype is not None:
+        dtype = x.dtype.numpy()
+    else:  # type unknown (e.g. after a custom op): the bounds have the data's type
+        bound_arrays = [u.const_array(v) for n in (node, producer) for v in n.inputs[1:]]
+        dtype = next((a.dtype for a in bound_arrays if a is not None), np.dtype(np.float32))
+    return producer.inputs[0], new_lo, new_hi, dtype
+
+
+def _merge_clips(node: ir.Node, match: Merged, ctx: RuleContext) -> None:
+    src, new_lo, new_hi, dtype = match
+    namer = u.NameGenerator(ctx.model) if (new_lo is not None or new_hi is not None) else None
+    inputs: list[ir.Value | None] = [src]
+    for bound, tag in ((new_lo, "min"), (new_hi, "max")):
+        if bound is None:
+            inputs.append(None)
+        else:
+            assert namer is not None
+            inputs.append(
+                u.add_initializer(
+                    ctx.graph, np.array(bound, dtype=dtype), namer(f"{node.name or 'clip'}_{tag}")
+                )
+            )
+    while inputs and inputs[-1] is None:
+        inputs.pop()
+    for i in range(len(node.inputs)):
+        node.replace_input_with(i, None)
+    node.resize_inputs(len(inputs))
+    for i, v in enumerate(inputs):
+        node.replace_input_with(i, v)
+
+
+_NON_NEGATIVE = (
+    "y non-negative: made by Relu/Sigmoid/Softmax/Abs/Exp/Softplus, by a Clip with lo >= 0, or "
+    "a constant >= 0"
+)
+
+RULES: tuple[Rule, ...] = (
+    Rule(
+        "relu-after-non-negative",
+        f"Relu(y) -> y for {_NON_NEGATIVE}",
+        ("Relu",),
+        _relu_after_non_negative,
+        replace_output,
+    ),
+    Rule(
+        "clip-after-non-negative",
+        f"Clip(y, lo, none) -> y when lo <= 0 (or absent), for {_NON_NEGATIVE}",
+        ("Clip",),
+        _clip_after_non_negative,
+        replace_output,
+    ),
+    Rule(
+        "relu-into-clip",
+        "Clip(Relu(x), lo, hi) -> Clip(x, lo, hi) when lo >= 0 and the Relu has no other reader",
+        ("Clip",),
+        _relu_into_clip,
+        _read_source,
+    ),
+    Rule(
+        "clip-clip",
+        "Clip(Clip(x, a1, b1), a2, b2) -> Clip(x, max(a1, a2), min(b1, b2)) when the intervals "
+        "overlap and the inner Clip has no other reader (opset 11+)",
+        ("Clip",),
+        _clip_clip,
+        _merge_clips,
+    ),
+)
+
+
+class RedundantActivations(RulePass):
     name = "activations"
     summary = "remove Relu/Clip that cannot change their input; merge nested Clips"
-
-    def apply(self, model: ir.Model) -> bool:
-        changed = False
-        for graph, node in u.standard_nodes(model):
-            if node.op_type == "Relu":
-                changed |= self._relu(node, model)
-            elif node.op_type == "Clip":
-                changed |= self._clip(node, model, graph)
-        return changed
-
-    def _relu(self, node: ir.Node, model: ir.Model) -> bool:
-        x = node.inputs[0]
-        if x is None or not is_non_negative(x, model):
-            return False
-        if u.replace_value(node.outputs[0], x):
-            self.hit("relu-after-non-negative")
-            return True
-        return False
-
-    def _clip(self, node: ir.Node, model: ir.Model, graph: ir.Graph) -> bool:
-        x = node.inputs[0]
-        bounds = _clip_bounds(node, model)
-        if x is None or bounds is None:
-            return False
-        lo, hi = bounds
-        if hi is None and (lo is None or lo <= 0) and is_non_negative(x, model):
-            if u.replace_value(node.outputs[0], x):
-                self.hit("clip-after-non-negative")
-                return True
-            return False
-        producer = x.producer()
-        if producer is None or not u.single_consumer(x):
-            return False
-        if (
-            u.is_op(producer, "Relu")
-            and lo is not None
-            and lo >= 0
-            and producer.inputs[0] is not None
-        ):
-            node.replace_input_with(0, producer.inputs[0])
-            self.hit("relu-into-clip")
-            return True
-        if u.is_op(producer, "Clip") and u.node_opset(node, model) >= 11:
-            inner = _clip_bounds(producer, model)
-            if inner is None or producer.inputs[0] is None:
-                return False
-            los = [b for b in (lo, inner[0]) if b is not None]
-            his = [b for b in (hi, inner[1]) if b is not None]
-            new_lo = max(los) if los else None
-            new_hi = min(his) if his else None
-            if new_lo is not None and new_hi is not None and new_lo > new_hi:
-                return False
-            if x.dtype is not None:
-                dtype = x.dtype.numpy()
-            else:  # type unknown (e.g. after a custom op): the bounds have the data's type
-                bound_arrays = [u.const_array(v) for n in (node, producer) for v in n.inputs[1:]]
-                dtype = next((a.dtype for a in bound_arrays if a is not None), np.dtype(np.float32))
-            namer = u.NameGenerator(model) if (new_lo is not None or new_hi is not None) else None
-            inputs: list[ir.Value | None] = [producer.inputs[0]]
-            for bound, tag in ((new_lo, "min"), (new_hi, "max")):
-                if bound is None:
-                    inputs.append(None)
-                else:
-                    assert namer is not None
-                    inputs.append(
-                        u.add_initializer(
-                            graph,
-                            np.array(bound, dtype=dtype),
-                            namer(f"{node.name or 'clip'}_{tag}"),
-                        )
-                    )
-            while inputs and inputs[-1] is None:
-                inputs.pop()
-            for i in range(len(node.inputs)):
-                node.replace_input_with(i, None)
-            node.resize_inputs(len(inputs))
-            for i, v in enumerate(inputs):
-                node.replace_input_with(i, v)
-            self.hit("clip-clip")
-            return True
-        return False
+    rules = RULES
