@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import datetime as dt
 import os
-from typing import Any
 
 from airflow.providers.standard.operators.trigger_dagrun import TriggerDagRunOperator
-from airflow.sdk import DAG, Asset, AssetWatcher, task
+from airflow.sdk import DAG, Asset, AssetWatcher
 
+from operators.airflow.params import env_flag
+from operators.airflow.registry import RegistryEventsOperator
 from operators.airflow.timeouts import task_timeout
 from operators.airflow.triggers import MlflowNewModelVersionTrigger
 
@@ -30,8 +31,7 @@ registry = Asset(
                 watch_tag=os.environ.get("GRAPHTRIM_WATCH_TAG", "graphtrim.optimize"),
                 mlflow_conn_id="mlflow_default",
                 poll_interval=float(os.environ.get("GRAPHTRIM_WATCH_INTERVAL", "60")),
-                allow_variant_source=os.environ.get("GRAPHTRIM_ALLOW_VARIANT_SOURCE", "").lower()
-                in ("1", "true", "yes"),
+                allow_variant_source=env_flag(os.environ.get("GRAPHTRIM_ALLOW_VARIANT_SOURCE")),
             ),
         )
     ],
@@ -46,39 +46,15 @@ with DAG(
     default_args={"retries": 2, "retry_delay": dt.timedelta(seconds=20)},
     tags=["graphtrim"],
 ) as dag:
-
-    @task(execution_timeout=task_timeout("versions"))
-    def versions(triggering_asset_events: Any = None) -> list[dict[str, Any]]:
-        """Trigger arguments of one optimize run per version in the events that started this
-        run: the conf from the registered model's graphtrim.* tags, and the run id that the
-        registry scan would use for the same work (so the two never both run it)."""
-        from operators.airflow.hooks import ArtifactStoreHook, MlflowRegistryHook
-        from optimizer_core.stages.context import StageContext
-        from optimizer_core.stages.scan import conf_for
-
-        ctx = StageContext(
-            MlflowRegistryHook().tracking_uri(),
-            ".",
-            s3_endpoint_url=ArtifactStoreHook().endpoint_url(),
-            mlflow_auth=MlflowRegistryHook().auth(),
-            s3_auth=ArtifactStoreHook().auth(),
-        )
-        out: list[dict[str, Any]] = []
-        for events in (triggering_asset_events or {}).values():
-            for event in events:
-                payload = (event.extra or {}).get("payload") or event.extra or {}
-                if payload.get("name") and payload.get("version"):
-                    found = conf_for(ctx, payload["name"], str(payload["version"]))
-                    if payload.get("allow_variant_source"):  # a variant, let through on purpose
-                        found["conf"]["allow_variant_source"] = True
-                    item = {"conf": found["conf"], "trigger_run_id": found["run_id"]}
-                    if item not in out:
-                        out.append(item)
-        return out
+    # one optimize run per version in the events that started this run, with the run id the
+    # registry scan would use for the same work (so the two never both run it)
+    versions = RegistryEventsOperator(
+        task_id="versions", execution_timeout=task_timeout("versions")
+    )
 
     TriggerDagRunOperator.partial(
         task_id="optimize",
         execution_timeout=task_timeout("trigger"),
         trigger_dag_id="graphtrim_optimize_model",
         skip_when_already_exists=True,
-    ).expand_kwargs(versions())
+    ).expand_kwargs(versions.output)

@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import datetime as dt
 import os
-from typing import Any
 
 from airflow.providers.standard.operators.trigger_dagrun import TriggerDagRunOperator
-from airflow.sdk import DAG, Param, task
+from airflow.sdk import DAG, Param
 
+from operators.airflow.params import env_flag
+from operators.airflow.registry import RegistryScanOperator
 from operators.airflow.timeouts import task_timeout
 
 with DAG(
@@ -37,7 +38,7 @@ with DAG(
         ),
         "artifacts": Param(os.environ.get("GRAPHTRIM_ARTIFACTS", ""), type="string"),
         "allow_variant_source": Param(
-            os.environ.get("GRAPHTRIM_ALLOW_VARIANT_SOURCE", "").lower() in ("1", "true", "yes"),
+            env_flag(os.environ.get("GRAPHTRIM_ALLOW_VARIANT_SOURCE")),
             type="boolean",
             description="optimize versions graphtrim registered itself (variants) as sources",
         ),
@@ -45,44 +46,19 @@ with DAG(
     default_args={"retries": 2, "retry_delay": dt.timedelta(seconds=30)},
     tags=["graphtrim"],
 ) as dag:
-
-    @task(execution_timeout=task_timeout("candidates"))
-    def candidates(params: dict[str, Any] | None = None) -> list[dict[str, Any]]:
-        """Trigger arguments (conf and run id) for each version that still needs a run."""
-        from operators.airflow.hooks import ArtifactStoreHook, MlflowRegistryHook
-        from optimizer_core.stages.context import StageContext
-        from optimizer_core.stages.scan import unoptimized_versions
-
-        p = params or {}
-        artifacts = p.get("artifacts") or None
-        ctx = StageContext(
-            tracking_uri=MlflowRegistryHook().tracking_uri(),
-            artifacts=artifacts or ".",
-            s3_endpoint_url=ArtifactStoreHook().endpoint_url()
-            if str(artifacts or "").startswith("s3://")
-            else None,
-            mlflow_auth=MlflowRegistryHook().auth(),
-            s3_auth=ArtifactStoreHook().auth()
-            if str(artifacts or "").startswith("s3://")
-            else None,
-        )
-        found = unoptimized_versions(
-            ctx,
-            watch_tag=p["watch_tag"],
-            versions_per_model=int(p["versions_per_model"]),
-            limit=int(p["max_runs"]),
-            allow_variant_source=bool(p.get("allow_variant_source")),
-        )
-        if artifacts:
-            for item in found:
-                item["conf"]["artifacts"] = artifacts
-        # the run id is the work's idempotency key: a second scan (or an event) asking for the
-        # same version and config is skipped by Airflow's unique run id, not by luck
-        return [{"conf": f["conf"], "trigger_run_id": f["run_id"]} for f in found]
+    candidates = RegistryScanOperator(
+        task_id="candidates",
+        execution_timeout=task_timeout("candidates"),
+        max_runs="{{ params.max_runs }}",
+        versions_per_model="{{ params.versions_per_model }}",
+        watch_tag="{{ params.watch_tag }}",
+        artifacts="{{ params.artifacts }}",
+        allow_variant_source="{{ params.allow_variant_source }}",
+    )
 
     TriggerDagRunOperator.partial(
         task_id="optimize",
         execution_timeout=task_timeout("trigger"),
         trigger_dag_id="graphtrim_optimize_model",
         skip_when_already_exists=True,
-    ).expand_kwargs(candidates())
+    ).expand_kwargs(candidates.output)

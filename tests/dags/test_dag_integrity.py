@@ -85,6 +85,68 @@ def test_gpu_stages_are_placed_on_gpu_workers(dagbag: Any) -> None:
         assert gpu.get_task(task_id).queue != "gpu"
 
 
+@pytest.mark.parametrize(
+    ("dag_id", "finder", "kind"),
+    [
+        ("graphtrim_registry_scan", "candidates", "RegistryScanOperator"),
+        ("graphtrim_registry_events", "versions", "RegistryEventsOperator"),
+    ],
+)
+def test_registry_dags_trigger_one_optimize_run_per_version_their_operator_finds(
+    dagbag: Any, dag_id: str, finder: str, kind: str
+) -> None:
+    from airflow.sdk.definitions.mappedoperator import MappedOperator
+
+    from operators.airflow import registry
+
+    dag = dagbag.dags[dag_id]
+    assert set(dag.task_ids) == {finder, "optimize"}
+    assert isinstance(dag.get_task(finder), getattr(registry, kind))
+    optimize = dag.get_task("optimize")
+    assert isinstance(optimize, MappedOperator)
+    assert optimize.upstream_task_ids == {finder}
+    assert optimize.partial_kwargs["trigger_dag_id"] == "graphtrim_optimize_model"
+    # a version already triggered under the same run id is skipped, not run twice
+    assert optimize.partial_kwargs["skip_when_already_exists"] is True
+    for task in dag.tasks:
+        assert task.retries >= 2, task.task_id
+
+
+def test_registry_scan_takes_its_arguments_from_the_run_params(dagbag: Any) -> None:
+    dag = dagbag.dags["graphtrim_registry_scan"]
+    scan = dag.get_task("candidates")
+    for name in (
+        "max_runs",
+        "versions_per_model",
+        "watch_tag",
+        "artifacts",
+        "allow_variant_source",
+    ):
+        assert name in dag.params, name
+        assert name in scan.template_fields, name
+        assert getattr(scan, name) == "{{ params." + name + " }}", name
+
+
+def test_param_choices_are_the_cores_and_read_without_importing_it() -> None:
+    from operators.airflow.params import preset_choices, variant_choices
+    from optimizer_core.graph.presets import PRESETS
+    from optimizer_core.quantize import VARIANTS
+
+    assert preset_choices() == list(PRESETS)
+    assert "compact" in preset_choices()
+    assert variant_choices() == list(VARIANTS)
+    code = (
+        "import json, sys; from operators.airflow import params; "
+        "c = [params.preset_choices(), params.variant_choices(), params.default_variants()]; "
+        "print(json.dumps({'mods': sorted({m.split('.')[0] for m in sys.modules})}))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO
+    )
+    mods = set(json.loads(out.stdout.strip().splitlines()[-1])["mods"])
+    assert not {"numpy", "onnx", "onnx_ir", "onnxruntime", "mlflow", "airflow"} & mods
+
+
 @pytest.mark.parametrize("path", DAG_FILES, ids=lambda p: p.name)
 def test_dag_file_imports_nothing_heavy(path: Path) -> None:
     code = (

@@ -467,6 +467,105 @@ def test_registry_scan_finds_versions_without_variants(
     assert unoptimized_versions(ctx, limit=1) and len(unoptimized_versions(ctx, limit=1)) == 1
 
 
+def _watched_models(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[str, list[str]]:
+    """An embedded registry, the Airflow hooks' fallback without a connection: two versions of a
+    watched model (``watched``) and one of a model nobody watches. (tracking URI, versions)"""
+    from tests.helpers import tiny_onnx
+
+    tracking = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", tracking)
+    model = tiny_onnx(tmp_path / "m.onnx")
+    mlruns = tmp_path / "mlruns"
+    tags = {"graphtrim.optimize": "true", "graphtrim.variants": "graph"}
+    versions = [register_onnx(tracking, model, "watched", artifact_dir=mlruns, **tags)]
+    versions.append(register_onnx(tracking, model, "watched", artifact_dir=mlruns))
+    register_onnx(tracking, model, "unwatched", artifact_dir=mlruns)
+    return tracking, versions
+
+
+def test_registry_scan_operator_hands_the_scan_to_the_trigger(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from operators.airflow.registry import RegistryScanOperator
+    from optimizer_core.stages.context import StageContext
+    from optimizer_core.stages.scan import unoptimized_versions
+
+    tracking, (v1, v2) = _watched_models(tmp_path, monkeypatch)
+    scan = unoptimized_versions(StageContext(tracking, "."), versions_per_model=2)
+    assert [f["conf"]["version"] for f in scan] == [v2, v1]
+    # rendered from the DAG's params, every argument arrives as text
+    op = RegistryScanOperator(
+        task_id="candidates",
+        max_runs="10",
+        versions_per_model="2",
+        watch_tag="graphtrim.optimize",
+        artifacts="",
+        allow_variant_source="False",
+    )
+    assert op.execute({}) == [{"conf": f["conf"], "trigger_run_id": f["run_id"]} for f in scan]
+    # an artifact store goes into each run's conf; max_runs caps the fan-out
+    store = str(tmp_path / "artifacts")
+    op = RegistryScanOperator(
+        task_id="candidates", max_runs="1", versions_per_model="2", artifacts=store
+    )
+    assert op.execute({}) == [
+        {"conf": {**scan[0]["conf"], "artifacts": store}, "trigger_run_id": scan[0]["run_id"]}
+    ]
+    # another watch tag: nothing to do
+    op = RegistryScanOperator(task_id="candidates", watch_tag="graphtrim.other")
+    assert op.execute({}) == []
+
+
+def test_registry_events_operator_triggers_each_version_of_its_events_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import datetime as dt
+
+    from airflow.sdk.api.datamodels._generated import AssetReferenceAssetEventDagRun
+    from airflow.sdk.execution_time.comms import AssetEventDagRunReferenceResult
+    from airflow.sdk.execution_time.context import TriggeringAssetEventsAccessor
+
+    from operators.airflow.registry import RegistryEventsOperator
+    from optimizer_core.stages.context import StageContext
+    from optimizer_core.stages.scan import conf_for
+
+    tracking, (v1, v2) = _watched_models(tmp_path, monkeypatch)
+
+    def event(extra: dict[str, Any]) -> AssetEventDagRunReferenceResult:
+        name = "graphtrim-mlflow-registry"
+        return AssetEventDagRunReferenceResult(
+            asset=AssetReferenceAssetEventDagRun(name=name, uri=name, extra={}),
+            extra=extra,
+            source_task_id=None,
+            source_dag_id=None,
+            source_run_id=None,
+            source_map_index=None,
+            source_aliases=[],
+            timestamp=dt.datetime.now(dt.timezone.utc),
+        )
+
+    events = TriggeringAssetEventsAccessor.build(
+        [
+            # what AssetWatcher records: the trigger's payload under "payload"
+            event({"payload": {"name": "watched", "version": v1, "model_uri": "m"}}),
+            event({"name": "watched", "version": v1}),  # the same version again: one run
+            event({"payload": {"name": "watched", "version": v2, "allow_variant_source": True}}),
+            event({"payload": {"name": "watched"}}),  # no version: nothing to run
+        ]
+    )
+    ctx = StageContext(tracking, ".")
+    first, second = conf_for(ctx, "watched", v1), conf_for(ctx, "watched", v2)
+    op = RegistryEventsOperator(task_id="versions")
+    assert op.execute({"triggering_asset_events": events}) == [
+        {"conf": first["conf"], "trigger_run_id": first["run_id"]},
+        {
+            "conf": {**second["conf"], "allow_variant_source": True},
+            "trigger_run_id": second["run_id"],
+        },
+    ]
+    assert op.execute({"triggering_asset_events": None}) == []
+
+
 @pytest.mark.timeout(1800)  # only against a hang: four pipeline runs on a busy machine
 def test_registry_scan_passes_over_variants_and_retries_runs_that_did_not_finish(
     servers: dict[str, str],

@@ -1,0 +1,66 @@
+"""The stage context of a task, built from Airflow connections in one place.
+
+Every operator that calls ``optimizer_core`` hands it a :class:`StageContext`: the tracking URI
+and credentials of an MLflow connection (:class:`MlflowRegistryHook`), the endpoint and key pair
+of an S3 connection (:class:`ArtifactStoreHook`), and where the artifacts go. The credentials go
+to the clients the context builds, never into ``os.environ`` (see ``operators.airflow.hooks``).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Any
+
+from operators.airflow.hooks import ArtifactStoreHook, MlflowRegistryHook
+from optimizer_core.errors import GraphtrimError
+
+if TYPE_CHECKING:
+    from optimizer_core.stages.context import StageContext
+
+ARTIFACTS_ENV = "GRAPHTRIM_ARTIFACTS"
+
+
+def artifact_store(artifacts: str | None, task_id: str) -> str:
+    """Where a stage task keeps its artifacts: ``artifacts``, else ``$GRAPHTRIM_ARTIFACTS``; a
+    task with neither fails with a message that says how to give one."""
+    found = artifacts or os.environ.get(ARTIFACTS_ENV)
+    if not found:
+        raise GraphtrimError(
+            f"{task_id}: no artifact store: pass artifacts= (s3://bucket/prefix or a "
+            f"folder) or set ${ARTIFACTS_ENV}"
+        )
+    return str(found)
+
+
+def stage_context(
+    artifacts: str,
+    *,
+    mlflow_conn_id: str = MlflowRegistryHook.default_conn_name,
+    aws_conn_id: str | None = ArtifactStoreHook.default_conn_name,
+    s3_connection: bool | None = None,
+    **fields: Any,
+) -> StageContext:
+    """A :class:`StageContext` on the connections ``mlflow_conn_id`` and ``aws_conn_id``.
+
+    The S3 connection's endpoint and keys are used when ``s3_connection`` is true, or, when it
+    is None, when the artifact store is on S3 (``s3://``): a task that reads no S3 object does
+    not need the connection to exist. ``fields`` are the context's other fields (``workdir``,
+    ``orchestrator_run_id``, ``progress``, ``worker``, ``allow_variant_source``, ...).
+    """
+    from optimizer_core.stages.context import StageContext
+
+    if s3_connection is None:
+        s3_connection = str(artifacts).startswith("s3://")
+    endpoint = s3_auth = None
+    if s3_connection:
+        s3_hook = ArtifactStoreHook(aws_conn_id)
+        endpoint, s3_auth = s3_hook.endpoint_url(), s3_hook.auth()
+    mlflow_hook = MlflowRegistryHook(mlflow_conn_id)
+    return StageContext(
+        tracking_uri=mlflow_hook.tracking_uri(),
+        mlflow_auth=mlflow_hook.auth(),
+        s3_auth=s3_auth,
+        artifacts=str(artifacts),
+        s3_endpoint_url=endpoint,
+        **fields,
+    )

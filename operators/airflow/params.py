@@ -1,0 +1,90 @@
+"""What the DAGs offer in their run parameters, taken from ``optimizer_core``.
+
+The choices of a DAG's ``Param`` (the presets, the variants) are the core's own
+(``optimizer_core.graph.presets.PRESETS``, ``optimizer_core.quantize.VARIANTS``), not a copy
+that drifts from them. The scheduler parses DAG files often, and those modules import the graph
+passes and quantizers (onnx, numpy): the names are read from the modules' source without
+importing them. A module whose table is not a literal there is imported after all (correct,
+only slower to parse).
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import importlib
+from pathlib import Path
+from typing import Any
+
+import optimizer_core
+
+_CORE = Path(optimizer_core.__file__).resolve().parent
+
+
+def as_flag(value: Any) -> bool:
+    """A boolean operator argument, also when templated (rendered as text: ``"True"``)."""
+    return str(value).strip().lower() in ("1", "true", "yes")
+
+
+def env_flag(value: str | None) -> bool:
+    """A boolean from the environment (``1``, ``true``, ``yes``; anything else is false)."""
+    return (value or "").lower() in ("1", "true", "yes")
+
+
+def _literal_names(module: str, name: str) -> list[str] | None:
+    """The keys (a dict) or items (a tuple or list) of the top-level literal ``name`` in
+    ``module``'s source, or None where it is not such a literal of strings."""
+    path = _CORE.joinpath(*module.split(".")[1:]).with_suffix(".py")
+    try:
+        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    except (OSError, SyntaxError):
+        return None
+    for node in tree.body:
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            target, value = node.target.id, node.value
+        elif (
+            isinstance(node, ast.Assign)
+            and len(node.targets) == 1
+            and isinstance(node.targets[0], ast.Name)
+        ):
+            target, value = node.targets[0].id, node.value
+        else:
+            continue
+        if target != name:
+            continue
+        if isinstance(value, ast.Dict):
+            items: list[Any] = list(value.keys)
+        elif isinstance(value, (ast.Tuple, ast.List)):
+            items = list(value.elts)
+        else:
+            return None
+        if not all(isinstance(i, ast.Constant) and isinstance(i.value, str) for i in items):
+            return None
+        return [i.value for i in items]
+    return None
+
+
+@functools.cache
+def _names(module: str, name: str) -> tuple[str, ...]:
+    found = _literal_names(module, name)
+    if found is None:
+        found = list(getattr(importlib.import_module(module), name))
+    return tuple(found)
+
+
+def preset_choices() -> list[str]:
+    """The names of the optimizer's presets (``optimizer_core.graph.presets.PRESETS``), in its
+    order: the ``preset`` parameter's choices."""
+    return list(_names("optimizer_core.graph.presets", "PRESETS"))
+
+
+def variant_choices() -> list[str]:
+    """The variants graphtrim can build (``optimizer_core.quantize.VARIANTS``)."""
+    return list(_names("optimizer_core.quantize.build", "VARIANTS"))
+
+
+def default_variants() -> list[str]:
+    """The variants a run builds when it names none (``DEFAULT_VARIANTS`` of the pipeline)."""
+    from optimizer_core.stages.context import DEFAULT_VARIANTS
+
+    return list(DEFAULT_VARIANTS)
