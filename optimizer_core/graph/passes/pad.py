@@ -20,11 +20,13 @@ are left alone.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import onnx_ir as ir
 
 from optimizer_core.graph import _ir_utils as u
-from optimizer_core.graph.framework import GraphtrimPass
+from optimizer_core.graph.rules import Rule, RuleContext, RulePass
 
 
 def _pad_widths(pad: ir.Node, rank: int | None) -> list[int] | None:
@@ -67,79 +69,111 @@ def _pads_zero(pad: ir.Node) -> bool:
     return arr is not None and arr.size == 1 and arr.dtype.kind in "fiu" and bool(np.all(arr == 0))
 
 
-class PadFusion(GraphtrimPass):
+def _avgpool_counts_pads(pool: ir.Node) -> bool:
+    return (
+        pool.attributes.get_int("count_include_pad", 0) == 1
+        and pool.attributes.get_int("ceil_mode", 0) == 0
+    )
+
+
+Fold = tuple[ir.Node, ir.Value, list[int]]  # the reader, the Pad's input, the reader's new pads
+
+
+def _fold(pad: ir.Node, reader: ir.Node) -> Fold | str:
+    """The reader's pads with the Pad's spatial pads added."""
+    x = pad.inputs[0]
+    if x is None or pad.attributes.get_string("mode", "constant") != "constant":
+        return "not a constant Pad"
+    if not _pads_zero(pad):
+        return "the pad value is not a constant zero"
+    if reader.attributes.get_string("auto_pad", "NOTSET") != "NOTSET":
+        return "the reader pads automatically"
+    rank = u.rank(x) or u.rank(pad.outputs[0]) or u.rank(reader.outputs[0])
+    widths = _pad_widths(pad, rank)
+    if widths is None:
+        return "pads not constant or malformed"
+    r = len(widths) // 2
+    if r < 3 or (rank is not None and rank != r):
+        # Conv and pooling inputs are [N, C, spatial...], one spatial axis or more
+        return "not [N, C, spatial...] pads"
+    if any(p < 0 for p in widths):
+        return "negative pads crop"
+    begins, ends = widths[:r], widths[r:]
+    if begins[0] or begins[1] or ends[0] or ends[1]:
+        return "pads the batch or channel axis (changes the result's shape)"
+    spatial = r - 2
+    if "pads" in reader.attributes:
+        own = [int(p) for p in reader.attributes["pads"].as_ints()]
+        if len(own) != 2 * spatial:
+            return "the reader's pads are malformed"
+    else:
+        own = [0] * (2 * spatial)
+    new = [own[i] + begins[2 + i] for i in range(spatial)] + [
+        own[spatial + i] + ends[2 + i] for i in range(spatial)
+    ]
+    if reader.op_type == "AveragePool":
+        # onnxruntime rejects pooling pads that reach the kernel's extent
+        kernel = reader.attributes.get_ints("kernel_shape", None)
+        if kernel is None or len(kernel) != spatial:
+            return "the kernel shape is unknown"
+        if any(p >= kernel[i % spatial] for i, p in enumerate(new)):
+            return "a pad would reach the kernel's extent"
+    return reader, x, new
+
+
+def _into(op: str) -> Callable[[ir.Node, RuleContext], Fold | str]:
+    """Check: the Pad's only reader is an ``op`` taking it as its data input."""
+
+    def check(node: ir.Node, ctx: RuleContext) -> Fold | str:
+        out = node.outputs[0]
+        if not u.single_consumer(out):
+            return "the Pad's output has other readers"
+        reader, index = next(iter(out.uses()))
+        if index != 0 or not u.is_standard(reader) or reader.graph is not ctx.graph:
+            return "not read as the data input of a standard op"
+        if reader.op_type != op:
+            return f"not read by {op}"
+        if op == "AveragePool" and not _avgpool_counts_pads(reader):
+            return "the pooling does not count pads (or uses ceil_mode)"
+        return _fold(node, reader)
+
+    return check
+
+
+def _fold_pad(node: ir.Node, match: Fold, ctx: RuleContext) -> None:
+    """Give the reader the summed pads, make it read the Pad's input and drop the Pad."""
+    reader, x, new = match
+    reader.attributes["pads"] = ir.AttrInt64s("pads", new)
+    reader.replace_input_with(0, x)
+    u.remove_nodes(ctx.graph, [node])
+
+
+_ZERO_PAD = (
+    "for a constant-mode Pad of constant zero value and constant non-negative pads that leave "
+    "the batch and channel axes alone, read only there, and a reader with explicit pads"
+)
+
+RULES: tuple[Rule, ...] = (
+    Rule(
+        "pad-conv",
+        "Conv(Pad(x, p), W, B) -> Conv(x, W, B) with p's spatial pads added to its pads, "
+        + _ZERO_PAD,
+        ("Pad",),
+        _into("Conv"),
+        _fold_pad,
+    ),
+    Rule(
+        "pad-avgpool",
+        "AveragePool(Pad(x, p)) -> AveragePool(x) with p's spatial pads added to its pads, when "
+        f"count_include_pad=1, ceil_mode=0 and every pad stays below the kernel, {_ZERO_PAD}",
+        ("Pad",),
+        _into("AveragePool"),
+        _fold_pad,
+    ),
+)
+
+
+class PadFusion(RulePass):
     name = "fuse-pad"
     summary = "fold a constant zero Pad into the pads of the Conv or AveragePool reading it"
-
-    def apply(self, model: ir.Model) -> bool:
-        changed = False
-        for graph, node in u.standard_nodes(model):
-            if node.op_type != "Pad":
-                continue
-            out = node.outputs[0]
-            if not u.single_consumer(out):
-                continue
-            reader, index = next(iter(out.uses()))
-            if index != 0 or not u.is_standard(reader) or reader.graph is not graph:
-                continue
-            if reader.op_type == "Conv":
-                rule = "pad-conv"
-            elif reader.op_type == "AveragePool" and self._avgpool_counts_pads(reader):
-                rule = "pad-avgpool"
-            else:
-                continue
-            if self._fold(node, reader):
-                u.remove_nodes(graph, [node])
-                self.hit(rule)
-                changed = True
-        return changed
-
-    @staticmethod
-    def _avgpool_counts_pads(pool: ir.Node) -> bool:
-        return (
-            pool.attributes.get_int("count_include_pad", 0) == 1
-            and pool.attributes.get_int("ceil_mode", 0) == 0
-        )
-
-    @staticmethod
-    def _fold(pad: ir.Node, reader: ir.Node) -> bool:
-        """Add the Pad's spatial pads to ``reader``'s and make it read the Pad's input."""
-        x = pad.inputs[0]
-        if x is None or pad.attributes.get_string("mode", "constant") != "constant":
-            return False
-        if not _pads_zero(pad):
-            return False
-        if reader.attributes.get_string("auto_pad", "NOTSET") != "NOTSET":
-            return False
-        rank = u.rank(x) or u.rank(pad.outputs[0]) or u.rank(reader.outputs[0])
-        widths = _pad_widths(pad, rank)
-        if widths is None:
-            return False
-        r = len(widths) // 2
-        if r < 3 or (rank is not None and rank != r):
-            return False  # Conv and pooling inputs are [N, C, spatial...], one spatial axis or more
-        if any(p < 0 for p in widths):
-            return False  # negative pads crop
-        begins, ends = widths[:r], widths[r:]
-        if begins[0] or begins[1] or ends[0] or ends[1]:
-            return False  # padding the batch or channel axis changes the result's shape
-        spatial = r - 2
-        if "pads" in reader.attributes:
-            own = [int(p) for p in reader.attributes["pads"].as_ints()]
-            if len(own) != 2 * spatial:
-                return False
-        else:
-            own = [0] * (2 * spatial)
-        new = [own[i] + begins[2 + i] for i in range(spatial)] + [
-            own[spatial + i] + ends[2 + i] for i in range(spatial)
-        ]
-        if reader.op_type == "AveragePool":
-            # onnxruntime rejects pooling pads that reach the kernel's extent
-            kernel = reader.attributes.get_ints("kernel_shape", None)
-            if kernel is None or len(kernel) != spatial:
-                return False
-            if any(p >= kernel[i % spatial] for i, p in enumerate(new)):
-                return False
-        reader.attributes["pads"] = ir.AttrInt64s("pads", new)
-        reader.replace_input_with(0, x)
-        return True
+    rules = RULES
