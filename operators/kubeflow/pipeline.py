@@ -1,346 +1,236 @@
-"""graphtrim on Kubeflow Pipelines (KFP v2): the stages as container components running
-``graphtrim pipeline stage`` in the graphtrim image, and a pipeline mirroring the Airflow DAG
-``graphtrim_optimize_model``: export -> optimize -> one quantize / gate pair per variant
-(``ParallelFor``) -> register -> promote.
+"""graphtrim on Kubeflow Pipelines (KFP v2): one container component per stage of
+``optimizer_core.stages.STAGES``, each running ``graphtrim pipeline stage`` in the graphtrim image,
+and a pipeline mirroring the Airflow DAG ``graphtrim_optimize_model``: export -> optimize -> one
+quantize / gate pair per variant (``ParallelFor``) -> register -> promote.
+
+Every step is derived from its :class:`~optimizer_core.stages.Stage`: the records it reads become
+``--input NAME=RECORD`` arguments and the edges of the DAG; a per-variant stage runs inside a
+``ParallelFor`` over the run's variants (the first of a run of them takes the loop's variant as
+``--only``; the ones after it read that variant's records), and a later stage reads all of the
+loop's records as one list (``dsl.Collected``). Adding a stage to ``STAGES`` adds its step.
 
 Records travel as KFP output parameters (small JSON: URIs, versions, verdicts); models stay in
 the artifact store (S3) under their content-addressed keys. The build steps are cached (their
-inputs, config included, are the cache key: same source, same config, same result); register and
-promote talk to the registry and are never cached. With ``device="gpu"`` the quantize and gate
-steps ask for an NVIDIA GPU.
+inputs, config included, are the cache key: same source, same config, same result); the steps
+that write to the registry (register, promote) are never cached. With ``device="gpu"`` the
+on-device steps (quantize, gate) ask for an NVIDIA GPU.
 """
 
-# no "from __future__ import annotations": KFP reads the component signatures at runtime
+from __future__ import annotations
 
+import dataclasses
+import inspect
+import itertools
 import os
+from collections.abc import Sequence
 from typing import Any
 
 from kfp import compiler, dsl
 
+import optimizer_core.stages
+from optimizer_core.stages import Stage
+from optimizer_core.stages.context import DEFAULT_VARIANTS
+
 DEFAULT_IMAGE = os.environ.get("GRAPHTRIM_IMAGE", "ghcr.io/graphtrim/graphtrim:0.1.0")
-STAGES = ("export", "optimize", "quantize", "gate", "register", "promote")
+
+# the names the KFP UI and run history show for a stage's step, where they differ from the stage's
+STEP_NAMES = {"validate": "gate"}
 
 
-def build_pipeline(image: str = DEFAULT_IMAGE, device: str = "cpu", retries: int = 2) -> Any:
-    """The pipeline function for ``image``, with its quantize and gate steps on ``device``."""
-    if device not in ("cpu", "gpu"):
-        raise ValueError(f"device must be 'cpu' or 'gpu', not {device!r}")
+@dataclasses.dataclass(frozen=True)
+class RunParameter:
+    """A parameter of a pipeline run and the ``graphtrim pipeline stage`` option it is passed as.
 
-    def common(
-        tracking_uri: str,
-        artifacts: str,
-        s3_endpoint_url: str,
-        variants: list,
-        preset: str,
-        policy: str,
-        calibration: str,
-        eval_data: str,
-    ) -> list[Any]:
-        return [
-            "--tracking-uri",
-            tracking_uri,
-            "--artifacts",
-            artifacts,
-            "--s3-endpoint-url",
-            s3_endpoint_url,
-            "--variants",
-            variants,
-            "--preset",
-            preset,
+    Attributes:
+        name: the pipeline (and component) parameter.
+        flag: the command-line option.
+        type: its KFP type (``str`` or ``list``).
+        default: its default for a run; none: the run must give it.
+    """
+
+    name: str
+    flag: str
+    type: type
+    default: Any = inspect.Parameter.empty
+
+    def parameter(self, *, with_default: bool = True) -> inspect.Parameter:
+        """This parameter in a function signature (a component's have no defaults: the
+        pipeline passes them all)."""
+        return inspect.Parameter(
+            self.name,
+            inspect.Parameter.POSITIONAL_OR_KEYWORD,
+            annotation=self.type,
+            default=self.default if with_default else inspect.Parameter.empty,
+        )
+
+
+MODEL = RunParameter("model_uri", "--model", str)
+"""The source model, read by the stage without inputs (export)."""
+
+VARIANTS = RunParameter("variants", "--variants", list, list(DEFAULT_VARIANTS))
+"""The variants to build: the per-variant steps run once for each (``ParallelFor``)."""
+
+CONFIG: tuple[RunParameter, ...] = (
+    RunParameter("tracking_uri", "--tracking-uri", str),
+    RunParameter("artifacts", "--artifacts", str),
+    RunParameter("s3_endpoint_url", "--s3-endpoint-url", str, ""),
+    VARIANTS,
+    RunParameter("preset", "--preset", str, "default"),
+    RunParameter("policy", "--policy-json", str, "{}"),
+    RunParameter("calibration", "--calibration", str, ""),
+    RunParameter("eval_data", "--eval-data", str, ""),
+)
+"""The run's configuration, passed to every step: the pipeline's parameters after ``model_uri``
+and every step's options, in this order."""
+
+ONLY = RunParameter("variant", "--only", str)
+"""The variant a per-variant step builds: the ``ParallelFor``'s item."""
+
+RECORD = "record"
+
+
+def step_name(stage: Stage) -> str:
+    """The name of ``stage``'s step: its component, task and display name."""
+    return STEP_NAMES.get(stage.name, stage.name)
+
+
+def record_parameter(stage_name: str) -> str:
+    """The component parameter that carries the record of the stage ``stage_name``
+    (export -> ``exported``, validate -> ``validated``)."""
+    return stage_name + ("d" if stage_name.endswith("e") else "ed")
+
+
+def loops(stages: Sequence[Stage]) -> dict[str, int]:
+    """The ``ParallelFor`` each per-variant stage runs in, by stage name: one loop per run of
+    consecutive per-variant stages, numbered from 0."""
+    out: dict[str, int] = {}
+    loop = -1
+    previous = False
+    for s in stages:
+        if s.per_variant:
+            loop += 0 if previous else 1
+            out[s.name] = loop
+        previous = s.per_variant
+    return out
+
+
+def collects(stages: Sequence[Stage], stage: Stage, name: str) -> bool:
+    """Whether ``stage`` reads the records of all variants of the per-variant stage ``name`` as
+    one list: it reads it from outside that stage's loop."""
+    loop = loops(stages)
+    return name in loop and loop.get(stage.name) != loop[name]
+
+
+def takes_variant(stages: Sequence[Stage], stage: Stage) -> bool:
+    """Whether ``stage``'s step is given its variant (``--only``): a per-variant stage that reads
+    no record of the same loop, which would carry just that variant already."""
+    loop = loops(stages)
+    return stage.per_variant and not any(
+        n in loop and loop[n] == loop[stage.name] for n in stage.inputs
+    )
+
+
+def stage_component(stages: Sequence[Stage], stage: Stage, image: str, device: str) -> Any:
+    """The container component of ``stage``'s step in a pipeline of ``stages``: ``graphtrim
+    pipeline stage NAME`` in ``image``, with the model (for the stage without inputs), a
+    ``--input STAGE=RECORD`` per record it reads, its variant (``--only``), its output record
+    and the run's configuration (``CONFIG``) with ``--device device``."""
+    inputs = {record_parameter(n): n for n in stage.inputs}
+    variant = takes_variant(stages, stage)
+    params: list[RunParameter] = [MODEL] if not stage.inputs else []
+    params += [
+        RunParameter(p, "--input", list if collects(stages, stage, n) else str)
+        for p, n in inputs.items()
+    ]
+    if variant:
+        params.append(ONLY)
+    params += CONFIG
+    names = [p.name for p in params] + [RECORD]
+
+    def component(*values: Any) -> dsl.ContainerSpec:
+        given = dict(zip(names, values, strict=True))
+        args: list[Any] = ["pipeline", "stage", stage.name]
+        if not stage.inputs:
+            args += [MODEL.flag, given[MODEL.name]]
+        for p, n in inputs.items():
+            args += ["--input", dsl.ConcatPlaceholder([f"{n}=", given[p]])]
+        if variant:
+            args += [ONLY.flag, given[ONLY.name]]
+        args += ["--output", given[RECORD]]
+        for c in CONFIG:
+            args += [c.flag, given[c.name]]
+        args += [
             "--device",
             device,
-            "--policy-json",
-            policy,
-            "--calibration",
-            calibration,
-            "--eval-data",
-            eval_data,
             "--orchestrator-run-id",
             f"kfp:{dsl.PIPELINE_JOB_ID_PLACEHOLDER}",
             "-q",
         ]
+        return dsl.ContainerSpec(image=image, command=["graphtrim"], args=args)
 
-    def spec(stage: str, args: list[Any]) -> dsl.ContainerSpec:
-        return dsl.ContainerSpec(
-            image=image, command=["graphtrim"], args=["pipeline", "stage", stage, *args]
-        )
+    # KFP reads the component's name and parameters from the function
+    component.__name__ = component.__qualname__ = step_name(stage)
+    output = inspect.Parameter(
+        RECORD, inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=dsl.OutputPath(str)
+    )
+    signature = inspect.Signature(
+        [*(p.parameter(with_default=False) for p in params), output],
+        return_annotation=dsl.ContainerSpec,
+    )
+    setattr(component, "__signature__", signature)  # noqa: B010
+    return dsl.container_component(component)
 
-    @dsl.container_component
-    def export(
-        model_uri: str,
-        tracking_uri: str,
-        artifacts: str,
-        s3_endpoint_url: str,
-        variants: list,
-        preset: str,
-        policy: str,
-        calibration: str,
-        eval_data: str,
-        record: dsl.OutputPath(str),  # type: ignore[valid-type]
-    ) -> dsl.ContainerSpec:
-        return spec(
-            "export",
-            [
-                "--model",
-                model_uri,
-                "--output",
-                record,
-                *common(
-                    tracking_uri,
-                    artifacts,
-                    s3_endpoint_url,
-                    variants,
-                    preset,
-                    policy,
-                    calibration,
-                    eval_data,
-                ),
-            ],
-        )
 
-    @dsl.container_component
-    def optimize(
-        exported: str,
-        tracking_uri: str,
-        artifacts: str,
-        s3_endpoint_url: str,
-        variants: list,
-        preset: str,
-        policy: str,
-        calibration: str,
-        eval_data: str,
-        record: dsl.OutputPath(str),  # type: ignore[valid-type]
-    ) -> dsl.ContainerSpec:
-        return spec(
-            "optimize",
-            [
-                "--input",
-                dsl.ConcatPlaceholder(["export=", exported]),
-                "--output",
-                record,
-                *common(
-                    tracking_uri,
-                    artifacts,
-                    s3_endpoint_url,
-                    variants,
-                    preset,
-                    policy,
-                    calibration,
-                    eval_data,
-                ),
-            ],
-        )
+def build_pipeline(image: str = DEFAULT_IMAGE, device: str = "cpu", retries: int = 2) -> Any:
+    """The pipeline function for ``image``: a step per stage of ``STAGES``, its on-device steps on
+    ``device``."""
+    if device not in ("cpu", "gpu"):
+        raise ValueError(f"device must be 'cpu' or 'gpu', not {device!r}")
+    stages = optimizer_core.stages.STAGES
+    components = {s.name: stage_component(stages, s, image, device) for s in stages}
+    loop = loops(stages)
+    params = [MODEL, *CONFIG]
 
-    @dsl.container_component
-    def quantize(
-        exported: str,
-        optimized: str,
-        variant: str,
-        tracking_uri: str,
-        artifacts: str,
-        s3_endpoint_url: str,
-        variants: list,
-        preset: str,
-        policy: str,
-        calibration: str,
-        eval_data: str,
-        record: dsl.OutputPath(str),  # type: ignore[valid-type]
-    ) -> dsl.ContainerSpec:
-        return spec(
-            "quantize",
-            [
-                "--input",
-                dsl.ConcatPlaceholder(["export=", exported]),
-                "--input",
-                dsl.ConcatPlaceholder(["optimize=", optimized]),
-                "--only",
-                variant,
-                "--output",
-                record,
-                *common(
-                    tracking_uri,
-                    artifacts,
-                    s3_endpoint_url,
-                    variants,
-                    preset,
-                    policy,
-                    calibration,
-                    eval_data,
-                ),
-            ],
-        )
+    def add_step(stage: Stage, run: dict[str, Any], tasks: dict[str, Any], variant: Any) -> None:
+        kwargs: dict[str, Any] = {p.name: run[p.name] for p in CONFIG}
+        if not stage.inputs:
+            kwargs[MODEL.name] = run[MODEL.name]
+        for n in stage.inputs:
+            record = tasks[n].outputs[RECORD]
+            kwargs[record_parameter(n)] = (
+                dsl.Collected(record) if collects(stages, stage, n) else record
+            )
+        if takes_variant(stages, stage):
+            kwargs[ONLY.name] = variant
+        task = components[stage.name](**kwargs).set_display_name(step_name(stage))
+        if stage.on_device:
+            if device == "gpu":
+                task.set_accelerator_type("nvidia.com/gpu").set_accelerator_limit(1)
+            task.set_cpu_request("2").set_memory_request("8G")
+        # the build steps' inputs (the config included) are their cache key; the steps that
+        # write to the registry are never served from a cache
+        task.set_caching_options(not stage.writes_registry)
+        task.set_retry(num_retries=retries, backoff_duration="30s")
+        tasks[stage.name] = task
 
-    @dsl.container_component
-    def gate(
-        exported: str,
-        quantized: str,
-        tracking_uri: str,
-        artifacts: str,
-        s3_endpoint_url: str,
-        variants: list,
-        preset: str,
-        policy: str,
-        calibration: str,
-        eval_data: str,
-        record: dsl.OutputPath(str),  # type: ignore[valid-type]
-    ) -> dsl.ContainerSpec:
-        return spec(
-            "validate",
-            [
-                "--input",
-                dsl.ConcatPlaceholder(["export=", exported]),
-                "--input",
-                dsl.ConcatPlaceholder(["quantize=", quantized]),
-                "--output",
-                record,
-                *common(
-                    tracking_uri,
-                    artifacts,
-                    s3_endpoint_url,
-                    variants,
-                    preset,
-                    policy,
-                    calibration,
-                    eval_data,
-                ),
-            ],
-        )
+    def optimize_model(*values: Any) -> None:
+        run = dict(zip([p.name for p in params], values, strict=True))
+        tasks: dict[str, Any] = {}
+        for in_loop, group in itertools.groupby(stages, key=lambda s: loop.get(s.name)):
+            if in_loop is None:
+                for s in group:
+                    add_step(s, run, tasks, None)
+                continue
+            with dsl.ParallelFor(run[VARIANTS.name]) as variant:
+                for s in group:
+                    add_step(s, run, tasks, variant)
 
-    @dsl.container_component
-    def register(
-        exported: str,
-        optimized: str,
-        validated: list,
-        tracking_uri: str,
-        artifacts: str,
-        s3_endpoint_url: str,
-        variants: list,
-        preset: str,
-        policy: str,
-        calibration: str,
-        eval_data: str,
-        record: dsl.OutputPath(str),  # type: ignore[valid-type]
-    ) -> dsl.ContainerSpec:
-        return spec(
-            "register",
-            [
-                "--input",
-                dsl.ConcatPlaceholder(["export=", exported]),
-                "--input",
-                dsl.ConcatPlaceholder(["optimize=", optimized]),
-                "--input",
-                dsl.ConcatPlaceholder(["validate=", validated]),
-                "--output",
-                record,
-                *common(
-                    tracking_uri,
-                    artifacts,
-                    s3_endpoint_url,
-                    variants,
-                    preset,
-                    policy,
-                    calibration,
-                    eval_data,
-                ),
-            ],
-        )
-
-    @dsl.container_component
-    def promote(
-        exported: str,
-        validated: list,
-        registered: str,
-        tracking_uri: str,
-        artifacts: str,
-        s3_endpoint_url: str,
-        variants: list,
-        preset: str,
-        policy: str,
-        calibration: str,
-        eval_data: str,
-        record: dsl.OutputPath(str),  # type: ignore[valid-type]
-    ) -> dsl.ContainerSpec:
-        return spec(
-            "promote",
-            [
-                "--input",
-                dsl.ConcatPlaceholder(["export=", exported]),
-                "--input",
-                dsl.ConcatPlaceholder(["validate=", validated]),
-                "--input",
-                dsl.ConcatPlaceholder(["register=", registered]),
-                "--output",
-                record,
-                *common(
-                    tracking_uri,
-                    artifacts,
-                    s3_endpoint_url,
-                    variants,
-                    preset,
-                    policy,
-                    calibration,
-                    eval_data,
-                ),
-            ],
-        )
-
-    @dsl.pipeline(
+    signature = inspect.Signature([p.parameter() for p in params], return_annotation=None)
+    setattr(optimize_model, "__signature__", signature)  # noqa: B010
+    return dsl.pipeline(
         name=f"graphtrim-optimize-model{'-gpu' if device == 'gpu' else ''}",
         description="graphtrim: export, optimize, build and gate variants, register, promote",
-    )
-    def optimize_model(
-        model_uri: str,
-        tracking_uri: str,
-        artifacts: str,
-        s3_endpoint_url: str = "",
-        variants: list = ["graph", "int8-dynamic", "int8-static"],  # noqa: B006 (KFP default)
-        preset: str = "default",
-        policy: str = "{}",
-        calibration: str = "",
-        eval_data: str = "",
-    ) -> None:
-        cfg = dict(
-            tracking_uri=tracking_uri,
-            artifacts=artifacts,
-            s3_endpoint_url=s3_endpoint_url,
-            variants=variants,
-            preset=preset,
-            policy=policy,
-            calibration=calibration,
-            eval_data=eval_data,
-        )
-        e = export(model_uri=model_uri, **cfg).set_display_name("export")
-        o = optimize(exported=e.outputs["record"], **cfg).set_display_name("optimize")
-        built = [e, o]
-        with dsl.ParallelFor(variants) as variant:
-            q = quantize(
-                exported=e.outputs["record"], optimized=o.outputs["record"], variant=variant, **cfg
-            ).set_display_name("quantize")
-            g = gate(exported=e.outputs["record"], quantized=q.outputs["record"], **cfg)
-            g.set_display_name("gate")
-            for t in (q, g):
-                if device == "gpu":
-                    t.set_accelerator_type("nvidia.com/gpu").set_accelerator_limit(1)
-                t.set_cpu_request("2").set_memory_request("8G")
-            built += [q, g]
-        r = register(
-            exported=e.outputs["record"],
-            optimized=o.outputs["record"],
-            validated=dsl.Collected(g.outputs["record"]),
-            **cfg,
-        ).set_display_name("register")
-        p = promote(
-            exported=e.outputs["record"],
-            validated=dsl.Collected(g.outputs["record"]),
-            registered=r.outputs["record"],
-            **cfg,
-        ).set_display_name("promote")
-        for t in built:
-            t.set_caching_options(True).set_retry(num_retries=retries, backoff_duration="30s")
-        for t in (r, p):  # they write to the registry: never served from a cache
-            t.set_caching_options(False).set_retry(num_retries=retries, backoff_duration="30s")
-
-    return optimize_model
+    )(optimize_model)
 
 
 def compile_pipeline(

@@ -4,8 +4,11 @@ against an embedded MLflow registry."""
 
 from __future__ import annotations
 
+import io
 import json
 import re
+import tokenize
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +17,7 @@ import yaml
 
 from optimizer_core.cli import main
 from optimizer_core.examples.digits import DigitsTask
+from optimizer_core.stages import STAGES, Stage
 from tests.servers import register_onnx
 
 pytest.importorskip("kfp")
@@ -56,6 +60,114 @@ def test_pipeline_structure(compiled: dict[str, dict[str, Any]]) -> None:
         assert ex["container"]["command"] == ["graphtrim"]
 
 
+def _steps(doc: dict[str, Any]) -> dict[str, tuple[dict[str, Any], str | None]]:
+    """Every step of a compiled pipeline: its task and the loop it runs in (None: the root)."""
+    out: dict[str, tuple[dict[str, Any], str | None]] = {}
+    for name, task in doc["root"]["dag"]["tasks"].items():
+        if name.startswith("for-loop"):
+            body = doc["components"][task["componentRef"]["name"]]["dag"]["tasks"]
+            out |= {n: (t, name) for n, t in body.items()}
+        else:
+            out[name] = (task, None)
+    return out
+
+
+def _producer(source: dict[str, Any]) -> str:
+    """The step whose record a task input is: a task's output, the loop's input or output."""
+    if "taskOutputParameter" in source:
+        ref = source["taskOutputParameter"]
+        key = ref["outputParameterKey"]
+        return ref["producerTask"] if key == "record" else key
+    return str(source["componentInputParameter"])
+
+
+def _check_steps_are_stages(doc: dict[str, Any], stages: tuple[Stage, ...]) -> None:
+    from operators.kubeflow.pipeline import record_parameter, step_name
+
+    steps = _steps(doc)
+    by_name = {s.name: s for s in stages}
+    assert sorted(steps) == sorted(step_name(s) for s in stages)
+    executors = doc["deploymentSpec"]["executors"]
+    loop_of: dict[str, str | None] = {}
+    for i, stage in enumerate(stages):
+        task, loop = steps[step_name(stage)]
+        loop_of[stage.name] = loop
+        assert (loop is not None) == stage.per_variant, stage.name
+        if stage.per_variant and i and stages[i - 1].per_variant:
+            assert loop == loop_of[stages[i - 1].name], "one loop per run of per-variant stages"
+        # the DAG's edges are the stage's inputs, all of earlier stages
+        assert {s.name for s in stages[:i]} >= set(stage.inputs)
+        inputs = task["inputs"]["parameters"]
+        for name in stage.inputs:
+            source = inputs[record_parameter(name)]
+            step = step_name(by_name[name])
+            assert _producer(source) in (step, f"pipelinechannel--{step}-record"), source
+        args = executors[f"exec-{step_name(stage)}"]["container"]["args"]
+        assert args[:3] == ["pipeline", "stage", stage.name]
+        assert [
+            json.loads(args[k + 1])["Concat"] for k, a in enumerate(args) if a == "--input"
+        ] == [
+            [f"{n}=", f"{{{{$.inputs.parameters['{record_parameter(n)}']}}}}"] for n in stage.inputs
+        ]
+        # a per-variant stage is given its variant unless it reads a record of its own loop
+        own = any(loop is not None and loop_of.get(n) == loop for n in stage.inputs)
+        assert ("--only" in args) == (stage.per_variant and not own), stage.name
+        if stage.writes_registry:
+            assert task["cachingOptions"] in ({}, {"enableCache": False}), stage.name
+        else:
+            assert task["cachingOptions"] == {"enableCache": True}, stage.name
+        assert task["retryPolicy"]["maxRetryCount"] == 2
+        resources = executors[f"exec-{step_name(stage)}"]["container"].get("resources", {})
+        assert ("cpuRequest" in resources) == stage.on_device, stage.name
+
+
+def test_steps_are_the_stages(
+    compiled: dict[str, dict[str, Any]], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """One step per stage of ``STAGES``, wired by the stages' inputs; a stage added to the list
+    is a step, with no change to the Kubeflow module."""
+    import optimizer_core.stages
+    from operators.kubeflow.pipeline import compile_pipeline
+
+    _check_steps_are_stages(compiled["cpu"], STAGES)
+    _check_steps_are_stages(compiled["gpu"], STAGES)
+    more = (
+        *STAGES[:4],
+        Stage("benchmark", ("quantize",), "time one variant", per_variant=True, on_device=True),
+        *STAGES[4:],
+        Stage("report", ("export", "benchmark"), "summarize the run"),
+    )
+    monkeypatch.setattr(optimizer_core.stages, "STAGES", more)
+    doc = yaml.safe_load(Path(compile_pipeline(tmp_path / "more.yaml", image="gt:1")).read_text())
+    _check_steps_are_stages(doc, more)
+    assert set(_loop(doc)["dependentTasks"]) == {"export", "optimize"}
+    report = doc["components"]["comp-report"]["inputDefinitions"]["parameters"]
+    assert report["benchmarked"]["parameterType"] == "LIST"  # all variants' records
+
+
+def test_config_parameters_are_declared_once() -> None:
+    """The run's configuration is one list in the Kubeflow module, used for the pipeline's
+    parameters and every step's command line."""
+    import operators.kubeflow.pipeline as module
+
+    config = (
+        "tracking_uri",
+        "artifacts",
+        "s3_endpoint_url",
+        "variants",
+        "preset",
+        "policy",
+        "calibration",
+        "eval_data",
+    )
+    tokens = Counter(
+        t.string.strip("\"'")
+        for t in tokenize.generate_tokens(io.StringIO(Path(module.__file__).read_text()).readline)
+        if t.type in (tokenize.NAME, tokenize.STRING)
+    )
+    assert {name: tokens[name] for name in config} == dict.fromkeys(config, 1)
+
+
 def test_gpu_pipeline_requests_gpus_for_quantize_and_gate(
     compiled: dict[str, dict[str, Any]],
 ) -> None:
@@ -64,6 +176,7 @@ def test_gpu_pipeline_requests_gpus_for_quantize_and_gate(
         for name, ex in executors.items():
             accel = (ex["container"].get("resources") or {}).get("accelerator")
             if name in ("exec-quantize", "exec-gate") and wanted:
+                assert accel is not None, name
                 assert (
                     accel["resourceType"] == "nvidia.com/gpu" and int(accel["resourceCount"]) == 1
                 )
