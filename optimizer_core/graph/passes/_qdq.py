@@ -214,19 +214,3 @@ def movement_reader(value: ir.Value) -> ir.Node | None:
     if index != 0 or not u.is_op(user, *DATA_MOVEMENT) or len(user.outputs) != 1:
         return None
     return user
-
-
-def reroutable(old: ir.Value, new: ir.Value) -> bool:
-    """``u.replace_value(old, new)`` would succeed: ``new`` can take over ``old``'s readers (and
-    its name, when ``old`` is a graph output)."""
-    if old is new:
-        return False
-    if old.graph is not None and old.is_graph_output():
-        return not (
-            new.is_graph_input()
-            or new.is_graph_output()
-            or new.is_initializer()
-            or new.graph is not old.graph
-            or new.producer() is None
-        )
-    return True

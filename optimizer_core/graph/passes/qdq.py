@@ -50,11 +50,17 @@ from optimizer_core.graph.passes._qdq import (
     movement_reader,
     params,
     per_tensor,
-    reroutable,
     round_trip_exact,
     same_params,
 )
-from optimizer_core.graph.rules import Rule, RuleContext, RulePass, replace
+from optimizer_core.graph.rules import (
+    Rule,
+    RuleContext,
+    RulePass,
+    replace,
+    replace_output,
+    reroute_refusal,
+)
 
 _DEAD = "the node is dead (an earlier rewrite rerouted its readers)"
 
@@ -84,14 +90,7 @@ def check_dq_q(q: ir.Node, ctx: RuleContext) -> ir.Value | str:
         return "different scales, zero points, axes or blocks"
     if not round_trip_exact(dqp):
         return "the round trip may round or clip"
-    if not reroutable(q.outputs[0], x):
-        return "x cannot take over the graph output"
-    return x
-
-
-def remove_pair(node: ir.Node, x: ir.Value, ctx: RuleContext) -> None:
-    """The readers of the pair's output read ``x`` (what the first node of the pair read)."""
-    replace(node.outputs[0], x, node.op_type)
+    return reroute_refusal(q.outputs[0], x) or x
 
 
 # ---------------------------------------------------------------- Q -> DQ (lossy)
@@ -115,9 +114,7 @@ def check_q_dq_lossy(dq: ir.Node, ctx: RuleContext) -> ir.Value | str:
         return "the float types differ"
     if not same_params(qp, dqp, u.rank(x)):
         return "different scales, zero points, axes or blocks"
-    if not reroutable(dq.outputs[0], x):
-        return "x cannot take over the graph output"
-    return x
+    return reroute_refusal(dq.outputs[0], x) or x
 
 
 # ---------------------------------------------------------------- DQ sinks below data movement
@@ -176,7 +173,7 @@ DQ_Q = Rule(
     "(the division returns x - zp exactly, no clipping)",
     ("QuantizeLinear",),
     check_dq_q,
-    remove_pair,
+    replace_output,
 )
 Q_DQ_LOSSY = Rule(
     "q-dq-lossy",
@@ -184,7 +181,7 @@ Q_DQ_LOSSY = Rule(
     "it to the range (results change by up to s / 2 per element within the range)",
     ("DequantizeLinear",),
     check_q_dq_lossy,
-    remove_pair,
+    replace_output,
 )
 
 RULES: tuple[Rule, ...] = (
