@@ -8,62 +8,94 @@ like the main graph.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import onnx_ir as ir
 
 from optimizer_core.graph import _ir_utils as u
-from optimizer_core.graph.framework import GraphtrimPass
+from optimizer_core.graph.rules import Rule, RuleContext, RulePass
 
 
-class ConstantIfInlining(GraphtrimPass):
+def _taken(branch_name: str, taken: bool) -> Callable[[ir.Node, RuleContext], ir.Graph | str]:
+    """Check: the If's condition is a constant ``taken`` and ``branch_name`` can replace it."""
+
+    def check(node: ir.Node, ctx: RuleContext) -> ir.Graph | str:
+        cond = u.const_array(node.inputs[0])
+        if cond is None or cond.size != 1:
+            return "the condition is not a constant scalar"
+        if bool(cond.reshape(-1)[0]) != taken:
+            return f"the condition is {not taken}"
+        if branch_name not in node.attributes:
+            return f"no {branch_name}"
+        branch = node.attributes[branch_name].as_graph()
+        if len(branch.outputs) != len(node.outputs):
+            return "the branch has another number of outputs"
+        return branch
+
+    return check
+
+
+def _inline(node: ir.Node, branch: ir.Graph, ctx: RuleContext) -> None:
+    """Move the branch's initializers and nodes before the If (renamed where a name is taken)
+    and make the readers of the If's outputs read the branch's outputs."""
+    assert isinstance(ctx.pass_, ConstantIfInlining)
+    graph = ctx.graph
+    if ctx.pass_.namer is None:
+        ctx.pass_.namer = u.NameGenerator(ctx.model)
+    namer = ctx.pass_.namer
+    # detach the outputs first: a branch initializer that is also a branch output stays
+    # bound to the branch (and cannot move) while it is listed there
+    outputs = list(branch.outputs)
+    branch.outputs.clear()
+    for name, init in list(branch.initializers.items()):
+        branch.initializers.pop(name)
+        init.name = namer(name)
+        graph.register_initializer(init)
+    moved = list(branch)
+    for inner in moved:
+        branch.remove(inner)
+        for out in inner.outputs:
+            if out.name:
+                out.name = namer(out.name)
+    graph.insert_before(node, moved)
+    for out, new in zip(node.outputs, outputs, strict=True):
+        if not u.replace_value(out, new):
+            # the branch output is an outer value that is also a graph output: copy it
+            ident = ir.node("Identity", [new])
+            graph.insert_before(node, ident)
+            u.replace_value(out, ident.outputs[0])
+    u.remove_nodes(graph, [node])
+
+
+RULES: tuple[Rule, ...] = (
+    Rule(
+        "if-then",
+        "If(true, then_branch, else_branch) -> then_branch's nodes, its outputs for the If's",
+        ("If",),
+        _taken("then_branch", True),
+        _inline,
+    ),
+    Rule(
+        "if-else",
+        "If(false, then_branch, else_branch) -> else_branch's nodes, its outputs for the If's",
+        ("If",),
+        _taken("else_branch", False),
+        _inline,
+    ),
+)
+
+
+class ConstantIfInlining(RulePass):
     name = "if-inline"
     summary = "inline the taken branch of an If with a constant condition"
+    rules = RULES
+
+    def __init__(self, options: Any = None):
+        super().__init__(options)
+        # one name generator per run, made at the first inlining (see ``_inline``)
+        self.namer: u.NameGenerator | None = None
 
     def apply(self, model: ir.Model) -> bool:
-        changed = False
-        namer: u.NameGenerator | None = None
-        for graph in u.all_graphs(model):
-            for node in u.nodes_in_order(graph):
-                if node.graph is not graph or not u.is_op(node, "If"):
-                    continue
-                cond = u.const_array(node.inputs[0])
-                if cond is None or cond.size != 1:
-                    continue
-                branch_name = "then_branch" if bool(cond.reshape(-1)[0]) else "else_branch"
-                if branch_name not in node.attributes:
-                    continue
-                branch = node.attributes[branch_name].as_graph()
-                if len(branch.outputs) != len(node.outputs):
-                    continue
-                if namer is None:
-                    namer = u.NameGenerator(model)
-                if self._inline(graph, node, branch, namer):
-                    self.hit(f"if-{branch_name.split('_')[0]}")
-                    changed = True
-        return changed
-
-    def _inline(
-        self, graph: ir.Graph, node: ir.Node, branch: ir.Graph, namer: u.NameGenerator
-    ) -> bool:
-        # detach the outputs first: a branch initializer that is also a branch output stays
-        # bound to the branch (and cannot move) while it is listed there
-        outputs = list(branch.outputs)
-        branch.outputs.clear()
-        for name, init in list(branch.initializers.items()):
-            branch.initializers.pop(name)
-            init.name = namer(name)
-            graph.register_initializer(init)
-        moved = list(branch)
-        for inner in moved:
-            branch.remove(inner)
-            for out in inner.outputs:
-                if out.name:
-                    out.name = namer(out.name)
-        graph.insert_before(node, moved)
-        for out, new in zip(node.outputs, outputs, strict=True):
-            if not u.replace_value(out, new):
-                # the branch output is an outer value that is also a graph output: copy it
-                ident = ir.node("Identity", [new])
-                graph.insert_before(node, ident)
-                u.replace_value(out, ident.outputs[0])
-        u.remove_nodes(graph, [node])
-        return True
+        self.namer = None
+        return super().apply(model)
