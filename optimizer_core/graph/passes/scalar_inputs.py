@@ -17,10 +17,12 @@ after every pass that changed the model, so each intermediate model loads too.
 
 from __future__ import annotations
 
+from typing import Any
+
 import onnx_ir as ir
 
 from optimizer_core.graph import _ir_utils as u
-from optimizer_core.graph.framework import GraphtrimPass
+from optimizer_core.graph.rules import Rule, RuleContext, RulePass
 
 # op -> positions of the inputs its definition declares as scalars (0-D tensors)
 SCALAR_INPUTS: dict[str, tuple[int, ...]] = {
@@ -45,40 +47,64 @@ def _one_element_rank_n(value: ir.Value) -> bool:
     return bool(d) and all(x is None or x == 1 for x in d)  # type: ignore[union-attr]
 
 
-class ScalarInputs(GraphtrimPass):
+def _tensor_inputs(node: ir.Node, ctx: RuleContext) -> list[tuple[int, ir.Value]] | str:
+    """The inputs the op takes as scalars that are one-element tensors of rank >= 1."""
+    found = []
+    for i in SCALAR_INPUTS[node.op_type]:
+        value = node.inputs[i] if i < len(node.inputs) else None
+        if value is not None and _one_element_rank_n(value):
+            found.append((i, value))
+    return found or "every scalar input is a scalar or of unknown rank"
+
+
+def _make_scalar(node: ir.Node, found: list[tuple[int, ir.Value]], ctx: RuleContext) -> None:
+    """Feed each found input as a scalar; one count per input (the driver counts the first)."""
+    assert isinstance(ctx.pass_, ScalarInputs)
+    if ctx.pass_.namer is None:
+        ctx.pass_.namer = u.NameGenerator(ctx.model)
+    for i, value in found:
+        node.replace_input_with(i, _scalar(ctx.graph, node, value, ctx.pass_.namer))
+    if len(found) > 1:
+        ctx.pass_.hit("scalar-input", len(found) - 1)
+
+
+def _scalar(graph: ir.Graph, node: ir.Node, value: ir.Value, namer: u.NameGenerator) -> ir.Value:
+    array = u.const_array(value)
+    if array is not None and array.size == 1:
+        return u.add_initializer(graph, array.reshape(()), namer(f"{value.name}_scalar"))
+    squeeze = ir.node("Squeeze", [value])
+    out = squeeze.outputs[0]
+    out.name = namer(f"{value.name}_scalar")
+    out.shape = ir.Shape([])
+    if value.type is not None:
+        out.type = value.type
+    graph.insert_before(node, squeeze)
+    return out
+
+
+RULES: tuple[Rule, ...] = (
+    Rule(
+        "scalar-input",
+        "op(.., t, ..) -> op(.., scalar(t), ..) for an input the op defines as a scalar and a "
+        "tensor t of rank >= 1 and one element: a constant reshaped to rank 0, else Squeeze(t); "
+        "counted once per input",
+        tuple(SCALAR_INPUTS),
+        _tensor_inputs,
+        _make_scalar,
+    ),
+)
+
+
+class ScalarInputs(RulePass):
     name = "scalar-inputs"
     summary = "feed ops that take scalars (Range, DFT, window sizes) rank-0 values"
+    rules = RULES
+
+    def __init__(self, options: Any = None):
+        super().__init__(options)
+        # one name generator per run, made at the first rewrite (see ``_make_scalar``)
+        self.namer: u.NameGenerator | None = None
 
     def apply(self, model: ir.Model) -> bool:
-        changed = False
-        namer: u.NameGenerator | None = None
-        for graph in u.all_graphs(model):
-            for node in u.nodes_in_order(graph):
-                positions = SCALAR_INPUTS.get(node.op_type)
-                if positions is None or not u.is_standard(node) or node.graph is not graph:
-                    continue
-                for i in positions:
-                    value = node.inputs[i] if i < len(node.inputs) else None
-                    if value is None or not _one_element_rank_n(value):
-                        continue
-                    if namer is None:
-                        namer = u.NameGenerator(model)
-                    node.replace_input_with(i, self._scalar(graph, node, value, namer))
-                    self.hit("scalar-input")
-                    changed = True
-        return changed
-
-    def _scalar(
-        self, graph: ir.Graph, node: ir.Node, value: ir.Value, namer: u.NameGenerator
-    ) -> ir.Value:
-        array = u.const_array(value)
-        if array is not None and array.size == 1:
-            return u.add_initializer(graph, array.reshape(()), namer(f"{value.name}_scalar"))
-        squeeze = ir.node("Squeeze", [value])
-        out = squeeze.outputs[0]
-        out.name = namer(f"{value.name}_scalar")
-        out.shape = ir.Shape([])
-        if value.type is not None:
-            out.type = value.type
-        graph.insert_before(node, squeeze)
-        return out
+        self.namer = None
+        return super().apply(model)
