@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, cast
+from typing import Protocol, cast
 
 import numpy as np
 import onnx_ir as ir
@@ -11,8 +11,12 @@ import onnx_ir as ir
 from optimizer_core.graph import _ir_utils as u
 from optimizer_core.graph.rules import RuleContext, replace
 
-if TYPE_CHECKING:
-    from optimizer_core.graph.passes.linear import GemmFusion
+
+class _Named(Protocol):
+    """The pass (``GemmFusion``): its run's name generator."""
+
+    def namer(self, model: ir.Model) -> u.NameGenerator: ...
+
 
 # element types every runtime's Gemm takes (onnxruntime's CPU Gemm has no float16 kernel)
 GEMM_TYPES = frozenset({ir.DataType.FLOAT, ir.DataType.DOUBLE})
@@ -103,7 +107,7 @@ def affine(node: ir.Node, x: ir.Value, n: int) -> tuple[np.ndarray, np.ndarray] 
 
 
 def _namer(ctx: RuleContext) -> u.NameGenerator:
-    return cast("GemmFusion", ctx.pass_).namer(ctx.model)
+    return cast(_Named, ctx.pass_).namer(ctx.model)
 
 
 def _tied(weight: ir.Value, reader: ir.Node) -> bool:

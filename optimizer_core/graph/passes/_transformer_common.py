@@ -2,21 +2,27 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, cast
+from typing import Protocol, cast
 
 import onnx_ir as ir
 
 from optimizer_core.graph import _ir_utils as u
 from optimizer_core.graph.rules import RuleContext
 
-if TYPE_CHECKING:
-    from optimizer_core.graph.passes.transformer import TransformerFusion
+
+class Fusion(Protocol):
+    """What the matchers read of the pass (``TransformerFusion``)."""
+
+    opset: int
+
+    def new_name(self, hint: str) -> str: ...
+
 
 FLOATS = frozenset({ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.DOUBLE})
 
 
-def fusion(ctx: RuleContext) -> TransformerFusion:
-    return cast("TransformerFusion", ctx.pass_)
+def fusion(ctx: RuleContext) -> Fusion:
+    return cast(Fusion, ctx.pass_)
 
 
 def scalar(value: ir.Value | None) -> float | None:
