@@ -22,7 +22,7 @@ from __future__ import annotations
 import onnx_ir as ir
 
 from optimizer_core.graph import _ir_utils as u
-from optimizer_core.graph.framework import GraphtrimPass
+from optimizer_core.graph.rules import Rule, RuleContext, RulePass
 
 _NORMALIZATIONS = ("LayerNormalization", "RMSNormalization")
 _FLOAT_TYPES = frozenset(
@@ -38,29 +38,43 @@ def _feeds_only_normalizations(value: ir.Value) -> bool:
     )
 
 
-class ResidualSum(GraphtrimPass):
+def _residual(node: ir.Node, ctx: RuleContext) -> bool | str:
+    if len(node.inputs) != 2 or None in node.inputs:
+        return "not two inputs"
+    out = node.outputs[0]
+    if out.is_graph_output() or out.dtype not in _FLOAT_TYPES:
+        return "a graph output or not a float type"
+    if not _feeds_only_normalizations(out):
+        return "not read by normalizations alone"
+    if u.node_opset(node, ctx.model) < 8:
+        # Sum broadcasts from opset 8 on; before, its inputs must have equal shapes
+        a, b = (u.static_shape(v) for v in node.inputs)
+        if a is None or a != b:
+            return "shapes may differ and Sum does not broadcast (opset < 8)"
+    return True
+
+
+def _to_sum(node: ir.Node, match: bool, ctx: RuleContext) -> None:
+    node.op_type = "Sum"
+
+
+RULES: tuple[Rule, ...] = (
+    Rule(
+        "residual-sum",
+        "LayerNormalization(Add(x, r)) -> LayerNormalization(Sum(x, r)) (and RMSNormalization) "
+        "when every reader of the Add is such a normalization's data input and the Add is no "
+        "graph output: Sum of two tensors is their Add (broadcasting from opset 8)",
+        ("Add",),
+        _residual,
+        _to_sum,
+    ),
+)
+
+
+class ResidualSum(RulePass):
     name = "residual-sum"
     summary = (
         "Add feeding LayerNormalization/RMSNormalization written as Sum "
         "(keeps onnxruntime's CPU provider off its slow SkipLayerNormalization)"
     )
-
-    def apply(self, model: ir.Model) -> bool:
-        changed = False
-        for _graph, node in u.standard_nodes(model):
-            if node.op_type != "Add" or len(node.inputs) != 2 or None in node.inputs:
-                continue
-            out = node.outputs[0]
-            if out.is_graph_output() or out.dtype not in _FLOAT_TYPES:
-                continue
-            if not _feeds_only_normalizations(out):
-                continue
-            if u.node_opset(node, model) < 8:
-                # Sum broadcasts from opset 8 on; before, its inputs must have equal shapes
-                a, b = (u.static_shape(v) for v in node.inputs)
-                if a is None or a != b:
-                    continue
-            node.op_type = "Sum"
-            self.hit("residual-sum")
-            changed = True
-        return changed
+    rules = RULES
