@@ -16,6 +16,7 @@ import onnx_ir as ir
 
 from optimizer_core.graph import _ir_utils as u
 from optimizer_core.graph.framework import GraphtrimPass, OptimizeOptions
+from optimizer_core.graph.rules import Rule
 
 
 def _tensor_key(t: Any) -> Any:
@@ -71,9 +72,26 @@ def _node_key(node: ir.Node) -> Any:
     )
 
 
+# whole-graph rules: initializers are grouped by type and bytes, nodes keyed by what they compute
+RULES: tuple[Rule, ...] = (
+    Rule(
+        "duplicate-initializer",
+        "initializer b -> initializer a when a and b have the same dtype, shape and bytes (not "
+        "graph inputs or outputs, at most dedup_max_bytes)",
+    ),
+    Rule(
+        "duplicate-node",
+        "op(x..) twice -> once: a later node with the same op, domain, attributes and the very "
+        "same inputs is replaced by the earlier (deterministic ops without subgraphs)",
+    ),
+    Rule("duplicate-constant", "Constant(t) twice -> once: duplicate-node for a Constant node"),
+)
+
+
 class CommonSubexpressionElimination(GraphtrimPass):
     name = "cse"
     summary = "merge identical initializers and nodes computing the same thing"
+    rules = RULES
 
     def __init__(self, options: OptimizeOptions | None = None):
         super().__init__(options)

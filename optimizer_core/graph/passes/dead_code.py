@@ -12,11 +12,27 @@ import onnx_ir as ir
 
 from optimizer_core.graph import _ir_utils as u
 from optimizer_core.graph.framework import GraphtrimPass
+from optimizer_core.graph.rules import Rule
+
+# whole-graph rules: nodes in reverse order, so a removal can make its producers dead too
+RULES: tuple[Rule, ...] = (
+    Rule(
+        "dead-node",
+        "a node none of whose outputs is read or a graph output -> removed (nodes without "
+        "outputs stay)",
+    ),
+    Rule(
+        "unused-initializer",
+        "an initializer nothing reads that is no graph input or output -> removed",
+    ),
+    Rule("unused-opset", "an opset import of a custom domain no node or function uses -> removed"),
+)
 
 
 class DeadCodeElimination(GraphtrimPass):
     name = "dead-code"
     summary = "remove nodes, initializers and opset imports that nothing reads"
+    rules = RULES
     sweeps_dead = False
 
     def apply(self, model: ir.Model) -> bool:

@@ -20,12 +20,34 @@ import onnx_ir as ir
 
 from optimizer_core.graph import _ir_utils as u
 from optimizer_core.graph.framework import GraphtrimPass
+from optimizer_core.graph.rules import Rule
+
+_SIBLINGS = (
+    "for constant rank-2 weights Wi: [K, Ni] of one float type read only there, totalling at "
+    "most fold_max_tensor_bytes (opset 13+; only the summation order can differ)"
+)
+
+# whole-graph rules: siblings are grouped by the input they read, then merged group by group
+RULES: tuple[Rule, ...] = (
+    Rule(
+        "matmul-siblings",
+        "MatMul(A, W1), .., MatMul(A, Wn) -> Split(MatMul(A, Concat(W1, .., Wn, axis=1)), "
+        f"[N1, .., Nn], axis=-1) {_SIBLINGS}",
+    ),
+    Rule(
+        "matmul-siblings-bias",
+        "Add(MatMul(A, Wi), bi) for i = 1..n -> Split(Add(MatMul(A, Concat(W1, .., Wn, axis=1)), "
+        f"Concat(b1, .., bn)), [N1, .., Nn], axis=-1) when each MatMul's only reader adds a "
+        f"constant bias bi: [Ni], {_SIBLINGS}",
+    ),
+)
 
 
 class SiblingMatMulFusion(GraphtrimPass):
     name = "fuse-siblings"
     exact = False
     summary = "MatMuls with constant weights that read the same input merged into one + Split"
+    rules = RULES
 
     def apply(self, model: ir.Model) -> bool:
         opset = u.opset_version(model)
