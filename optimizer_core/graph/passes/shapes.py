@@ -37,185 +37,55 @@ a ``dim_param`` shared by values of one model, which onnx shape inference and th
 
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
 import onnx_ir as ir
 
 from optimizer_core.graph import _ir_utils as u
 from optimizer_core.graph.framework import GraphtrimPass
+from optimizer_core.graph.passes._symbolic_dims import (
+    Dim,
+    Entry,
+    name_reshape_dims,
+    named,
+    proves,
+    rename,
+    same,
+    shape_entries,
+)
+from optimizer_core.graph.rules import Rule
 
-
-@dataclasses.dataclass(frozen=True)
-class _Dim:
-    """A shape entry read from a tensor's dim at run time: a static size or a dim name."""
-
-    value: int | str
-
-
-_Entry = int | _Dim | None  # a constant, a known dim, or unknown
-
-
-def _named(value: ir.Value | None) -> list[int | str | None] | None:
-    dims = u.symbolic_dims(value)
-    if dims is None:
-        return None
-    # names onnx_ir invents for unknown dims are not names of a size
-    return [d if isinstance(d, int) or (isinstance(d, str) and d) else None for d in dims]
-
-
-def _shape_dims(node: ir.Node) -> list[_Entry] | None:
-    """Entries of ``Shape(y, start, end)``."""
-    dims = _named(node.inputs[0])
-    if dims is None:
-        return None
-    r = len(dims)
-    start = node.attributes.get_int("start", 0)
-    end = node.attributes.get_int("end", r)
-    start = min(max(start + r if start < 0 else start, 0), r)
-    end = min(max(end + r if end < 0 else end, 0), r)
-    return [None if d is None else _Dim(d) for d in dims[start:end]]
-
-
-def _entries(value: ir.Value | None, depth: int = 0) -> list[_Entry] | None:
-    """The 1-D int64 ``value`` entry by entry; ``None`` when not even its length is known."""
-    if value is None or depth > 8:
-        return None
-    ints = u.const_ints(value)
-    if ints is not None:
-        return list(ints)
-    node = value.producer()
-    if node is not None and u.is_standard(node):
-        op = node.op_type
-        if op == "Shape":
-            return _shape_dims(node)
-        if op == "Concat" and node.attributes.get_int("axis", 0) in (0, -1):
-            out: list[_Entry] = []
-            for piece in node.inputs:
-                part = _entries(piece, depth + 1)
-                if part is None:
-                    return None
-                out.extend(part)
-            return out
-        if op in ("Gather", "Slice", "Unsqueeze", "Squeeze"):
-            found = _picked(node, depth)
-            if found is not None:
-                return found
-    shape = u.static_shape(value)
-    if shape is not None and len(shape) == 1:
-        return [None] * shape[0]
-    if shape is not None and len(shape) == 0:
-        return [None]
-    return None
-
-
-def _picked(node: ir.Node, depth: int) -> list[_Entry] | None:
-    """Gather / Slice of a shape, or Unsqueeze / Squeeze of a one-entry shape."""
-    op = node.op_type
-    src = _entries(node.inputs[0], depth + 1)
-    if src is None:
-        return None
-    if op in ("Unsqueeze", "Squeeze"):
-        return src if len(src) == 1 else None
-    if op == "Gather":
-        if node.attributes.get_int("axis", 0) != 0:
-            return None
-        idx = u.const_array(node.inputs[1]) if len(node.inputs) > 1 else None
-        if idx is None or idx.dtype.kind not in "iu" or idx.ndim > 1:
-            return None
-        out = []
-        for i in idx.reshape(-1).tolist():
-            if not -len(src) <= i < len(src):
-                return None
-            out.append(src[i])
-        return out
-    # Slice of a 1-D shape with constant bounds
-    bounds = [u.const_ints(v) if v is not None else None for v in node.inputs[1:]]
-    if len(bounds) < 2 or bounds[0] is None or bounds[1] is None:
-        return None
-    starts, ends = bounds[0], bounds[1]
-    axes = bounds[2] if len(bounds) > 2 else [0]
-    steps = bounds[3] if len(bounds) > 3 else [1]
-    if axes is None or steps is None or len(starts) != 1 or list(axes) not in ([0], [-1]):
-        return None
-    return list(np.array(src, dtype=object)[slice(starts[0], ends[0], steps[0])])
-
-
-def _name_reshape_dims(node: ir.Node, target: list[int]) -> None:
-    """Give the Reshape's output the dims its constant shape proves: copied dims keep the input's
-    names, and a ``-1`` is computed when every input dim it stands for is static (onnx's own
-    inference leaves it unnamed whenever the input has a symbolic dim)."""
-    x_dims = u.symbolic_dims(node.inputs[0])
-    if x_dims is None:
-        return
-    dims: list[int | str | None] = []
-    copied = set()
-    for j, t in enumerate(target):
-        if t == 0:
-            dims.append(x_dims[j])
-            copied.add(j)
-        else:
-            dims.append(t if t > 0 else None)
-    if -1 in target:
-        rest = [d for j, d in enumerate(x_dims) if j not in copied]
-        known = [t for t in target if t > 0]
-        if any(not isinstance(d, int) for d in rest):
-            return
-        total, part = int(np.prod(rest)), int(np.prod(known))  # type: ignore[arg-type]
-        if part == 0 or total % part:
-            return
-        dims[target.index(-1)] = total // part
-    old = node.outputs[0].shape
-    if old is not None and len(old) != len(dims):
-        return
-    node.outputs[0].shape = ir.Shape(
-        [
-            d if d is not None else (old.dims[j] if old is not None else None)
-            for j, d in enumerate(dims)
-        ]
-    )
-
-
-def _rename(out: ir.Value, dims: list[int | str], forgotten: list[ir.Value]) -> bool:
-    """Give ``out`` the dims ``dims`` (proved by its producer) and forget the shapes onnx's
-    inference derived downstream from the unnamed dims (named ``unk__*``, appended to
-    ``forgotten``), so that the next inference names them too. False when there is nothing to
-    do."""
-    current = u.symbolic_dims(out)
-    if current == dims or out.is_graph_output():
-        return False
-    if current is not None and (
-        len(current) != len(dims)
-        or any(isinstance(c, int) and c != d for c, d in zip(current, dims, strict=True))
-    ):
-        return False  # conflicting facts: leave the value alone
-    out.shape = ir.Shape(dims)
-    pending, seen = [out], {id(out)}
-    while pending:
-        value = pending.pop()
-        for user, _ in value.uses():
-            for o in user.outputs:
-                if id(o) in seen:
-                    continue
-                seen.add(id(o))
-                found = u.symbolic_dims(o)
-                if found is None or o.is_graph_output():
-                    continue
-                if any(isinstance(d, str) and d.startswith("unk__") for d in found):
-                    o.shape = None
-                    pending.append(o)
-                    forgotten.append(o)
-    return True
-
-
-def _same(entry: _Entry, dim: int | str | None) -> bool:
-    return isinstance(entry, _Dim) and dim is not None and entry.value == dim
+# whole-graph rules: they run in rounds with shape inference in between (see ``apply``)
+RULES: tuple[Rule, ...] = (
+    Rule(
+        "range-dim",
+        "Range(0, d, 1) has the dim d when d is a dim read from a tensor (its output is named "
+        "after it; the shapes inference derived from the unnamed dim are forgotten)",
+    ),
+    Rule("fill-dims", "ConstantOfShape(Shape(x)) has x's dims (entry by entry, as range-dim)"),
+    Rule(
+        "reshape-transpose-reshape",
+        "Reshape(Transpose(Reshape(x, [-1, *tail]), p), [*lead, *t]) -> Transpose(x, [0, .., "
+        "k-1, k-1+p[1], ..]) when the first Reshape merges x's leading dims lead = x[:k], p keeps "
+        "axis 0 and the second splits it back into lead, every entry proved",
+    ),
+    Rule(
+        "reshape-copy-dims",
+        "Reshape(x, computed s) -> Reshape(x, constant s) with 0 (copy) for each entry proved to "
+        "be x's dim at its position (allowzero set to 0 when no other entry is a literal 0)",
+    ),
+    Rule(
+        "expand-keep-dims",
+        "Expand(x, computed s) -> Expand(x, constant s) with 1 for each entry proved to be x's "
+        "dim (right-aligned): broadcasting a dim to its own size keeps it",
+    ),
+)
 
 
 class SymbolicShapes(GraphtrimPass):
     name = "symbolic-shapes"
     exact = True
     summary = "computed Reshape/Expand shapes made constant where symbolic dims prove the entries"
+    rules = RULES
 
     # rounds of renaming and re-inference within one run (see ``apply``)
     max_rounds = 4
@@ -272,7 +142,7 @@ class SymbolicShapes(GraphtrimPass):
             if node.op_type == "Reshape":
                 if node.attributes.get_int("allowzero", 0):
                     node.attributes["allowzero"] = ir.AttrInt64("allowzero", 0)
-                _name_reshape_dims(node, new)
+                name_reshape_dims(node, new)
             self.hit(rule)
             changed = True
         return changed
@@ -284,46 +154,48 @@ class SymbolicShapes(GraphtrimPass):
             return False
         if u.const_ints(node.inputs[2]) != [1]:
             return False
-        limit = _entries(node.inputs[1]) if node.inputs[1] is not None else None
-        if limit is None or len(limit) != 1 or not isinstance(limit[0], _Dim):
+        limit = shape_entries(node.inputs[1]) if node.inputs[1] is not None else None
+        if limit is None or len(limit) != 1 or not isinstance(limit[0], Dim):
             return False
-        return _rename(node.outputs[0], [limit[0].value], forgotten)
+        return rename(node.outputs[0], [limit[0].value], forgotten)
 
     @staticmethod
     def _name_fill(node: ir.Node, forgotten: list[ir.Value]) -> bool:
         """``ConstantOfShape(s)`` has the shape ``s`` says, dim by dim."""
-        entries = _entries(node.inputs[0]) if node.inputs and node.inputs[0] is not None else None
+        entries = (
+            shape_entries(node.inputs[0]) if node.inputs and node.inputs[0] is not None else None
+        )
         if entries is None:
             return False
         dims: list[int | str] = []
         for e in entries:
-            if isinstance(e, _Dim):
+            if isinstance(e, Dim):
                 dims.append(e.value)
             elif isinstance(e, int) and e >= 0:
                 dims.append(e)
             else:
                 return False
-        return _rename(node.outputs[0], dims, forgotten)
+        return rename(node.outputs[0], dims, forgotten)
 
     @staticmethod
-    def _computed(node: ir.Node) -> list[_Entry] | None:
+    def _computed(node: ir.Node) -> list[Entry] | None:
         if len(node.inputs) < 2 or node.inputs[1] is None or u.is_constant(node.inputs[1]):
             return None
-        return _entries(node.inputs[1])
+        return shape_entries(node.inputs[1])
 
     def _reshape(self, node: ir.Node) -> list[int] | None:
         allowzero = node.attributes.get_int("allowzero", 0)
         entries = self._computed(node)
-        x_dims = _named(node.inputs[0])
+        x_dims = named(node.inputs[0])
         if entries is None or x_dims is None:
             return None
         out: list[int] = []
         for j, e in enumerate(entries):
             if isinstance(e, int):
                 out.append(e)
-            elif j < len(x_dims) and _same(e, x_dims[j]):
+            elif j < len(x_dims) and same(e, x_dims[j]):
                 out.append(0)
-            elif isinstance(e, _Dim) and isinstance(e.value, int) and e.value > 0:
+            elif isinstance(e, Dim) and isinstance(e.value, int) and e.value > 0:
                 out.append(e.value)  # a static size (0 would mean "copy" here)
             else:
                 return None
@@ -333,18 +205,18 @@ class SymbolicShapes(GraphtrimPass):
 
     def _expand(self, node: ir.Node) -> list[int] | None:
         entries = self._computed(node)
-        x_dims = _named(node.inputs[0])
+        x_dims = named(node.inputs[0])
         if entries is None or x_dims is None:
             return None
         out: list[int] = []
         offset = len(entries) - len(x_dims)
         for j, e in enumerate(entries):
             xj = j - offset
-            if xj >= 0 and _same(e, x_dims[xj]):
+            if xj >= 0 and same(e, x_dims[xj]):
                 out.append(1)
             elif isinstance(e, int) and e >= 0:
                 out.append(e)
-            elif isinstance(e, _Dim) and isinstance(e.value, int):
+            elif isinstance(e, Dim) and isinstance(e.value, int):
                 out.append(e.value)
             else:
                 return None
@@ -363,11 +235,11 @@ class SymbolicShapes(GraphtrimPass):
         if r1 is None or not u.is_op(r1, "Reshape") or not u.single_consumer(r1_out):
             return False
         x = r1.inputs[0]
-        xd = _named(x)
+        xd = named(x)
         if xd is None or len(r2.inputs) < 2 or len(r1.inputs) < 2:
             return False
-        e1 = _entries(r1.inputs[1])
-        e2 = _entries(r2.inputs[1])
+        e1 = shape_entries(r1.inputs[1])
+        e2 = shape_entries(r2.inputs[1])
         perm = t.attributes.get_ints("perm", None)
         if e1 is None or e2 is None or perm is None or len(perm) != len(e1):
             return False
@@ -375,10 +247,10 @@ class SymbolicShapes(GraphtrimPass):
         if k < 2 or e1[0] != -1 or perm[0] != 0 or len(e2) != k + len(e1) - 1:
             return False
         tail = xd[k:]
-        if not all(_proves(e, d) for e, d in zip(e1[1:], tail, strict=True)):
+        if not all(proves(e, d) for e, d in zip(e1[1:], tail, strict=True)):
             return False
         moved = [tail[i - 1] for i in perm[1:]]
-        if not all(_proves(e, d) for e, d in zip(e2, [*xd[:k], *moved], strict=True)):
+        if not all(proves(e, d) for e, d in zip(e2, [*xd[:k], *moved], strict=True)):
             return False
         new_perm = [*range(k), *(k - 1 + i for i in perm[1:])]
         node = ir.Node("", "Transpose", [x], [ir.AttrInt64s("perm", new_perm)], name=r2.name)
@@ -390,11 +262,3 @@ class SymbolicShapes(GraphtrimPass):
             return False
         u.remove_nodes(graph, [r2, t, r1])
         return True
-
-
-def _proves(entry: _Entry, dim: int | str | None) -> bool:
-    """``entry`` is provably ``dim``: the same static size (not 0: Reshape may read it as "copy")
-    or the same named dim."""
-    if isinstance(entry, int):
-        return entry > 0 and entry == dim
-    return _same(entry, dim)

@@ -1,0 +1,189 @@
+"""Symbolic dims for the ``symbolic-shapes`` pass: a 1-D int64 shape tensor read entry by entry
+(a constant, a dim read from a tensor at run time, or unknown) and dims given to the values a
+rewrite proves them for.
+
+Named symbolic dims are equal when their names are; anonymous dims are never taken as equal.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import onnx_ir as ir
+
+from optimizer_core.graph import _ir_utils as u
+
+
+@dataclasses.dataclass(frozen=True)
+class Dim:
+    """A shape entry read from a tensor's dim at run time: a static size or a dim name."""
+
+    value: int | str
+
+
+Entry = int | Dim | None  # a constant, a known dim, or unknown
+
+
+def named(value: ir.Value | None) -> list[int | str | None] | None:
+    dims = u.symbolic_dims(value)
+    if dims is None:
+        return None
+    # names onnx_ir invents for unknown dims are not names of a size
+    return [d if isinstance(d, int) or (isinstance(d, str) and d) else None for d in dims]
+
+
+def _shape_dims(node: ir.Node) -> list[Entry] | None:
+    """Entries of ``Shape(y, start, end)``."""
+    dims = named(node.inputs[0])
+    if dims is None:
+        return None
+    r = len(dims)
+    start = node.attributes.get_int("start", 0)
+    end = node.attributes.get_int("end", r)
+    start = min(max(start + r if start < 0 else start, 0), r)
+    end = min(max(end + r if end < 0 else end, 0), r)
+    return [None if d is None else Dim(d) for d in dims[start:end]]
+
+
+def shape_entries(value: ir.Value | None, depth: int = 0) -> list[Entry] | None:
+    """The 1-D int64 ``value`` entry by entry; ``None`` when not even its length is known."""
+    if value is None or depth > 8:
+        return None
+    ints = u.const_ints(value)
+    if ints is not None:
+        return list(ints)
+    node = value.producer()
+    if node is not None and u.is_standard(node):
+        op = node.op_type
+        if op == "Shape":
+            return _shape_dims(node)
+        if op == "Concat" and node.attributes.get_int("axis", 0) in (0, -1):
+            out: list[Entry] = []
+            for piece in node.inputs:
+                part = shape_entries(piece, depth + 1)
+                if part is None:
+                    return None
+                out.extend(part)
+            return out
+        if op in ("Gather", "Slice", "Unsqueeze", "Squeeze"):
+            found = _picked(node, depth)
+            if found is not None:
+                return found
+    shape = u.static_shape(value)
+    if shape is not None and len(shape) == 1:
+        return [None] * shape[0]
+    if shape is not None and len(shape) == 0:
+        return [None]
+    return None
+
+
+def _picked(node: ir.Node, depth: int) -> list[Entry] | None:
+    """Gather / Slice of a shape, or Unsqueeze / Squeeze of a one-entry shape."""
+    op = node.op_type
+    src = shape_entries(node.inputs[0], depth + 1)
+    if src is None:
+        return None
+    if op in ("Unsqueeze", "Squeeze"):
+        return src if len(src) == 1 else None
+    if op == "Gather":
+        if node.attributes.get_int("axis", 0) != 0:
+            return None
+        idx = u.const_array(node.inputs[1]) if len(node.inputs) > 1 else None
+        if idx is None or idx.dtype.kind not in "iu" or idx.ndim > 1:
+            return None
+        out = []
+        for i in idx.reshape(-1).tolist():
+            if not -len(src) <= i < len(src):
+                return None
+            out.append(src[i])
+        return out
+    # Slice of a 1-D shape with constant bounds
+    bounds = [u.const_ints(v) if v is not None else None for v in node.inputs[1:]]
+    if len(bounds) < 2 or bounds[0] is None or bounds[1] is None:
+        return None
+    starts, ends = bounds[0], bounds[1]
+    axes = bounds[2] if len(bounds) > 2 else [0]
+    steps = bounds[3] if len(bounds) > 3 else [1]
+    if axes is None or steps is None or len(starts) != 1 or list(axes) not in ([0], [-1]):
+        return None
+    return list(np.array(src, dtype=object)[slice(starts[0], ends[0], steps[0])])
+
+
+def name_reshape_dims(node: ir.Node, target: list[int]) -> None:
+    """Give the Reshape's output the dims its constant shape proves: copied dims keep the input's
+    names, and a ``-1`` is computed when every input dim it stands for is static (onnx's own
+    inference leaves it unnamed whenever the input has a symbolic dim)."""
+    x_dims = u.symbolic_dims(node.inputs[0])
+    if x_dims is None:
+        return
+    dims: list[int | str | None] = []
+    copied = set()
+    for j, t in enumerate(target):
+        if t == 0:
+            dims.append(x_dims[j])
+            copied.add(j)
+        else:
+            dims.append(t if t > 0 else None)
+    if -1 in target:
+        rest = [d for j, d in enumerate(x_dims) if j not in copied]
+        known = [t for t in target if t > 0]
+        if any(not isinstance(d, int) for d in rest):
+            return
+        total, part = int(np.prod(rest)), int(np.prod(known))  # type: ignore[arg-type]
+        if part == 0 or total % part:
+            return
+        dims[target.index(-1)] = total // part
+    old = node.outputs[0].shape
+    if old is not None and len(old) != len(dims):
+        return
+    node.outputs[0].shape = ir.Shape(
+        [
+            d if d is not None else (old.dims[j] if old is not None else None)
+            for j, d in enumerate(dims)
+        ]
+    )
+
+
+def rename(out: ir.Value, dims: list[int | str], forgotten: list[ir.Value]) -> bool:
+    """Give ``out`` the dims ``dims`` (proved by its producer) and forget the shapes onnx's
+    inference derived downstream from the unnamed dims (named ``unk__*``, appended to
+    ``forgotten``), so that the next inference names them too. False when there is nothing to
+    do."""
+    current = u.symbolic_dims(out)
+    if current == dims or out.is_graph_output():
+        return False
+    if current is not None and (
+        len(current) != len(dims)
+        or any(isinstance(c, int) and c != d for c, d in zip(current, dims, strict=True))
+    ):
+        return False  # conflicting facts: leave the value alone
+    out.shape = ir.Shape(dims)
+    pending, seen = [out], {id(out)}
+    while pending:
+        value = pending.pop()
+        for user, _ in value.uses():
+            for o in user.outputs:
+                if id(o) in seen:
+                    continue
+                seen.add(id(o))
+                found = u.symbolic_dims(o)
+                if found is None or o.is_graph_output():
+                    continue
+                if any(isinstance(d, str) and d.startswith("unk__") for d in found):
+                    o.shape = None
+                    pending.append(o)
+                    forgotten.append(o)
+    return True
+
+
+def same(entry: Entry, dim: int | str | None) -> bool:
+    return isinstance(entry, Dim) and dim is not None and entry.value == dim
+
+
+def proves(entry: Entry, dim: int | str | None) -> bool:
+    """``entry`` is provably ``dim``: the same static size (not 0: Reshape may read it as "copy")
+    or the same named dim."""
+    if isinstance(entry, int):
+        return entry > 0 and entry == dim
+    return same(entry, dim)
