@@ -251,3 +251,66 @@ def test_cli_trigger_refused_credentials_are_a_clear_error(
 
     assert main(["trigger", "--model", "m", "--version", "1"]) == 2
     assert "cannot reach the Airflow API" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------- the client alone
+
+
+def test_client_retries_gateway_answers_and_masks_credentials_in_refusals() -> None:
+    """Behind a gateway that answers 503 while the API server restarts, a read is tried again;
+    an error of the API itself is not, and its message masks the token and the URL's
+    userinfo. The gateway is a local HTTP server."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from operators.airflow.rest import AirflowApiError, AirflowClient
+
+    token = "tok-" + os.urandom(8).hex()
+    run = {
+        "dag_display_name": "d",
+        "dag_id": "d",
+        "dag_run_id": "r",
+        "dag_versions": [],
+        "run_after": "2026-01-01T00:00:00Z",
+        "run_type": "manual",
+        "state": "success",
+        "conf": {"model_name": "m"},
+    }
+    answers = [503, 503, 200, 500]
+    seen: list[tuple[str, str | None]] = []
+
+    class Gateway(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            seen.append((self.path, self.headers.get("Authorization")))
+            status = answers.pop(0) if answers else 500
+            doc = run if status == 200 else {"detail": f"cannot use token {token}"}
+            body = json.dumps(doc).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Gateway)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        client = AirflowClient(f"http://127.0.0.1:{server.server_port}", token=token, retries=3)
+        got = client.run("d", "r")
+        assert (got.state, got.conf) == ("success", {"model_name": "m"})
+        assert seen == [("/api/v2/dags/d/dagRuns/r", f"Bearer {token}")] * 3
+        with pytest.raises(AirflowApiError) as info:
+            client.run("d", "r")
+        assert len(seen) == 4  # a 500 is the API's answer, not a gateway's: not tried again
+        assert "GET /api/v2/dags/d/dagRuns/r: 500" in str(info.value)
+        assert token not in str(info.value)
+    finally:
+        server.shutdown()
+        server.server_close()
+    secret = "pw-" + os.urandom(8).hex()
+    client = AirflowClient(f"http://user:{secret}@127.0.0.1:{free_port()}", retries=0)
+    with pytest.raises(AirflowApiError, match="cannot reach the Airflow API") as info:
+        client.run("d", "r")
+    assert secret not in str(info.value)
