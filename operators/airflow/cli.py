@@ -83,15 +83,17 @@ def register(sub: Any) -> dict[str, Command]:
 
 
 def _client(url: str) -> Any:
+    """The REST client of ``url``; a clear error where its library (an extra) is absent."""
     try:
-        from operators.airflow.rest import AirflowClient
-
-        return AirflowClient(url)
-    except ImportError as exc:  # the client library is an extra
+        import airflow_client.client  # noqa: F401
+    except ImportError as exc:
         raise GraphtrimError(
-            f"graphtrim trigger needs apache-airflow-client ({exc.name or exc}): "
-            "pip install 'graphtrim[airflow]'"
+            f"graphtrim trigger needs apache-airflow-client ({exc}): "
+            "pip install 'graphtrim[airflow-client]'"
         ) from exc
+    from operators.airflow.rest import AirflowClient
+
+    return AirflowClient(url)
 
 
 @_masked
