@@ -14,7 +14,7 @@ from typing import Any
 from optimizer_core.errors import GraphtrimError
 from optimizer_core.graph.framework import GraphtrimPass, OptimizeOptions
 from optimizer_core.graph.passes.activations import RedundantActivations
-from optimizer_core.graph.passes.algebraic import AlgebraicSimplification, ReassociateConstants
+from optimizer_core.graph.passes.algebraic import AlgebraicSimplification
 from optimizer_core.graph.passes.casts import CastChainElimination
 from optimizer_core.graph.passes.constant_folding import ConstantFolding
 from optimizer_core.graph.passes.constants import LiftConstants
@@ -30,6 +30,7 @@ from optimizer_core.graph.passes.loop_unroll import LoopUnrolling
 from optimizer_core.graph.passes.pad import PadFusion
 from optimizer_core.graph.passes.qdq import QdqCleanup
 from optimizer_core.graph.passes.qdq_move import QdqMove
+from optimizer_core.graph.passes.reassociate import ReassociateConstants
 from optimizer_core.graph.passes.residual import ResidualSum
 from optimizer_core.graph.passes.shapes import SymbolicShapes
 from optimizer_core.graph.passes.siblings import SiblingMatMulFusion

@@ -23,7 +23,6 @@ import numpy as np
 import onnx_ir as ir
 
 from optimizer_core.graph import _ir_utils as u
-from optimizer_core.graph.passes.reassociate import ReassociateConstants
 from optimizer_core.graph.rules import (
     Rule,
     RuleContext,
@@ -32,7 +31,7 @@ from optimizer_core.graph.rules import (
     reroute_refusal,
 )
 
-__all__ = ["RULES", "AlgebraicSimplification", "ReassociateConstants"]
+__all__ = ["RULES", "AlgebraicSimplification"]
 
 
 def _broadcast_keeps_shape(x: ir.Value, c: ir.Value) -> bool:
