@@ -31,6 +31,8 @@ from operators.airflow.operators import (
     ModelGateOperator,
     ModelQuantizeOperator,
     placement,
+    plan_run,
+    variant_table,
 )
 from operators.airflow.timeouts import task_timeout
 
@@ -111,43 +113,7 @@ def optimize_dag(dag_id: str, device: str) -> DAG:
         def plan(params: dict[str, Any] | None = None) -> dict[str, Any]:
             """The source URI and the pipeline config from the run's params (checked here, so a
             bad request fails before any work)."""
-            from airflow.sdk.exceptions import AirflowFailException
-
-            from optimizer_core.errors import GraphtrimError
-            from optimizer_core.stages.context import PipelineConfig
-
-            p = params or {}
-            name = p.get("model_name")
-            if not name:  # a bad request: no retry will mend it
-                raise AirflowFailException("conf needs model_name")
-            if bool(p.get("version")) == bool(p.get("alias")):
-                raise AirflowFailException("conf needs exactly one of version or alias")
-            uri = (
-                f"models:/{name}/{p['version']}"
-                if p.get("version")
-                else f"models:/{name}@{p['alias']}"
-            )
-            try:
-                config = PipelineConfig(
-                    variants=tuple(p["variants"]),
-                    preset=p["preset"],
-                    device=device,
-                    policy=p.get("policy"),
-                    calibration=p.get("calibration"),
-                    eval_data=p.get("eval_data"),
-                    target_name=p.get("target_name"),
-                )
-            except GraphtrimError as exc:
-                raise AirflowFailException(str(exc)) from exc
-            return {
-                "model_uri": uri,
-                "config": config.to_json(),
-                "variants": list(config.variants),
-                "artifacts": p.get("artifacts") or None,
-                "allow_variant_source": bool(p.get("allow_variant_source")),
-                "rejudge": bool(p.get("rejudge")),
-                "force_promotion": bool(p.get("force_promotion")),
-            }
+            return plan_run(params, device)
 
         @task(execution_timeout=task_timeout("variants"))
         def variants(names: list[str]) -> list[str]:
@@ -208,13 +174,7 @@ def optimize_dag(dag_id: str, device: str) -> DAG:
         def summary(validated: Any, registered: Any, promoted: Any) -> str:
             """The variant table (gate verdicts, registered versions, aliases) as this task's
             XCom (Airflow logs it too)."""
-            from optimizer_core.cli.pipeline import table
-            from optimizer_core.stages.pipeline import merge_validated
-
-            merged = merge_validated([dict(validated[i]) for i in range(len(validated))])
-            return table(
-                {"validate": merged, "register": dict(registered), "promote": dict(promoted)}
-            )
+            return variant_table(validated, registered, promoted)
 
         summary(gate.output, register.output, promote.output)
     return dag

@@ -1,6 +1,8 @@
-"""One operator per pipeline stage. Each templates its inputs, places itself on a CPU or GPU
-worker, and delegates to ``optimizer_core.stages.pipeline``; its XCom is the stage's small JSON
-record (URIs, versions, verdicts), never a model.
+"""The pipeline's stages as Airflow operators, derived from ``optimizer_core.stages.STAGES``: one
+generic operator (:class:`GraphtrimStageOperator`) templates a stage's inputs, places itself on
+a CPU or GPU worker and calls the stage function the list names; its XCom is the stage's small
+JSON record (URIs, versions, verdicts), never a model. The operator per stage
+(:class:`MlflowModelExportOperator`, ...) is that operator with its stage and inputs named.
 
 Placement: ``device="gpu"`` sends the task to the Celery queue ``gpu_queue`` (default ``gpu``)
 and, for the KubernetesExecutor, adds a ``pod_override`` asking for ``gpus`` ``nvidia.com/gpu``
@@ -22,7 +24,7 @@ import signal
 import sys
 import threading
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any, TextIO
+from typing import Any, ClassVar, TextIO
 
 from airflow.sdk import BaseOperator
 
@@ -150,8 +152,24 @@ def _flag(value: Any) -> bool:
     return str(value).strip().lower() in ("1", "true", "yes")
 
 
+# the operator argument that carries each stage's record, by stage name
+RECORD_ARGS = {
+    "export": "exported",
+    "optimize": "optimized",
+    "quantize": "quantized",
+    "validate": "validated",
+    "register": "registered",
+}
+
+
 class GraphtrimStageOperator(BaseOperator):
-    """Shared plumbing: connections, artifact location, config, placement.
+    """Run the pipeline stage ``stage`` (a name in ``optimizer_core.stages.STAGES``; the
+    operator per stage sets it): its inputs are the records of the stages the list names, given
+    as ``exported``, ``optimized``, ``quantized``, ``validated`` (one record, or the records of
+    a mapped task, merged) and ``registered``; the first stage takes ``model_uri``. XCom: the
+    stage's record as JSON.
+
+    Shared plumbing: connections, artifact location, config, placement.
     ``allow_variant_source`` lets the export stage take a version graphtrim registered itself
     (a variant) as its source; it is refused otherwise. ``rejudge`` builds and measures again
     the variants earlier runs judged under the same config (by default they are reported as
@@ -165,10 +183,18 @@ class GraphtrimStageOperator(BaseOperator):
         "force_promotion",
     )
     ui_color = "#e8f4ea"
+    stage_name: ClassVar[str | None] = None
 
     def __init__(
         self,
         *,
+        stage: str | None = None,
+        model_uri: str | None = None,
+        exported: Any = None,
+        optimized: Any = None,
+        quantized: Any = None,
+        validated: Any = None,
+        registered: Any = None,
         config: Mapping[str, Any] | None = None,
         artifacts: str | None = None,
         mlflow_conn_id: str = MlflowRegistryHook.default_conn_name,
@@ -188,6 +214,13 @@ class GraphtrimStageOperator(BaseOperator):
         ).items():
             kwargs.setdefault(key, value)
         super().__init__(**kwargs)
+        self.stage = stage or self.stage_name
+        self.model_uri = model_uri
+        self.exported = exported
+        self.optimized = optimized
+        self.quantized = quantized
+        self.validated = validated
+        self.registered = registered
         self.config = config
         self.artifacts = artifacts
         self.mlflow_conn_id = mlflow_conn_id
@@ -249,6 +282,36 @@ class GraphtrimStageOperator(BaseOperator):
 
         return PipelineConfig.from_json(dict(self.config or {}))
 
+    def stage_input(self, name: str) -> Any:
+        """The record of the stage ``name`` this task was given (the validate records of a
+        mapped task merged into one)."""
+        value = getattr(self, RECORD_ARGS[name])
+        if name == "validate":
+            from optimizer_core.stages.records import ValidateRecord
+
+            return ValidateRecord.merge(_records(value))
+        return dict(value)
+
+    def stage_options(self) -> dict[str, Any]:
+        """Keyword arguments of the stage function beyond its records."""
+        return {}
+
+    def execute(self, context: Any) -> dict[str, Any]:
+        from optimizer_core.stages import stage
+
+        if self.stage is None:
+            raise GraphtrimError(f"{self.task_id}: no stage: pass stage= (a pipeline stage name)")
+        step = stage(self.stage)
+        args = [self.model_uri] if not step.inputs else [self.stage_input(n) for n in step.args]
+        record = self.delegate(
+            step.load(),
+            self.stage_context(context),
+            self.pipeline_config(),
+            *args,
+            **self.stage_options(),
+        )
+        return dict(record.to_json())
+
 
 def _records(value: Any) -> list[dict[str, Any]]:
     """A record, or the records of a mapped upstream (a lazy XCom sequence), as a list."""
@@ -262,43 +325,27 @@ class MlflowModelExportOperator(GraphtrimStageOperator):
     """Resolve ``model_uri`` (``models:/NAME/VERSION`` or ``models:/NAME@ALIAS``) and store it as
     ONNX. XCom: the export record (source, run id, model URI, exporter, resolved config)."""
 
+    stage_name = "export"
     template_fields = (*GraphtrimStageOperator.template_fields, "model_uri")
 
     def __init__(self, *, model_uri: str, **kwargs: Any):
-        super().__init__(**kwargs)
-        self.model_uri = model_uri
-
-    def execute(self, context: Any) -> dict[str, Any]:
-        from optimizer_core.stages import pipeline
-
-        return self.delegate(
-            pipeline.export, self.stage_context(context), self.pipeline_config(), self.model_uri
-        )
+        super().__init__(model_uri=model_uri, **kwargs)
 
 
 class GraphOptimizeOperator(GraphtrimStageOperator):
     """Optimize the exported model's graph (verified). XCom: the optimize record."""
 
+    stage_name = "optimize"
     template_fields = (*GraphtrimStageOperator.template_fields, "exported")
 
     def __init__(self, *, exported: Any, **kwargs: Any):
-        super().__init__(**kwargs)
-        self.exported = exported
-
-    def execute(self, context: Any) -> dict[str, Any]:
-        from optimizer_core.stages import pipeline
-
-        return self.delegate(
-            pipeline.optimize,
-            self.stage_context(context),
-            self.pipeline_config(),
-            dict(self.exported),
-        )
+        super().__init__(exported=exported, **kwargs)
 
 
 class ModelQuantizeOperator(GraphtrimStageOperator):
     """Build one variant (``variant``; map it over the config's variants) or all of them."""
 
+    stage_name = "quantize"
     template_fields = (
         *GraphtrimStageOperator.template_fields,
         "exported",
@@ -307,45 +354,22 @@ class ModelQuantizeOperator(GraphtrimStageOperator):
     )
 
     def __init__(self, *, exported: Any, optimized: Any, variant: str | None = None, **kwargs: Any):
-        super().__init__(**kwargs)
-        self.exported = exported
-        self.optimized = optimized
+        super().__init__(exported=exported, optimized=optimized, **kwargs)
         self.variant = variant
 
-    def execute(self, context: Any) -> dict[str, Any]:
-        from optimizer_core.stages import pipeline
-
-        return self.delegate(
-            pipeline.quantize,
-            self.stage_context(context),
-            self.pipeline_config(),
-            dict(self.exported),
-            dict(self.optimized),
-            only=[self.variant] if self.variant else None,
-        )
+    def stage_options(self) -> dict[str, Any]:
+        return {"only": [self.variant] if self.variant else None}
 
 
 class ModelGateOperator(GraphtrimStageOperator):
     """Run the accuracy, latency and size gates on the variant(s) of a quantize record, on the
     worker class this task is placed on. XCom: the validate record."""
 
+    stage_name = "validate"
     template_fields = (*GraphtrimStageOperator.template_fields, "exported", "quantized")
 
     def __init__(self, *, exported: Any, quantized: Any, **kwargs: Any):
-        super().__init__(**kwargs)
-        self.exported = exported
-        self.quantized = quantized
-
-    def execute(self, context: Any) -> dict[str, Any]:
-        from optimizer_core.stages import pipeline
-
-        return self.delegate(
-            pipeline.validate,
-            self.stage_context(context),
-            self.pipeline_config(),
-            dict(self.exported),
-            dict(self.quantized),
-        )
+        super().__init__(exported=exported, quantized=quantized, **kwargs)
 
 
 class MlflowVariantRegisterOperator(GraphtrimStageOperator):
@@ -353,44 +377,71 @@ class MlflowVariantRegisterOperator(GraphtrimStageOperator):
     a variant registered before for the same source and config is reported, not registered
     again. XCom: the register record."""
 
+    stage_name = "register"
     template_fields = (*GraphtrimStageOperator.template_fields, "optimized", "validated")
 
     def __init__(self, *, optimized: Any, validated: Any, **kwargs: Any):
-        super().__init__(**kwargs)
-        self.optimized = optimized
-        self.validated = validated
-
-    def execute(self, context: Any) -> dict[str, Any]:
-        from optimizer_core.stages import pipeline
-
-        merged = pipeline.merge_validated(_records(self.validated))
-        return self.delegate(
-            pipeline.register,
-            self.stage_context(context),
-            self.pipeline_config(),
-            dict(self.optimized),
-            merged,
-        )
+        super().__init__(optimized=optimized, validated=validated, **kwargs)
 
 
 class MlflowAliasPromoteOperator(GraphtrimStageOperator):
     """Move aliases by the policy's promotion section. XCom: the promote record."""
 
+    stage_name = "promote"
     template_fields = (*GraphtrimStageOperator.template_fields, "validated", "registered")
 
     def __init__(self, *, validated: Any, registered: Any, **kwargs: Any):
-        super().__init__(**kwargs)
-        self.validated = validated
-        self.registered = registered
+        super().__init__(validated=validated, registered=registered, **kwargs)
 
-    def execute(self, context: Any) -> dict[str, Any]:
-        from optimizer_core.stages import pipeline
 
-        merged = pipeline.merge_validated(_records(self.validated))
-        return self.delegate(
-            pipeline.promote,
-            self.stage_context(context),
-            self.pipeline_config(),
-            merged,
-            dict(self.registered),
+# ---------------------------------------------------------------- what the DAGs need of the core
+
+
+def plan_run(params: Mapping[str, Any] | None, device: str) -> dict[str, Any]:
+    """A run's source URI and pipeline config from the DAG run's params, checked here, so a
+    bad request fails (with no retry) before any work."""
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from optimizer_core.stages.context import PipelineConfig
+
+    p = params or {}
+    name = p.get("model_name")
+    if not name:  # a bad request: no retry will mend it
+        raise AirflowFailException("conf needs model_name")
+    if bool(p.get("version")) == bool(p.get("alias")):
+        raise AirflowFailException("conf needs exactly one of version or alias")
+    uri = f"models:/{name}/{p['version']}" if p.get("version") else f"models:/{name}@{p['alias']}"
+    try:
+        config = PipelineConfig(
+            variants=tuple(p["variants"]),
+            preset=p["preset"],
+            device=device,
+            policy=p.get("policy"),
+            calibration=p.get("calibration"),
+            eval_data=p.get("eval_data"),
+            target_name=p.get("target_name"),
         )
+    except GraphtrimError as exc:
+        raise AirflowFailException(str(exc)) from exc
+    return {
+        "model_uri": uri,
+        "config": config.to_json(),
+        "variants": list(config.variants),
+        "artifacts": p.get("artifacts") or None,
+        "allow_variant_source": bool(p.get("allow_variant_source")),
+        "rejudge": bool(p.get("rejudge")),
+        "force_promotion": bool(p.get("force_promotion")),
+    }
+
+
+def variant_table(validated: Any, registered: Any, promoted: Any) -> str:
+    """The variant table of a run (gate verdicts, registered versions, aliases), as
+    ``graphtrim pipeline run`` prints it, from the gate tasks' records (merged), the register
+    record and the promote record."""
+    from optimizer_core.cli.pipeline import table
+    from optimizer_core.stages.records import ValidateRecord
+
+    merged = ValidateRecord.merge([dict(validated[i]) for i in range(len(validated))])
+    return table(
+        {"validate": merged.to_json(), "register": dict(registered), "promote": dict(promoted)}
+    )

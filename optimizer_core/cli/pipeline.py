@@ -361,11 +361,15 @@ def table(records: dict[str, Any]) -> str:
 
 @_masked
 def cmd_pipeline(args: argparse.Namespace) -> int:
-    from optimizer_core.stages import pipeline
+    from optimizer_core.stages import pipeline, stage
+    from optimizer_core.stages.records import ValidateRecord
 
     ctx, config = _context_and_config(args)
     if args.pipeline_command == "run":
-        records = pipeline.run_pipeline(ctx, config, args.model)
+        records = {
+            name: record.to_json()
+            for name, record in pipeline.run_pipeline(ctx, config, args.model).items()
+        }
         if args.json:
             _write_json(Path(args.json), records)
         print(table(records))
@@ -379,14 +383,8 @@ def cmd_pipeline(args: argparse.Namespace) -> int:
     if "export" in inputs and "config" in inputs["export"]:
         # the data hashes resolved by export keep the config hash stable across stages
         config = config.__class__.from_json({**config.to_json(), **_resolved(inputs["export"])})
-    need = {
-        "export": (),
-        "optimize": ("export",),
-        "quantize": ("export", "optimize"),
-        "validate": ("export", "quantize"),
-        "register": ("optimize", "validate"),
-        "promote": ("validate", "register"),
-    }[args.stage]
+    step = stage(args.stage)
+    need = step.args  # the records its function takes
     missing = [n for n in need if n not in inputs]
     if missing:
         raise GraphtrimError(
@@ -394,8 +392,8 @@ def cmd_pipeline(args: argparse.Namespace) -> int:
         )
     if "validate" in inputs and isinstance(inputs["validate"], list):
         # one record per mapped gate task
-        inputs["validate"] = pipeline.merge_validated(inputs["validate"])
-    fn = getattr(pipeline, args.stage)
+        inputs["validate"] = ValidateRecord.merge(inputs["validate"])
+    fn = step.load()
     if args.stage == "quantize" and args.only:
         record = fn(ctx, config, *(inputs[n] for n in need), only=[args.only])
     elif args.stage == "export":
@@ -404,7 +402,7 @@ def cmd_pipeline(args: argparse.Namespace) -> int:
         record = fn(ctx, config, args.model)
     else:
         record = fn(ctx, config, *(inputs[n] for n in need))
-    _write_json(Path(args.output), record)
+    _write_json(Path(args.output), record.to_json())
     return 0
 
 
@@ -441,7 +439,7 @@ def _write_json(path: Path, doc: Any) -> None:
 @_masked
 def cmd_promote(args: argparse.Namespace) -> int:
     from optimizer_core.integrations.registry import Registry, parse_models_uri
-    from optimizer_core.stages.promote import promote_version
+    from optimizer_core.promotion import promote_version
 
     name, version, _ = parse_models_uri(args.model)
     if version is None:
@@ -458,7 +456,7 @@ def cmd_promote(args: argparse.Namespace) -> int:
 @_masked
 def cmd_rollback(args: argparse.Namespace) -> int:
     from optimizer_core.integrations.registry import Registry
-    from optimizer_core.stages.promote import rollback_alias
+    from optimizer_core.promotion import rollback_alias
 
     result = rollback_alias(Registry(_tracking(args)), args.name, args.alias, why=args.why)
     print(f"{args.name}@{args.alias}: v{result['from']} -> v{result['to']}")

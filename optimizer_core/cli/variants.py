@@ -220,7 +220,7 @@ def cmd_quantize(args: argparse.Namespace) -> int:
     from optimizer_core.gates.policy import GatePolicy
     from optimizer_core.modelio import read_proto
     from optimizer_core.quantize import build_variant
-    from optimizer_core.variants import accuracy_check
+    from optimizer_core.stages.quantize import accuracy_check
 
     read_proto(args.input)
     say = _progress(args)
@@ -332,7 +332,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 def cmd_variants(args: argparse.Namespace) -> int:
     from optimizer_core.gates import GatePolicy
     from optimizer_core.modelio import read_proto
-    from optimizer_core.variants import build_and_evaluate
+    from optimizer_core.stages.pipeline import build_and_evaluate
 
     read_proto(args.input)
     result = build_and_evaluate(

@@ -310,11 +310,13 @@ def evaluate(
 
 def evaluate_job(variants: Mapping[str, str], **job: Any) -> Evaluation:
     """:func:`evaluate` as a child process runs it (:mod:`optimizer_core.isolation`), from
-    plain values: ``reference``, ``policy`` (a policy document or None), ``data``, ``device``,
-    ``tensorrt``."""
+    plain values: ``reference``, ``policy`` (the parsed :class:`GatePolicy`, a policy document,
+    or None for the built-in policy), ``data``, ``device``, ``tensorrt``."""
     from optimizer_core.isolation import step
 
-    policy = GatePolicy(job["policy"], source="pipeline policy") if job["policy"] else GatePolicy()
+    policy = job["policy"]
+    if not isinstance(policy, GatePolicy):
+        policy = GatePolicy(policy, source="pipeline policy") if policy else GatePolicy()
     step(f"measuring {', '.join(variants)} against the reference")
     return evaluate(
         job["reference"],

@@ -65,7 +65,8 @@ class S3Auth:
         )
 
 
-def _safe(part: str) -> str:
+def safe_part(part: str) -> str:
+    """``part`` (a model name, a version) as one safe component of a key or a path."""
     cleaned = _SAFE.sub("_", str(part)).strip("._") or "_"
     return cleaned[:200]
 
@@ -223,7 +224,7 @@ class LocalStore:
         return f"LocalStore({self.root})"
 
     def _entry(self, model: str, version: str, stage: str, sha: str) -> Path:
-        return self.root / _safe(model) / _safe(str(version)) / _safe(stage) / sha
+        return self.root / safe_part(model) / safe_part(str(version)) / safe_part(stage) / sha
 
     def put_model(
         self,
@@ -275,7 +276,7 @@ class LocalStore:
         )
 
     def fetch_model(self, uri: str, dest: str | os.PathLike[str]) -> Path:
-        entry = _local_path(uri)
+        entry = local_path(uri)
         if entry.name == MODEL_FILE:
             entry = entry.parent
         if not (entry / MANIFEST).is_file():
@@ -296,7 +297,8 @@ class LocalStore:
         return target.as_uri()
 
 
-def _local_path(uri: str) -> Path:
+def local_path(uri: str) -> Path:
+    """The local path of a folder or file given as a path or a ``file://`` URI."""
     if uri.startswith("file://"):
         from urllib.parse import unquote, urlparse
 
@@ -438,7 +440,7 @@ class S3Store:
             src = _normalized(Path(path), Path(tmp))
             files = model_files(src)
             sha = sha256_files(files)
-            base = self._key(_safe(model), _safe(str(version)), _safe(stage), sha)
+            base = self._key(safe_part(model), safe_part(str(version)), safe_part(stage), sha)
             manifest_key = f"{base}/{MANIFEST}"
             if self._exists(manifest_key):
                 return self._stored(base)
@@ -522,7 +524,7 @@ def open_store(
     if location.startswith("s3://"):
         bucket, prefix = split_s3(location)
         return S3Store(bucket, prefix, endpoint_url=endpoint_url, auth=auth)
-    return LocalStore(_local_path(location))
+    return LocalStore(local_path(location))
 
 
 def fetch(
@@ -558,7 +560,7 @@ def fetch_file(
             functools.partial(store.client.download_file, bucket, key, str(out)),
         )
         return out
-    path = _local_path(uri)
+    path = local_path(uri)
     if not path.is_file():
         raise ArtifactStoreError(f"{uri}: no such file")
     return path

@@ -41,9 +41,21 @@ def signature(path: str | os.PathLike[str]) -> Any:
     )
 
 
-def pip_requirements() -> list[str]:
-    from optimizer_core.stages.context import library_versions
+def library_versions() -> dict[str, str]:
+    """The installed versions of the libraries a variant depends on (its lineage records them;
+    its MLflow model pins onnx and onnxruntime)."""
+    from importlib import metadata
 
+    out: dict[str, str] = {}
+    for dist in ("graphtrim", "onnx", "onnx-ir", "onnxruntime", "onnxscript", "torch", "mlflow"):
+        try:
+            out[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            continue
+    return out
+
+
+def pip_requirements() -> list[str]:
     v = library_versions()
     return [f"onnx=={v['onnx']}", f"onnxruntime=={v['onnxruntime']}"]
 

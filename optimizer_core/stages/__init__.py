@@ -6,6 +6,8 @@ JSON-serializable output record. ``STAGES`` is the one place that lists them, in
 from __future__ import annotations
 
 import dataclasses
+import importlib
+from typing import Any
 
 
 @dataclasses.dataclass(frozen=True)
@@ -19,6 +21,13 @@ class Stage:
         on_device: runs on the worker class the variant targets (CPU or GPU workers).
         writes_registry: writes to the model registry, so it is never served from a cache.
         summary: one line for ``--help`` and the UIs.
+        function: the stage function, ``module:name``: ``fn(ctx, config, *records)`` with the
+            records named by ``takes`` in that order (the first stage takes the model URI),
+            returning its record. Imported when first called, so listing the stages stays light.
+        record: the type of the record it returns, ``module:name`` (:mod:`.records`).
+        takes: the records the function takes, in order, when not all of ``inputs``: the export
+            record reaches every stage run apart for its resolved config (the data hashes)
+            only.
     """
 
     name: str
@@ -27,17 +36,52 @@ class Stage:
     per_variant: bool = False
     on_device: bool = False
     writes_registry: bool = False
+    function: str = ""
+    record: str = ""
+    takes: tuple[str, ...] | None = None
+
+    @property
+    def args(self) -> tuple[str, ...]:
+        """The records its function takes, in order."""
+        return self.inputs if self.takes is None else self.takes
+
+    def load(self) -> Any:
+        """The stage function."""
+        return _resolve(self.function)
+
+    def record_type(self) -> Any:
+        """The record type the stage function returns."""
+        return _resolve(self.record)
+
+
+def _resolve(path: str) -> Any:
+    module, _, name = path.partition(":")
+    return getattr(importlib.import_module(module), name)
 
 
 STAGES: tuple[Stage, ...] = (
-    Stage("export", (), "resolve the registry version and export it to ONNX"),
-    Stage("optimize", ("export",), "optimize the exported graph, verified against it"),
+    Stage(
+        "export",
+        (),
+        "resolve the registry version and export it to ONNX",
+        function="optimizer_core.stages.export:export",
+        record="optimizer_core.stages.records:ExportRecord",
+    ),
+    Stage(
+        "optimize",
+        ("export",),
+        "optimize the exported graph, verified against it",
+        function="optimizer_core.stages.optimize:optimize",
+        record="optimizer_core.stages.records:OptimizeRecord",
+    ),
     Stage(
         "quantize",
         ("export", "optimize"),
         "build one variant of the optimized model",
         per_variant=True,
         on_device=True,
+        function="optimizer_core.stages.quantize:quantize",
+        record="optimizer_core.stages.records:QuantizeRecord",
     ),
     Stage(
         "validate",
@@ -45,18 +89,26 @@ STAGES: tuple[Stage, ...] = (
         "measure one variant against the gates on its worker class",
         per_variant=True,
         on_device=True,
+        function="optimizer_core.stages.validate:validate",
+        record="optimizer_core.stages.records:ValidateRecord",
     ),
     Stage(
         "register",
         ("export", "optimize", "validate"),
         "register the variants that passed, with lineage",
         writes_registry=True,
+        takes=("optimize", "validate"),
+        function="optimizer_core.stages.register:register",
+        record="optimizer_core.stages.records:RegisterRecord",
     ),
     Stage(
         "promote",
         ("export", "validate", "register"),
         "move aliases by the promotion policy",
         writes_registry=True,
+        takes=("validate", "register"),
+        function="optimizer_core.stages.promote:promote",
+        record="optimizer_core.stages.records:PromoteRecord",
     ),
 )
 

@@ -1,8 +1,8 @@
 """What every stage gets: where the registry and the artifacts are, and the pipeline's config.
 
-A stage takes a :class:`StageContext`, a :class:`PipelineConfig` and the JSON records of the
-stages before it, and returns its own JSON record. Records hold URIs and small numbers only, so
-they travel through any orchestrator (Airflow XCom, Kubeflow outputs) unchanged.
+A stage takes a :class:`StageContext`, a :class:`PipelineConfig` and the records of the stages
+before it (:mod:`.records`), and returns its own record. Records hold URIs and small numbers
+only, so they travel through any orchestrator (Airflow XCom, Kubeflow outputs) as JSON.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from optimizer_core.errors import GraphtrimError
 from optimizer_core.hashing import file_sha256
 
 if TYPE_CHECKING:
+    from optimizer_core.gates.policy import GatePolicy
     from optimizer_core.integrations.artifacts import S3Auth
     from optimizer_core.integrations.registry import MlflowAuth
 
@@ -72,14 +73,14 @@ class PipelineConfig:
         if self.device not in ("cpu", "gpu"):
             raise PipelineError(f"device must be 'cpu' or 'gpu', not '{self.device}'")
         object.__setattr__(self, "variants", tuple(self.variants))
-        self.gate_policy()  # a bad policy is refused before any work
+        # parsed here, once per document: a bad policy is refused before any work, and the
+        # copies of this config (resolved, read back from a record) share the parsed policy
+        object.__setattr__(self, "_gate_policy", parse_policy(self.policy))
 
-    def gate_policy(self) -> Any:
-        from optimizer_core.gates.policy import GatePolicy
-
-        if self.policy is None:
-            return GatePolicy()
-        return GatePolicy(dict(self.policy), source="pipeline policy")
+    def gate_policy(self) -> GatePolicy:
+        """The gate policy, parsed when this config was made."""
+        policy: GatePolicy = self.__dict__["_gate_policy"]
+        return policy
 
     def to_json(self) -> dict[str, Any]:
         doc = dataclasses.asdict(self)
@@ -99,16 +100,16 @@ class PipelineConfig:
             body["variants"] = tuple(body["variants"])
         return cls(**body)
 
-    def resolved(self, ctx: StageContext) -> PipelineConfig:
-        """This config with the sha256 of its data files filled in (they enter the hash)."""
-        wanted = {k: getattr(self, k) for k in ("calibration", "eval_data") if getattr(self, k)}
+    def resolved(self, ctx: StageContext, data: DataFiles | None = None) -> PipelineConfig:
+        """This config with the sha256 of its data files filled in (they enter the hash). A
+        stage passes its :class:`DataFiles`, so the copy hashed here is the one it loads."""
+        wanted = [k for k in DATA_KEYS if getattr(self, k)]
         if not wanted or (self.data_sha256 and set(self.data_sha256) == set(wanted)):
             return self
-        digests = {}
-        with ctx.scratch("data") as tmp:
-            for key, uri in wanted.items():
-                path = ctx.fetch_file(uri, tmp / f"{key}.npz")
-                digests[key] = file_sha256(path)
+        if data is None:
+            with ctx.scratch("data") as tmp:
+                return self.resolved(ctx, DataFiles(ctx, self, tmp))
+        digests = {key: file_sha256(data.path(key)) for key in wanted}
         return dataclasses.replace(self, data_sha256=digests)
 
     def hash_for(self, *parts: str) -> str:
@@ -126,6 +127,30 @@ class PipelineConfig:
     @property
     def config_hash(self) -> str:
         return self.hash_for()
+
+
+DATA_KEYS = ("calibration", "eval_data")  # the config's data files
+
+
+def parse_policy(policy: Mapping[str, Any] | None) -> GatePolicy:
+    """The :class:`GatePolicy` of the document ``policy`` (None: the built-in policy), parsed
+    once per document in this process: every config, copy and stage reads the same object."""
+    key = json.dumps(policy, sort_keys=True, default=str) if policy is not None else None
+    parsed = _PARSED_POLICIES.get(key)
+    if parsed is None:
+        from optimizer_core.gates.policy import GatePolicy
+
+        if policy is None:
+            parsed = GatePolicy()
+        else:
+            parsed = GatePolicy(dict(policy), source="pipeline policy")
+        if len(_PARSED_POLICIES) >= 64:
+            _PARSED_POLICIES.pop(next(iter(_PARSED_POLICIES)))
+        _PARSED_POLICIES[key] = parsed
+    return parsed
+
+
+_PARSED_POLICIES: dict[str | None, GatePolicy] = {}
 
 
 @dataclasses.dataclass
@@ -203,16 +228,47 @@ class StageContext:
         }
 
 
-def library_versions() -> dict[str, str]:
-    from importlib import metadata
+class DataFiles:
+    """The calibration and evaluation files of a config, as one stage sees them: each fetched
+    at most once (an S3 object is downloaded into ``folder``, a local file used in place), on
+    first use; the copy hashed for the config hash is the copy checked and loaded."""
 
-    out: dict[str, str] = {}
-    for dist in ("graphtrim", "onnx", "onnx-ir", "onnxruntime", "onnxscript", "torch", "mlflow"):
-        try:
-            out[dist] = metadata.version(dist)
-        except metadata.PackageNotFoundError:
-            continue
-    return out
+    NAMES = {"calibration": "calibration.npz", "eval_data": "eval.npz"}
+
+    def __init__(self, ctx: StageContext, config: PipelineConfig, folder: Path):
+        self.ctx = ctx
+        self.uris = {k: getattr(config, k) for k in DATA_KEYS if getattr(config, k)}
+        self.folder = folder
+        self.local: dict[str, Path] = {}  # by URI
+
+    def has(self, key: str) -> bool:
+        """Whether the config names the file ``key`` (``calibration``, ``eval_data``)."""
+        return key in self.uris
+
+    def path(self, key: str) -> Path:
+        """The local copy of the file ``key``, fetched the first time it (or another key
+        naming the same file) is asked for."""
+        uri = self.uris[key]
+        if uri not in self.local:
+            self.local[uri] = self.ctx.fetch_file(uri, self.folder / self.NAMES[key])
+        return self.local[uri]
+
+    def load(self, model: Path) -> tuple[Any, Any]:
+        """(calibration, evaluation) data for ``model``; random inputs when none is
+        configured, and each file standing in for the other when only one is."""
+        from optimizer_core.data import input_specs, load_npz, random_data
+
+        specs = input_specs(model)
+        calib = evald = None
+        if self.has("calibration"):
+            calib = load_npz(self.path("calibration"), specs)
+        if self.has("eval_data"):
+            evald = load_npz(self.path("eval_data"), specs)
+        if evald is None:
+            evald = calib if calib is not None else random_data(specs, batches=8)
+        if calib is None:
+            calib = evald
+        return calib, evald
 
 
 def require(record: Mapping[str, Any], keys: Sequence[str], stage: str) -> None:

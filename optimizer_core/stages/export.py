@@ -1,248 +1,212 @@
-"""Turn a downloaded MLflow model into ONNX.
-
-The ONNX flavor passes through. The PyTorch flavor (MLflow 3 saves ``pt2`` exported programs by
-default; pickled modules too) goes through ``torch.onnx.export``: the dynamo exporter first, the
-TorchScript exporter as a fallback, the one used recorded. Example inputs and dynamic dims come
-from the model's signature (``-1`` dims become dynamic) or its input example.
-"""
+"""The export stage: resolve the registry version, refuse a graphtrim variant as a source, look up
+what earlier runs decided, check the data files against the model's signature, open the
+pipeline's MLflow run and store the model as ONNX."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
-import shutil
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from optimizer_core.errors import GraphtrimError
+from optimizer_core.stages.context import DataFiles, PipelineConfig, PipelineError, StageContext
+from optimizer_core.stages.records import ExportRecord
+from optimizer_core.stages.tracking import (
+    T,
+    client,
+    log_metrics,
+    open_run,
+    params,
+    quote,
+    stage_run,
+    worker,
+)
 
 logger = logging.getLogger("graphtrim.stages")
 
 
-class ExportError(GraphtrimError):
-    """The registered model cannot be turned into ONNX."""
+def refuse_variant_source(ctx: StageContext, source: Any) -> None:
+    """A version graphtrim registered is a variant, not a new model: optimizing it again would
+    feed the pipeline its own output. Refused unless asked for explicitly."""
+    from optimizer_core.integrations.registry import VARIANT_TAG, is_graphtrim_output
 
-
-@dataclasses.dataclass
-class ExportInfo:
-    flavor: str
-    exporter: str
-    inputs: list[dict[str, Any]]
-    notes: list[str]
-
-    def to_json(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-
-_NP = {
-    "float32": np.float32,
-    "float64": np.float64,
-    "float16": np.float16,
-    "int64": np.int64,
-    "int32": np.int32,
-    "bool": np.bool_,
-    "uint8": np.uint8,
-    "int8": np.int8,
-}
-
-
-def _mlmodel(folder: Path) -> dict[str, Any]:
-    import yaml
-
-    path = folder / "MLmodel"
-    if not path.is_file():
-        raise ExportError(f"{folder}: not an MLflow model (no MLmodel file)")
-    doc = yaml.safe_load(path.read_text())
-    if not isinstance(doc, dict) or "flavors" not in doc:
-        raise ExportError(f"{path}: no flavors")
-    return doc
-
-
-def _signature_inputs(doc: dict[str, Any]) -> list[dict[str, Any]]:
-    sig = doc.get("signature") or {}
-    raw = sig.get("inputs")
-    if not raw:
-        return []
-    specs = json.loads(raw) if isinstance(raw, str) else raw
-    out = []
-    for i, s in enumerate(specs):
-        if s.get("type") != "tensor":
-            raise ExportError(
-                f"signature input {s.get('name') or i} is a column ({s.get('type')}), not a tensor: "
-                "only tensor signatures can be exported to ONNX"
-            )
-        ts = s["tensor-spec"]
-        out.append(
-            {"name": s.get("name") or f"input_{i}", "dtype": ts["dtype"], "shape": ts["shape"]}
-        )
-    return out
-
-
-def _example(folder: Path, doc: dict[str, Any], specs: list[dict[str, Any]]) -> list[np.ndarray]:
-    info = doc.get("saved_input_example_info") or {}
-    path = folder / info.get("artifact_path", "input_example.json")
-    if path.is_file() and info.get("type", "ndarray") == "ndarray":
-        data = json.loads(path.read_text())
-        if isinstance(data, dict) and "inputs" in data:
-            data = data["inputs"]
-        if isinstance(data, dict):
-            names = [s["name"] for s in specs] or list(data)
-            arrays = [np.asarray(data[n]) for n in names]
-        else:
-            arrays = [np.asarray(data)]
-        if specs:
-            arrays = [
-                a.astype(_NP.get(s["dtype"], a.dtype)) for a, s in zip(arrays, specs, strict=False)
-            ]
-        return arrays
-    if not specs:
-        raise ExportError(
-            "the model has neither a tensor signature nor an input example: there is no way to "
-            "know its input shapes; log it with `signature=` or `input_example=`"
-        )
-    arrays = []
-    for s in specs:
-        dtype = _NP.get(s["dtype"])
-        if dtype is None:
-            raise ExportError(f"signature input '{s['name']}' has unsupported dtype {s['dtype']}")
-        shape = [2 if d == -1 else int(d) for d in s["shape"]]
-        arrays.append(np.zeros(shape, dtype=dtype))
-    return arrays
-
-
-def _dynamic_dims(specs: list[dict[str, Any]], arrays: list[np.ndarray]) -> list[list[int]]:
-    """Per input, the axes that are dynamic: ``-1`` in the signature; without one, axis 0."""
-    if specs:
-        return [[i for i, d in enumerate(s["shape"]) if d == -1] for s in specs]
-    return [[0] if a.ndim else [] for a in arrays]
-
-
-def _export_torch(
-    module: Any, arrays: list[np.ndarray], dyn: list[list[int]], names: list[str], dst: Path
-) -> tuple[str, list[str]]:
-    import warnings
-
-    import torch
-
-    args = tuple(torch.from_numpy(np.ascontiguousarray(a)) for a in arrays)
-    notes: list[str] = []
-    with warnings.catch_warnings(), torch.no_grad():
-        warnings.simplefilter("ignore")
-        try:
-            shapes = tuple(
-                {ax: torch.export.Dim(f"{n}_dim{ax}", min=1, max=1 << 16) for ax in axes} or None
-                for n, axes in zip(names, dyn, strict=True)
-            )
-            torch.onnx.export(
-                module,
-                args,
-                str(dst),
-                dynamo=True,
-                external_data=False,
-                dynamic_shapes=shapes,
-                input_names=names,
-                verbose=False,  # its progress lines go to stdout, past the stage's own log
-            )
-            return "dynamo", notes
-        except Exception as exc:
-            first = (
-                str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
-            )
-            notes.append(f"dynamo exporter failed ({first}); fell back to the TorchScript exporter")
-            logger.warning("%s", notes[-1])
-            dst.unlink(missing_ok=True)
-        try:
-            axes = {
-                n: {ax: f"{n}_dim{ax}" for ax in a} for n, a in zip(names, dyn, strict=True) if a
-            }
-            torch.onnx.export(
-                module,
-                args,
-                str(dst),
-                dynamo=False,
-                input_names=names,
-                dynamic_axes=axes or None,
-                opset_version=17,
-            )
-            return "torchscript", notes
-        except Exception as exc:
-            raise ExportError(
-                f"both exporters failed; TorchScript: {type(exc).__name__}: {str(exc)[:300]}"
-            ) from exc
-
-
-def to_onnx(
-    folder: str | Path,
-    dst: str | Path,
-    *,
-    registry: str = "the configured registry",
-    fx_simplify: bool = False,
-) -> ExportInfo:
-    """Write the model in MLflow model folder ``folder`` as ONNX at ``dst``; with
-    ``fx_simplify`` a PyTorch model goes through ``torch_simplify.fx_simplify`` first."""
-    src = Path(folder)
-    out = Path(dst)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    doc = _mlmodel(src)
-    flavors = doc["flavors"]
-    if "onnx" in flavors:
-        conf = flavors["onnx"]
-        model = src / conf.get("data", "model.onnx")
-        if not model.is_file():
-            raise ExportError(f"{src}: the onnx flavor's model file {model.name} is missing")
-        import onnx
-
-        proto = onnx.load(str(model))  # external data is resolved relative to the file
-        big = proto.ByteSize() > 1_500_000_000
-        onnx.save(proto, str(out), save_as_external_data=big, location=out.name + ".data")
-        inputs = [{"name": i.name} for i in proto.graph.input]
-        return ExportInfo("onnx", "none", inputs, [])
-    if "pytorch" not in flavors:
-        raise ExportError(
-            f"flavors {', '.join(sorted(flavors))} are not supported: log the model with the "
-            "pytorch or onnx flavor"
-        )
-    import mlflow.pytorch
-
-    data = flavors["pytorch"].get("model_data", "data")
-    pickled = not any((src / data).glob("*.pt2"))
-    notes = []
-    if pickled:
-        notes.append(
-            f"loading a pickled PyTorch model from {registry} (unpickling runs code: only models "
-            "from the configured registry are loaded)"
-        )
-        logger.warning("%s", notes[-1])
-    specs = _signature_inputs(doc)
-    arrays = _example(src, doc, specs)
-    try:
-        module = mlflow.pytorch.load_model(str(src))
-    except Exception as exc:
-        raise ExportError(f"cannot load the PyTorch model: {type(exc).__name__}: {exc}") from exc
-    if hasattr(module, "eval") and not type(module).__name__.endswith("GraphModule"):
-        module.eval()
-    if fx_simplify:
-        from optimizer_core.stages.torch_simplify import fx_simplify as simplify
-
-        module, fx_notes = simplify(module)
-        notes += fx_notes
-    names = [s["name"] for s in specs] if specs else [f"input_{i}" for i in range(len(arrays))]
-    dyn = _dynamic_dims(specs, arrays)
-    exporter, more = _export_torch(module, arrays, dyn, names, out)
-    inputs = [
-        {"name": n, "dtype": str(a.dtype), "dynamic_axes": d}
-        for n, a, d in zip(names, arrays, dyn, strict=True)
-    ]
-    return ExportInfo(
-        "pytorch-pickle" if pickled else "pytorch-pt2", exporter, inputs, notes + more
+    if ctx.allow_variant_source or not is_graphtrim_output(source.tags):
+        return
+    of = source.tags.get(T + "source.version")
+    raise PipelineError(
+        f"{source.uri} is a graphtrim variant ({source.tags.get(VARIANT_TAG, '?')}"
+        + (f" of version {of}" if of else "")
+        + "), not a source version: skipped (allow_variant_source / --allow-variant-source "
+        "optimizes it anyway)"
     )
 
 
-def copy_model(src: Path, dst: Path) -> None:
-    shutil.copyfile(src, dst)
-    data = src.with_name(src.name + ".data")
-    if data.exists():
-        shutil.copyfile(data, dst.with_name(dst.name + ".data"))
+def _verdict_from_version(tags: Mapping[str, str]) -> dict[str, Any] | None:
+    """The recorded summary of a registered variant (its gates passed)."""
+    try:
+        gates = json.loads(tags.get(T + "gates", "{}"))
+        metrics = json.loads(tags.get(T + "metrics", "{}"))
+    except ValueError:
+        return None
+    if not isinstance(gates, dict) or not isinstance(metrics, dict):
+        return None
+    return {
+        "passed": True,
+        "gates": gates,
+        "metrics": metrics,
+        "reasons": [],
+        "model": {"uri": tags.get(T + "artifact", ""), "sha256": tags.get(T + "sha256", "")},
+    }
+
+
+def prior_verdicts(
+    ctx: StageContext, config: PipelineConfig, source: Any, target: str
+) -> dict[str, dict[str, Any]]:
+    """What earlier runs decided for each requested variant of ``source`` under ``config``:
+    variants registered under their lineage key (with the verdicts on their tags), and
+    variants that failed in a finished run (with its recorded verdict). Looked up before any
+    work, so a re-run rebuilds and re-times nothing it has an answer for."""
+    from optimizer_core.integrations.registry import RegistryError
+    from optimizer_core.stages.register import lineage_key
+
+    registry = ctx.registry()
+    src = source.to_json()
+    out: dict[str, dict[str, Any]] = {}
+    for variant in config.variants:
+        try:
+            mv = registry.find_by_key(target, lineage_key(src, variant, config.config_hash))
+        except RegistryError:
+            mv = None  # no such registered model yet
+        if mv is None:
+            continue
+        summary = _verdict_from_version(dict(mv.tags or {}))
+        if summary is not None:
+            summary["registered"] = {"name": target, "version": str(mv.version), "created": False}
+            out[variant] = summary
+    missing = [v for v in config.variants if v not in out]
+    if not missing:
+        return out
+    mlflow = client(ctx)
+    exp = mlflow.get_experiment_by_name(config.experiment)
+    if exp is None:
+        return out
+    runs = mlflow.search_runs(
+        [exp.experiment_id],
+        f"tags.`{T}source.name` = '{quote(source.name)}' and "
+        f"tags.`{T}source.version` = '{quote(source.version)}' and "
+        f"tags.`{T}config_hash` = '{config.config_hash}' and attributes.status = 'FINISHED'",
+        order_by=["attributes.start_time DESC"],
+        max_results=20,
+    )
+    for run in runs:
+        for variant in missing:
+            raw = run.data.tags.get(f"{T}verdict.{variant}")
+            if variant in out or not raw:
+                continue
+            try:
+                summary = json.loads(raw)
+            except ValueError:
+                continue
+            # a failed verdict stands; a pass whose version is gone from the registry is redone
+            if isinstance(summary, dict) and not summary.get("passed"):
+                out[variant] = {**summary, "run_id": run.info.run_id}
+    return out
+
+
+def _check_data(ctx: StageContext, data: DataFiles, folder: Path) -> None:
+    """Calibration and evaluation files against the registered model's input signature, before
+    the export runs: a wrong file fails in seconds with one line, and no run is opened."""
+    from optimizer_core.data import check_data, input_specs, specs_from_signature
+    from optimizer_core.exporter import read_mlmodel
+
+    wanted = {
+        role: key
+        for role, key in (("calibration", "calibration"), ("evaluation", "eval_data"))
+        if data.has(key)
+    }
+    if not wanted:
+        return
+    doc = read_mlmodel(folder)
+    specs = specs_from_signature(doc)
+    if specs is None and "onnx" in doc.get("flavors", {}):
+        onnx_file = doc["flavors"]["onnx"].get("data")
+        if onnx_file and (folder / onnx_file).is_file():
+            specs = input_specs(folder / onnx_file)
+    if specs is None:
+        ctx.say("export: the model has no input signature: data files are checked after export")
+        return
+    for role, key in wanted.items():
+        check_data(data.path(key), specs, role=role)
+
+
+def export(ctx: StageContext, config: PipelineConfig, model_uri: str) -> ExportRecord:
+    """Resolve ``models:/NAME/VERSION`` or ``models:/NAME@ALIAS`` and store it as ONNX.
+
+    Before any work: a version graphtrim registered is refused (unless
+    ``ctx.allow_variant_source``), the verdicts of earlier runs for the requested variants are
+    looked up (unless ``ctx.rejudge``: what is known is reported, not rebuilt), and the data
+    files are checked against the model's signature (each file fetched once, for its hash and
+    its check alike)."""
+    from optimizer_core.exporter import to_onnx
+    from optimizer_core.integrations.artifacts import model_files
+    from optimizer_core.modelio import read_proto
+
+    with ctx.scratch("export") as tmp:
+        data = DataFiles(ctx, config, tmp / "data")
+        config = config.resolved(ctx, data)
+        registry = ctx.registry()
+        source = registry.resolve(model_uri)
+        refuse_variant_source(ctx, source)
+        target = config.target_name or source.name
+        reused = {} if ctx.rejudge else prior_verdicts(ctx, config, source, target)
+        record = ExportRecord(
+            worker=worker(ctx),
+            source=source.to_json(),
+            config_hash=config.config_hash,
+            config=config.to_json(),
+            reused=reused,
+        )
+        if reused:
+            ctx.say(
+                f"export: {', '.join(sorted(reused))} judged before under this config: reported "
+                "as recorded, not rebuilt or re-timed (rejudge to measure again)"
+            )
+        if all(v in reused for v in config.variants):
+            record.run_id = open_run(ctx, config, source)
+            with stage_run(ctx, record.run_id, "export") as mlflow:
+                mlflow.set_tag(record.run_id, T + "reused", ",".join(sorted(reused)))
+            return record
+        store = ctx.store()
+        ctx.say(f"export: downloading {source.uri}")
+        folder = Path(registry.download(source, str(tmp / "download")))
+        _check_data(ctx, data, folder)
+        run_id = open_run(ctx, config, source)
+        with stage_run(ctx, run_id, "export") as mlflow:
+            if reused:
+                mlflow.set_tag(run_id, T + "reused", ",".join(sorted(reused)))
+            onnx_path = tmp / "onnx" / "model.onnx"
+            info = to_onnx(
+                folder, onnx_path, registry=registry.where, fx_simplify=config.fx_simplify
+            )
+            read_proto(onnx_path)  # the exported file is a valid model before anything refers to it
+            stored = store.put_model(
+                onnx_path,
+                model=source.name,
+                version=source.version,
+                stage="export",
+                parents=[source.uri],
+                extra={"export": info.to_json(), "source": source.to_json()},
+            )
+            mlflow.log_batch(
+                run_id, params=params({"exporter": info.exporter, "flavor": info.flavor})
+            )
+            mlflow.set_tag(run_id, T + "export.uri", stored.uri)
+            for note in info.notes:
+                logger.warning("export: %s", note)
+            size = sum(p.stat().st_size for p in model_files(onnx_path))
+            log_metrics(mlflow, run_id, {"export.bytes": size})
+    record.run_id = run_id
+    record.model = stored.to_json()
+    record.export = info.to_json()
+    return record

@@ -170,14 +170,14 @@ def _use_registry(ctx: Any, team: str, onnx_path: Path, scratch: Path) -> str:
     server's artifact proxy), a registered version, and that version downloaded again."""
     from mlflow.entities import Param
 
-    from optimizer_core.stages import pipeline
+    from optimizer_core.stages import register, tracking
 
-    client = pipeline._client(ctx)
-    experiment = pipeline._experiment_id(client, f"team-{team}")
+    client = tracking.client(ctx)
+    experiment = tracking.experiment_id(client, f"team-{team}")
     run_id = client.create_run(experiment).info.run_id
     client.log_batch(run_id, params=[Param("team", team)])
     client.log_dict(run_id, {"team": team}, "graphtrim/config.json")
-    model_uri = pipeline._log_onnx(
+    model_uri = register.log_onnx(
         client, experiment, run_id, f"model-{team}", onnx_path, {"team": team}, scratch
     )
     registry = ctx.registry()
@@ -360,14 +360,14 @@ def test_two_s3_connections_in_one_process_each_sign_with_their_own_keys(
 
     # MLflow's own artifacts, written straight to S3 (an embedded tracking URI puts them beside
     # graphtrim's): the run's client uses the context's S3 connection too
-    from optimizer_core.stages import pipeline
+    from optimizer_core.stages import tracking
 
     for team in ("a", "b", "a"):
         ctx = contexts[team]
-        client = pipeline._client(ctx)
-        location = pipeline._artifact_location(ctx)
+        client = tracking.client(ctx)
+        location = tracking.artifact_location(ctx)
         assert location == f"s3://team-{team}/models/mlflow-artifacts"
-        experiment = pipeline._experiment_id(client, f"s3-team-{team}", location)
+        experiment = tracking.experiment_id(client, f"s3-team-{team}", location)
         run_id = client.create_run(experiment).info.run_id
         client.log_dict(run_id, {"team": team}, "graphtrim/config.json")
     for team, proxy in two_s3.items():

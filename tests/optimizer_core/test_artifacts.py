@@ -127,7 +127,7 @@ def digest(path: Path) -> str:
 
 def local_entry(uri: str) -> Path:
     assert uri.startswith("file://")
-    return Path(artifacts._local_path(uri))
+    return Path(artifacts.local_path(uri))
 
 
 # ---------------------------------------------------------------------------------------------

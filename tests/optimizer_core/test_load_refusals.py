@@ -385,7 +385,7 @@ def test_build_variant_in_a_child_refuses_an_unloadable_source(tmp_path):
 
     src = _op_without_kernel(tmp_path / "m.onnx")
     (result,) = map_isolated(
-        "optimizer_core.variants:build_job",
+        "optimizer_core.stages.quantize:build_job",
         ["int8-dynamic"],
         common={
             "src": str(src),

@@ -15,11 +15,12 @@ import pytest
 
 from optimizer_core.cli import main
 from optimizer_core.examples.digits import DigitsTask
+from optimizer_core.exporter import ExportError
 from optimizer_core.integrations.artifacts import ArtifactStoreError
 from optimizer_core.integrations.registry import Registry, RegistryError
 from optimizer_core.stages import pipeline
 from optimizer_core.stages.context import PipelineConfig, StageContext
-from optimizer_core.stages.export import ExportError
+from optimizer_core.stages.register import lineage_key
 from tests.conftest import BUCKET
 from tests.servers import free_port, register_onnx
 
@@ -407,9 +408,7 @@ def test_fault_between_log_and_register_ends_with_one_version_per_variant(
     assert "graph" in by_variant
     # the model logged before the crash was reused, not logged twice
     exp = client.get_experiment_by_name("graphtrim").experiment_id
-    key = pipeline.lineage_key(
-        records["export"]["source"], "graph", config.resolved(ctx).config_hash
-    )
+    key = lineage_key(records["export"]["source"], "graph", config.resolved(ctx).config_hash)
     logged = mlflow.search_logged_models(
         experiment_ids=[exp], filter_string=f"tags.`graphtrim.key` = '{key}'", output_format="list"
     )

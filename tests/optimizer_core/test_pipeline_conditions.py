@@ -21,9 +21,9 @@ from optimizer_core.examples.digits import DigitsTask
 from optimizer_core.gates.policy import PromotionPolicy
 from optimizer_core.integrations.registry import Registry
 from optimizer_core.isolation import ChildFailed, map_isolated
-from optimizer_core.stages import pipeline
+from optimizer_core.promotion import apply_policy, promote_version
+from optimizer_core.stages import tracking, validate
 from optimizer_core.stages.context import PipelineConfig, StageContext
-from optimizer_core.stages.promote import apply_policy, promote_version
 from tests.conftest import BUCKET, REPO
 from tests.servers import register_onnx
 
@@ -90,7 +90,7 @@ def test_a_runtime_crash_in_the_gates_fails_that_variant_alone(
 
     data = load_npz(digits_task.eval, input_specs(digits_task.model))
     config = PipelineConfig(variants=("graph", "fp16"), policy=RELAXED)
-    evaluation = pipeline._evaluate_isolated(
+    evaluation = validate.evaluate_isolated(
         _ctx(servers, tmp_path),
         config,
         digits_task.model,
@@ -442,7 +442,7 @@ def test_a_run_left_running_by_a_dead_process_is_closed_on_the_next_start(
     servers: dict[str, str],
 ) -> None:
     client = mlflow.MlflowClient(servers["mlflow"], servers["mlflow"])
-    exp = pipeline._experiment_id(client, "dead-runs")
+    exp = tracking.experiment_id(client, "dead-runs")
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
     host = socket.gethostname()
@@ -462,7 +462,7 @@ def test_a_run_left_running_by_a_dead_process_is_closed_on_the_next_start(
     )
     # between two stages: the process of the last one is gone, no stage is in progress
     between = run_with(export=(dead.pid, True))
-    closed = pipeline._close_dead_runs(client, exp)
+    closed = tracking.close_dead_runs(client, exp)
     assert closed == [killed.info.run_id]
     got = client.get_run(killed.info.run_id)
     assert got.info.status == "KILLED"
@@ -494,3 +494,57 @@ def test_the_table_names_each_column_once_and_marks_recorded_verdicts() -> None:
     assert "size gate" in header and "size ratio" in header and "size" not in header
     assert len(header) == len(set(header)) and "serving" in header
     assert "PASS (recorded)" in text and "0.27x" in text
+
+
+# ---------------------------------------------------------------------------- 10: data files
+
+
+def test_a_stage_fetches_each_data_file_once(
+    servers: dict[str, str],
+    digits_task: DigitsTask,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Stages run apart, as an orchestrator runs them (records through JSON, a config without
+    its data hashes): each stage downloads each S3 data file once, and the copy it hashes for
+    the config hash is the copy it checks and loads."""
+    import boto3
+
+    from optimizer_core.integrations import artifacts
+    from optimizer_core.stages import pipeline
+
+    s3 = boto3.client("s3", endpoint_url=servers["s3"])
+    uris = []
+    for role, path in (("calibration", digits_task.calibration), ("eval", digits_task.eval)):
+        s3.upload_file(str(path), BUCKET, f"data-once/{role}.npz")
+        uris.append(f"s3://{BUCKET}/data-once/{role}.npz")
+    fetched: list[str] = []
+    real = artifacts.fetch_file
+
+    def counting(uri: str, dest: Any, **kw: Any) -> Path:
+        fetched.append(uri)
+        return real(uri, dest, **kw)
+
+    monkeypatch.setattr(artifacts, "fetch_file", counting)
+    version = register_onnx(servers["mlflow"], digits_task.model, "data-once")
+    ctx = _ctx(servers, tmp_path)
+    config = PipelineConfig(
+        variants=("graph",),
+        calibration=uris[0],
+        eval_data=uris[1],
+        policy={"defaults": {"latency": False}},
+    )
+    per_stage: dict[str, list[str]] = {}
+
+    def run(stage: str, *args: Any) -> dict[str, Any]:
+        fetched.clear()
+        record = getattr(pipeline, stage)(ctx, config, *args)
+        per_stage[stage] = sorted(fetched)
+        return json.loads(json.dumps(dict(record)))  # what an XCom carries
+
+    exported = run("export", f"models:/data-once/{version}")
+    optimized = run("optimize", exported)
+    quantized = run("quantize", exported, optimized)
+    validated = run("validate", exported, quantized)
+    assert validated["variants"]["graph"]["passed"], validated["variants"]["graph"]["reasons"]
+    assert per_stage == {s: sorted(uris) for s in ("export", "optimize", "quantize", "validate")}

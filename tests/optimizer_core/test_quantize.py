@@ -30,7 +30,7 @@ from optimizer_core.examples.digits import DigitsTask
 from optimizer_core.gates.policy import GatePolicy
 from optimizer_core.quantize import NodeError, QuantizeConfig, VariantBuild, node_errors
 from optimizer_core.quantize.build import QuantizeError, build_variant
-from optimizer_core.variants import accuracy_check
+from optimizer_core.stages.quantize import accuracy_check
 
 FLOAT = onnx.TensorProto.FLOAT
 FLOAT16 = onnx.TensorProto.FLOAT16

@@ -207,18 +207,18 @@ def test_any_stage_error_is_masked_in_the_tag(servers: dict[str, str]) -> None:
     masked before it becomes the run's tag."""
     from mlflow import MlflowClient
 
-    from optimizer_core.stages import pipeline
+    from optimizer_core.stages import tracking
     from optimizer_core.stages.context import StageContext
 
     client = MlflowClient(servers["mlflow"], servers["mlflow"])
-    exp = pipeline._experiment_id(client, "redact-stage")
+    exp = tracking.experiment_id(client, "redact-stage")
     run_id = client.create_run(exp).info.run_id
     ctx = StageContext(servers["mlflow"], "unused")
     message = (
         f"403 for https://b.s3.amazonaws.com/k?X-Amz-Signature={SECRET}"
         f" (Authorization: Bearer {SECRET}x) via http://bob:{SECRET}@proxy:3128"
     )
-    with pytest.raises(RuntimeError), pipeline._stage(ctx, run_id, "optimize"):
+    with pytest.raises(RuntimeError), tracking.stage_run(ctx, run_id, "optimize"):
         raise RuntimeError(message)
     tags = client.get_run(run_id).data.tags
     assert tags["graphtrim.failed_stage"] == "optimize"

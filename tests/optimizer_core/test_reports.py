@@ -21,7 +21,7 @@ from optimizer_core.data import EvalData, input_specs, load_npz
 from optimizer_core.examples.digits import DigitsTask
 from optimizer_core.gates import GatePolicy, evaluate
 from optimizer_core.gates.report import HEADER, render_html, render_markdown
-from optimizer_core.variants import VariantsResult, build_and_evaluate
+from optimizer_core.stages.pipeline import VariantsResult, build_and_evaluate
 from tests.optimizer_core.test_gates import break_model
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"

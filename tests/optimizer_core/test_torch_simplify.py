@@ -13,10 +13,10 @@ import pytest
 import torch
 from torch import nn
 
+from optimizer_core.exporter import _export_torch
 from optimizer_core.graph.optimizer import optimize_model
 from optimizer_core.stages.context import PipelineConfig
-from optimizer_core.stages.export import _export_torch
-from optimizer_core.stages.torch_simplify import fx_simplify
+from optimizer_core.torch_simplify import fx_simplify
 
 
 class ConstantArithmetic(nn.Module):

@@ -1,0 +1,76 @@
+"""The optimize stage: the graph optimizer on the exported model, verified against it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from optimizer_core.stages.context import PipelineConfig, StageContext
+from optimizer_core.stages.records import ExportRecord, OptimizeRecord
+from optimizer_core.stages.tracking import log_metrics, stage_run, worker
+
+
+def optimize(
+    ctx: StageContext, config: PipelineConfig, exported: ExportRecord | Any
+) -> OptimizeRecord:
+    """Run the graph optimizer (verified against the export) and store the result."""
+    from optimizer_core.graph.presets import PRESETS
+    from optimizer_core.optimize_file import optimize_file
+
+    config = config.resolved(ctx)
+    exp = ExportRecord.take(exported, ("run_id", "source", "model"), "optimize")
+    run_id = exp.run_id
+    source = exp.source
+    if exp.model is None:  # every variant judged before: nothing to optimize
+        return OptimizeRecord(
+            worker=worker(ctx),
+            run_id=run_id,
+            source=source,
+            model=None,
+            preset=config.preset,
+            passes=[],
+            changed=[],
+            nodes_before=None,
+            nodes_after=None,
+        )
+    store = ctx.store()
+    with stage_run(ctx, run_id, "optimize") as mlflow, ctx.scratch("optimize") as tmp:
+        src = ctx.fetch(exp.model["uri"], tmp / "in")
+        dst = tmp / "out" / "model.onnx"
+        report = optimize_file(src, dst, preset=config.preset, check=True, progress=ctx.progress)
+        stored = store.put_model(
+            dst,
+            model=source["name"],
+            version=source["version"],
+            stage="optimize",
+            parents=[exp.model["sha256"]],
+            config_hash=config.hash_for("preset"),
+            extra={"preset": config.preset},
+        )
+        doc = report.to_json()
+        mlflow.log_dict(run_id, doc, "graphtrim/optimize.json")
+        changed = [
+            name
+            for name, agg in report.log.per_pass().items()
+            if agg["nodes_removed"] or agg["nodes_added"] or agg["rules"]
+        ]
+        log_metrics(
+            mlflow,
+            run_id,
+            {
+                "nodes_before": report.before.nodes,
+                "nodes_after": report.after.nodes,
+                "optimize.seconds": report.seconds,
+                "optimize.bytes": report.after.file_bytes,
+            },
+        )
+    return OptimizeRecord(
+        worker=worker(ctx),
+        run_id=run_id,
+        source=source,
+        model=stored.to_json(),
+        preset=config.preset,
+        passes=list(report.log.passes or PRESETS[config.preset]),
+        changed=changed,
+        nodes_before=report.before.nodes,
+        nodes_after=report.after.nodes,
+    )

@@ -1,0 +1,290 @@
+"""The validate stage: judge each variant against the exported (unoptimized) model with every
+gate, and write the JSON, Markdown and HTML reports.
+
+The pipeline judges the stored variants, each step that loads one in a child process
+(:func:`validate`); ``graphtrim variants`` judges the variants it built in this process
+(:func:`judge_variants`). Both add a failed ``build`` gate for a variant that was not built and
+keep the order the variants were asked for.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from optimizer_core.stages.context import DataFiles, PipelineConfig, PipelineError, StageContext
+from optimizer_core.stages.records import ExportRecord, QuantizeRecord, ValidateRecord
+from optimizer_core.stages.tracking import log_metrics, stage_run, worker
+
+if TYPE_CHECKING:
+    from optimizer_core.data import EvalData
+    from optimizer_core.gates.evaluate import Evaluation
+    from optimizer_core.gates.policy import GatePolicy
+
+
+def summary(result: Any) -> dict[str, Any]:
+    """The numbers of one variant's gates that lineage tags and promotion need."""
+    metrics: dict[str, Any] = {}
+    gates: dict[str, str] = {}
+    reasons: list[str] = []
+    for g in result.gates:
+        gates[g.gate] = g.status
+        reasons += [f"{g.gate}: {r}" for r in g.reasons]
+        m = g.measured
+        if g.gate == "latency" and m:
+            metrics.update(
+                p50_ms=m.get("p50_ms"),
+                p95_ms=m.get("p95_ms"),
+                speedup=m.get("speedup_p50"),
+                reference_p50_ms=(m.get("baseline") or {}).get("p50_ms"),
+                # the range of the per-block speedups: promotion needs a win outside it
+                speedup_lo=min(m["block_speedups"]) if m.get("block_speedups") else None,
+                speedup_hi=max(m["block_speedups"]) if m.get("block_speedups") else None,
+            )
+        elif g.gate == "accuracy" and m:
+            metrics.update(
+                max_abs_error=m.get("max_abs_error"),
+                cosine=m.get("cosine"),
+                top1_agreement=m.get("top1_agreement"),
+                metric_drop=m.get("metric_drop"),
+            )
+        elif g.gate == "size" and m:
+            metrics.update(bytes=m.get("bytes"), size_ratio=m.get("ratio"))
+    if result.model is not None:
+        metrics.setdefault("bytes", result.model.bytes)
+        metrics["nodes"] = result.model.nodes
+    return {"passed": result.passed, "gates": gates, "metrics": metrics, "reasons": reasons}
+
+
+def add_unbuilt(evaluation: Evaluation, failed: Mapping[str, str], order: Sequence[str]) -> None:
+    """A failed ``build`` gate for each variant in ``failed`` (with why it was not built), and
+    the variants sorted as in ``order``."""
+    from optimizer_core.gates.evaluate import GateResult, VariantResult
+
+    for variant, reason in failed.items():
+        evaluation.variants.append(
+            VariantResult(variant, None, [GateResult("build", "error", {}, {}, [reason])])
+        )
+    evaluation.variants.sort(key=lambda v: list(order).index(v.name))
+
+
+def judge_variants(
+    src: Path,
+    outputs: Mapping[str, Path],
+    failed: Mapping[str, str],
+    order: Sequence[str],
+    *,
+    policy: GatePolicy,
+    data: EvalData,
+    builds: Mapping[str, dict[str, Any]] | None = None,
+    device: str = "cpu",
+    tensorrt: bool = False,
+    progress: Callable[[str], None] | None = None,
+) -> Evaluation:
+    """Every gate on the built variants ``outputs`` against ``src``, in this process; the
+    variants in ``failed`` fail their ``build`` gate."""
+    from optimizer_core.gates.evaluate import evaluate
+
+    evaluation = evaluate(
+        src,
+        dict(outputs),
+        policy=policy,
+        data=data,
+        device=device,
+        tensorrt=tensorrt,
+        builds=dict(builds or {}),
+        progress=progress,
+    )
+    add_unbuilt(evaluation, failed, order)
+    return evaluation
+
+
+def evaluate_isolated(
+    ctx: StageContext,
+    config: PipelineConfig,
+    reference: Path,
+    paths: Mapping[str, Path],
+    data: Any,
+) -> Any:
+    """The gates of ``paths`` in a child process. If that child dies (a runtime crash on one
+    variant, a hang), each variant is measured alone in its own child: the one that crashes
+    fails with the signal and the step, the others keep their verdicts."""
+    from optimizer_core.gates.evaluate import GateResult, ModelInfo, VariantResult
+    from optimizer_core.isolation import ChildFailed, map_isolated
+
+    job = {
+        "reference": str(reference),
+        "policy": config.gate_policy(),
+        "data": data,
+        "device": config.device,
+        "tensorrt": config.tensorrt,
+    }
+    todo = {k: str(v) for k, v in paths.items()}
+    (together,) = map_isolated(
+        "optimizer_core.gates.evaluate:evaluate_job",
+        [todo],
+        common=job,
+        timeout=ctx.child_timeout,
+        what=lambda _i: "gates",
+        on_step=lambda line: ctx.say(f"validate: {line}"),
+    )
+    if not isinstance(together, BaseException):
+        return together
+    if not isinstance(together, ChildFailed):
+        raise together
+    ctx.say(f"validate: {together}; measuring each variant alone")
+    names = list(todo)
+    alone = map_isolated(
+        "optimizer_core.gates.evaluate:evaluate_job",
+        [{n: todo[n]} for n in names],
+        common=job,
+        timeout=ctx.child_timeout,
+        what=lambda item: f"gates of {next(iter(item))}",
+    )
+    base = next((e for e in alone if not isinstance(e, BaseException)), None)
+    if base is None:  # the reference itself cannot be measured
+        raise PipelineError(f"validate: no variant could be measured: {alone[0]}")
+    base = dataclasses.replace(base, variants=[], latency_samples=dict(base.latency_samples))
+    for name, result in zip(names, alone, strict=True):
+        if isinstance(result, BaseException):
+            info = None
+            with contextlib.suppress(Exception):
+                info = ModelInfo.of(todo[name])
+            base.variants.append(
+                VariantResult(name, info, [GateResult("runtime", "error", {}, {}, [str(result)])])
+            )
+            continue
+        base.variants.extend(result.variants)
+        base.latency_samples.update(result.latency_samples)
+    return base
+
+
+def validate(
+    ctx: StageContext,
+    config: PipelineConfig,
+    exported: ExportRecord | Mapping[str, Any],
+    quantized: QuantizeRecord | Mapping[str, Any],
+) -> ValidateRecord:
+    """Judge every variant against the exported (unoptimized) model on ``config.device`` and
+    write the reports. A variant that was not built fails its ``build`` gate. Every step that
+    loads a variant runs in a child process: first the ``serving`` gate (the model saved with
+    MLflow's ONNX flavor, loaded with ``mlflow.pyfunc.load_model`` at onnxruntime's default
+    optimization level, one prediction), then the accuracy, latency and size gates. Variants
+    judged before are reported with their recorded verdicts."""
+    from optimizer_core.gates.evaluate import GateResult, ModelInfo, VariantResult
+    from optimizer_core.gates.fingerprint import fingerprint_digest
+    from optimizer_core.integrations.artifacts import safe_part
+    from optimizer_core.isolation import map_isolated
+
+    with ctx.scratch("validate") as tmp:
+        data = DataFiles(ctx, config, tmp / "data")
+        config = config.resolved(ctx, data)
+        exp = ExportRecord.take(exported, ("run_id", "source", "model"), "validate")
+        quant = QuantizeRecord.take(quantized, ("variants",), "validate")
+        run_id = exp.run_id
+        source = exp.source
+        known = exp.reused or {}
+        reused = {v: {**known[v], "reused": True} for v in quant.reused if v in known}
+        subset = list(quant.variants)
+        record = ValidateRecord(
+            worker=worker(ctx), run_id=run_id, source=source, device=config.device
+        )
+        if not subset:  # everything asked of this task was judged before
+            record.passed = [n for n, s in reused.items() if s["passed"]]
+            record.variants = reused
+            record.policy_hash = config.gate_policy().digest()
+            return record
+        from optimizer_core.runtime import providers_for
+
+        providers_for(config.device, tensorrt=config.tensorrt)  # as in quantize
+        store = ctx.store()
+        label = (
+            "validate" if set(subset) == set(config.variants) else "validate." + "-".join(subset)
+        )
+        assert exp.model is not None
+        with stage_run(ctx, run_id, "validate", label=label) as mlflow:
+            reference = ctx.fetch(exp.model["uri"], tmp / "reference")
+            _, evald = data.load(reference)
+            paths: dict[str, Path] = {}
+            for variant, rec in quant.variants.items():
+                if rec.get("model"):
+                    paths[variant] = ctx.fetch(rec["model"]["uri"], tmp / "variants" / variant)
+            serving: dict[str, Any] = {}
+            if paths:
+                ctx.say(
+                    f"validate: serving probe of {', '.join(paths)} (mlflow.pyfunc, child process)"
+                )
+                probes = map_isolated(
+                    "optimizer_core.integrations.serving:serving_probe",
+                    [str(p) for p in paths.values()],
+                    common={"feeds": evald.batches[0] if evald.batches else None},
+                    timeout=min(600.0, ctx.child_timeout),
+                    what=lambda p: f"serving {Path(p).parent.name}",
+                )
+                for name, probe in zip(paths, probes, strict=True):
+                    if isinstance(probe, BaseException):
+                        serving[name] = GateResult("serving", "error", {}, {}, [str(probe)])
+                    else:
+                        serving[name] = GateResult("serving", "pass", probe, {})
+            measurable = {n: p for n, p in paths.items() if serving[n].passed}
+            evaluation = evaluate_isolated(ctx, config, reference, measurable, evald)
+            for result in evaluation.variants:
+                result.gates.insert(0, serving[result.name])
+            for name, path in paths.items():
+                if name not in measurable:
+                    info = None
+                    with contextlib.suppress(Exception):
+                        info = ModelInfo.of(path)
+                    evaluation.variants.append(VariantResult(name, info, [serving[name]]))
+            names = list(quant.variants)
+            add_unbuilt(
+                evaluation,
+                {
+                    v: rec.get("error", "")
+                    for v, rec in quant.variants.items()
+                    if not rec.get("model")
+                },
+                names,
+            )
+            # one task per variant writes its own reports beside the others'
+            stem = (
+                "evaluation"
+                if set(names) == set(config.variants)
+                else f"evaluation-{'-'.join(names)}"
+            )
+            reports = evaluation.write(tmp / "reports", stem=stem)
+            prefix = "/".join(
+                (
+                    safe_part(source["name"]),
+                    safe_part(source["version"]),
+                    "reports",
+                    config.config_hash[:16],
+                    run_id,
+                )
+            )
+            uris = {
+                kind: store.put_file(path, f"{prefix}/{path.name}")
+                for kind, path in reports.items()
+            }
+            mlflow.log_artifacts(run_id, str(tmp / "reports"), "graphtrim/reports")
+            variants = {v.name: summary(v) for v in evaluation.variants}
+            for v in evaluation.variants:
+                if v.name in quant.variants and quant.variants[v.name].get("model"):
+                    variants[v.name]["model"] = quant.variants[v.name]["model"]
+            metrics: dict[str, Any] = {}
+            for name, s in variants.items():
+                metrics[f"{name}.passed"] = 1 if s["passed"] else 0
+                metrics.update({f"{name}.{k}": v for k, v in s["metrics"].items()})
+            log_metrics(mlflow, run_id, metrics)
+            fp = evaluation.fingerprint
+            variants.update(reused)
+    record.passed = [n for n, s in variants.items() if s["passed"]]
+    record.variants = variants
+    record.reference = {"bytes": evaluation.reference.bytes, "nodes": evaluation.reference.nodes}
+    record.fingerprint = fingerprint_digest(fp)
+    record.policy_hash = evaluation.policy_hash
+    record.reports = uris
+    return record
