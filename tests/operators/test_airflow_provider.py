@@ -121,6 +121,67 @@ def test_placement() -> None:
     assert op.queue == "gpu" and "pod_override" in op.executor_config
 
 
+def test_every_stage_has_its_operator_taking_the_records_it_takes() -> None:
+    """The operators are derived from ``STAGES``: one per stage, each templating the records its
+    stage function takes (by ``RECORD_ARGS``), all running through the generic operator."""
+    import inspect
+
+    from operators.airflow import operators
+    from optimizer_core.stages import STAGES
+
+    found = {
+        cls.stage_name: cls
+        for cls in vars(operators).values()
+        if isinstance(cls, type)
+        and issubclass(cls, operators.GraphtrimStageOperator)
+        and cls.stage_name is not None
+    }
+    assert sorted(found) == sorted(s.name for s in STAGES)
+    for s in STAGES:
+        cls = found[s.name]
+        assert cls.execute is operators.GraphtrimStageOperator.execute, cls
+        wanted = [operators.RECORD_ARGS[n] for n in s.args] if s.inputs else ["model_uri"]
+        assert set(wanted) <= set(cls.template_fields), (s.name, cls.template_fields)
+        assert set(wanted) <= set(inspect.signature(cls.__init__).parameters), s.name
+
+
+def test_the_generic_operator_calls_the_stage_the_list_names(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its XCom is the record's JSON, the validate records of a mapped task merged first."""
+    import sys
+
+    from operators.airflow import operators
+    from optimizer_core.stages import STAGES, Stage, records
+
+    calls: list[Any] = []
+
+    def fake(ctx: Any, config: Any, validated: Any) -> Any:
+        calls.append(validated)
+        return records.PromoteRecord(run_id=validated.run_id, aliases={"a": 1})
+
+    monkeypatch.setattr(sys.modules[__name__], "fake_stage", fake, raising=False)
+    extra = Stage("judge", ("validate",), "x", function=f"{__name__}:fake_stage")
+    monkeypatch.setattr("optimizer_core.stages.STAGES", (*STAGES, extra))
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    one = {"stage": "validate", "run_id": "r", "variants": {"g": {"passed": True}}, "worker": {}}
+    two = {**one, "variants": {"h": {"passed": False}}}
+    op = operators.GraphtrimStageOperator(
+        task_id="judge", stage="judge", validated=[one, two], artifacts=str(tmp_path)
+    )
+    xcom = op.execute({"run_id": "r"})
+    assert xcom == {
+        "stage": "promote",
+        "run_id": "r",
+        "aliases": {"a": 1},
+        "champion": {},
+        "worker": {},
+    }
+    assert type(xcom) is dict
+    (merged,) = calls
+    assert merged.passed == ["g"] and list(merged.variants) == ["g", "h"]
+
+
 def test_stage_operators_pass_allow_variant_source_to_the_stage(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
