@@ -240,9 +240,11 @@ def _context_and_config(args: argparse.Namespace) -> tuple[Any, Any]:
     policy = None
     if args.policy:
         from optimizer_core.gates.policy import GatePolicy
+        from optimizer_core.stages.context import parse_policy
 
-        GatePolicy.load(args.policy)  # clear errors for a bad file
+        loaded = GatePolicy.load(args.policy)  # clear errors for a bad file
         policy = yaml.safe_load(Path(args.policy).read_text()) or {}
+        parse_policy(policy, parsed=loaded)  # the config made below reads this parse
     elif getattr(args, "policy_json", None):
         try:
             policy = json.loads(args.policy_json)

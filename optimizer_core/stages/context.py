@@ -132,11 +132,18 @@ class PipelineConfig:
 DATA_KEYS = ("calibration", "eval_data")  # the config's data files
 
 
-def parse_policy(policy: Mapping[str, Any] | None) -> GatePolicy:
+def parse_policy(
+    policy: Mapping[str, Any] | None, *, parsed: GatePolicy | None = None
+) -> GatePolicy:
     """The :class:`GatePolicy` of the document ``policy`` (None: the built-in policy), parsed
-    once per document in this process: every config, copy and stage reads the same object."""
+    once per document in this process: every config, copy and stage reads the same object.
+    ``parsed``: this document already parsed by the caller (the CLI, whose errors name the
+    policy file), kept as its parse."""
     key = json.dumps(policy, sort_keys=True, default=str) if policy is not None else None
-    parsed = _PARSED_POLICIES.get(key)
+    if parsed is not None:
+        _PARSED_POLICIES.pop(key, None)
+    else:
+        parsed = _PARSED_POLICIES.get(key)
     if parsed is None:
         from optimizer_core.gates.policy import GatePolicy
 
@@ -144,6 +151,7 @@ def parse_policy(policy: Mapping[str, Any] | None) -> GatePolicy:
             parsed = GatePolicy()
         else:
             parsed = GatePolicy(dict(policy), source="pipeline policy")
+    if key not in _PARSED_POLICIES:
         if len(_PARSED_POLICIES) >= 64:
             _PARSED_POLICIES.pop(next(iter(_PARSED_POLICIES)))
         _PARSED_POLICIES[key] = parsed

@@ -225,3 +225,43 @@ def test_the_gate_policy_is_parsed_once_per_config(
     assert again.gate_policy().promotion.margin == 0.07
     with pytest.raises(Exception, match="unknown top-level"):
         PipelineConfig(policy={"gates": {}})  # a bad policy is still refused when made
+
+
+def test_the_cli_parses_a_policy_file_once(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The CLI reads the file (its errors name it) and the config it makes keeps that parse."""
+    from optimizer_core.cli import main
+    from optimizer_core.gates import policy as policy_module
+
+    parsed: list[Any] = []
+    real = policy_module.GatePolicy.__init__
+
+    def counting(self: Any, *args: Any, **kw: Any) -> None:
+        parsed.append(kw.get("source"))
+        real(self, *args, **kw)
+
+    monkeypatch.setattr(policy_module.GatePolicy, "__init__", counting)
+    monkeypatch.setattr(context, "_PARSED_POLICIES", {})
+    policy = tmp_path / "gates.yaml"
+    policy.write_text("defaults:\n  size:\n    max_ratio: 0.93\n")
+    code = main(
+        [
+            "pipeline",
+            "stage",
+            "export",
+            "--model",
+            "models:/nothing/1",
+            "--tracking-uri",
+            f"sqlite:///{tmp_path / 'mlflow.db'}",
+            "--artifacts",
+            str(tmp_path / "a"),
+            "--policy",
+            str(policy),
+            "--output",
+            str(tmp_path / "export.json"),
+            "-q",
+        ]
+    )
+    assert code == 2 and "registered model 'nothing'" in capsys.readouterr().err
+    assert parsed == [str(policy)]
