@@ -22,7 +22,7 @@ class Stage:
         writes_registry: writes to the model registry, so it is never served from a cache.
         summary: one line for ``--help`` and the UIs.
         function: the stage function, ``module:name``: ``fn(ctx, config, *records)`` with the
-            records named by ``takes`` in that order (the first stage takes the model URI),
+            records named by :attr:`args`, in that order (the first stage takes the model URI),
             returning its record. Imported when first called, so listing the stages stays light.
         record: the type of the record it returns, ``module:name`` (:mod:`.records`).
         takes: the records the function takes, in order, when not all of ``inputs``: the export
