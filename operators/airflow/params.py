@@ -79,12 +79,15 @@ def preset_choices() -> list[str]:
 
 
 def variant_choices() -> list[str]:
-    """The variants graphtrim can build (``optimizer_core.quantize.VARIANTS``)."""
-    return list(_names("optimizer_core.quantize.build", "VARIANTS"))
+    """The variants graphtrim can build (the table ``optimizer_core.quantize.kinds``, a module
+    that imports nothing heavy)."""
+    from optimizer_core.quantize.kinds import VARIANTS
+
+    return list(VARIANTS)
 
 
 def default_variants() -> list[str]:
-    """The variants a run builds when it names none (``DEFAULT_VARIANTS`` of the pipeline)."""
-    from optimizer_core.stages.context import DEFAULT_VARIANTS
+    """The variants a run builds when it names none."""
+    from optimizer_core.quantize.kinds import DEFAULT_VARIANTS
 
     return list(DEFAULT_VARIANTS)

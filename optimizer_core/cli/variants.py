@@ -16,13 +16,9 @@ from typing import Any
 
 from optimizer_core.cli.argtypes import csv as _csv
 from optimizer_core.cli.argtypes import positive_int
+from optimizer_core.quantize.kinds import DEFAULT_VARIANTS, variants_help
 
 EXIT_OK, EXIT_FAILED = 0, 1
-
-_VARIANT_HELP = (
-    "graph (graph optimization only), int8-dynamic, int8-static (QDQ, needs --calibration), "
-    "fp16 (for GPU targets)"
-)
 
 
 def _progress(args: argparse.Namespace) -> Callable[[str], None] | None:
@@ -119,7 +115,7 @@ def add_parsers(sub: Any) -> None:
         help="build one variant (int8 / fp16 / graph) of a model",
         description=(
             "Build a variant of IN.onnx into OUT.onnx: graph optimization first, then the "
-            f"conversion, then clean-up; variants: {_VARIANT_HELP}. With --data or --policy the "
+            f"conversion, then clean-up; variants: {variants_help()}. With --data or --policy the "
             "variant's accuracy gate is checked and, if it fails, the most sensitive nodes are "
             "kept in float and the variant rebuilt (--max-attempts)."
         ),
@@ -169,7 +165,7 @@ def add_parsers(sub: Any) -> None:
     v.add_argument(
         "--variants",
         type=_csv,
-        default=["graph", "int8-dynamic", "int8-static"],
+        default=list(DEFAULT_VARIANTS),
         help=f"comma-separated: {', '.join(VARIANTS)}",
     )
     v.add_argument("--no-fallback", action="store_true", help="no sensitivity fallback")

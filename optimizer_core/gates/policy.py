@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from optimizer_core.errors import GraphtrimError
+from optimizer_core.quantize.kinds import KINDS, PROMOTION_ORDER
 
 
 class PolicyError(GraphtrimError):
@@ -83,7 +84,7 @@ class PromotionPolicy:
     metric: str = "p50_ms"
     # on top of the measured noise (a win must hold in every timing block)
     margin: float = 0.02
-    eligible: tuple[str, ...] = ("int8-static", "int8-dynamic", "fp16", "graph")
+    eligible: tuple[str, ...] = PROMOTION_ORDER
 
     def to_json(self) -> dict[str, Any]:
         return {**dataclasses.asdict(self), "eligible": list(self.eligible)}
@@ -112,29 +113,12 @@ _SECTIONS: dict[str, type] = {
     "size": SizeThresholds,
 }
 
-# what a variant is expected to keep, when the file says nothing
+# what a variant is expected to keep, when the file says nothing (each variant's line in
+# ``optimizer_core.quantize.kinds``)
 BUILTIN: dict[str, Any] = {
     "version": 1,
     "defaults": {},
-    "variants": {
-        "graph": {
-            "accuracy": {
-                "max_rel_error": 1e-4,
-                "min_cosine": 0.9999,
-                "min_top1_agreement": 1.0,
-                "max_metric_drop": 0.0,
-            },
-            "size": {"max_ratio": 1.01},
-            # the same computation: it must not be slower beyond the measurement's resolution
-            "latency": {"min_speedup": 0.98},
-        },
-        "int8-dynamic": {"size": {"max_ratio": 0.35}},
-        "int8-static": {"size": {"max_ratio": 0.35}},
-        "fp16": {
-            "accuracy": {"min_cosine": 0.999, "max_metric_drop": 0.005},
-            "size": {"max_ratio": 0.6},
-        },
-    },
+    "variants": {k.name: copy.deepcopy(dict(k.gates)) for k in KINDS},
 }
 
 

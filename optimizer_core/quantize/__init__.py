@@ -8,15 +8,30 @@ nodes (measured against the float model on calibration data) go back to float an
 is rebuilt, within a budget of attempts.
 """
 
-from optimizer_core.quantize.build import (
-    CALIBRATION_METHODS,
-    VARIANTS,
-    Attempt,
-    QuantizeConfig,
-    VariantBuild,
-    build_variant,
-)
-from optimizer_core.quantize.sensitivity import NodeError, node_errors
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from optimizer_core.quantize.kinds import VARIANTS
+
+# imported on first use: the variant table (``kinds``) is read where numpy and onnx are not
+_LAZY = {
+    "NodeError": "optimizer_core.quantize.sensitivity",
+    "node_errors": "optimizer_core.quantize.sensitivity",
+    "CALIBRATION_METHODS": "optimizer_core.quantize.build",
+    "Attempt": "optimizer_core.quantize.build",
+    "QuantizeConfig": "optimizer_core.quantize.build",
+    "VariantBuild": "optimizer_core.quantize.build",
+    "build_variant": "optimizer_core.quantize.build",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "CALIBRATION_METHODS",

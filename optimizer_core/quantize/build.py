@@ -36,11 +36,11 @@ from optimizer_core.errors import (
     VerificationError,
 )
 from optimizer_core.quantize.agreement import Agreement, measure_agreement
+from optimizer_core.quantize.kinds import VARIANTS, kind
 from optimizer_core.quantize.sensitivity import NodeError, node_errors
 
 logger = logging.getLogger("graphtrim.quantize")
 
-VARIANTS: tuple[str, ...] = ("graph", "int8-dynamic", "int8-static", "fp16")
 CALIBRATION_METHODS: tuple[str, ...] = ("minmax", "entropy", "percentile")
 QUANT_TYPES: tuple[str, ...] = ("int8", "uint8")
 
@@ -294,7 +294,15 @@ def _sorted_output(raw: Path) -> Path:
     return save_model(model, raw.with_name("sorted.onnx"))[0]
 
 
-def _int8_dynamic(src: Path, dst: Path, cfg: QuantizeConfig, excluded: Sequence[str]) -> None:
+def convert_int8_dynamic(
+    src: Path,
+    dst: Path,
+    cfg: QuantizeConfig,
+    excluded: Sequence[str],
+    calibration: Sequence[Feeds] = (),
+    progress: ProgressFn | None = None,
+) -> None:
+    """int8 weights with onnxruntime's ``quantize_dynamic`` (attention kept in float)."""
     from onnxruntime.quantization import quantize_dynamic
 
     keep_float = sorted(set(excluded) | set(standard_attention_nodes(src)))
@@ -310,14 +318,15 @@ def _int8_dynamic(src: Path, dst: Path, cfg: QuantizeConfig, excluded: Sequence[
     )
 
 
-def _int8_static(
+def convert_int8_static(
     src: Path,
     dst: Path,
     cfg: QuantizeConfig,
     excluded: Sequence[str],
-    calibration: Sequence[Feeds],
-    progress: ProgressFn | None,
+    calibration: Sequence[Feeds] = (),
+    progress: ProgressFn | None = None,
 ) -> None:
+    """QDQ int8 with onnxruntime's ``quantize_static``, calibrated on ``calibration``."""
     from onnxruntime.quantization import CalibrationMethod, QuantFormat, quantize_static
 
     method = {
@@ -474,7 +483,15 @@ class _DropPreprocessAdvice(logging.Filter):
         return "pre-processing before quantization" not in record.getMessage()
 
 
-def _fp16(src: Path, dst: Path, cfg: QuantizeConfig, excluded: Sequence[str]) -> None:
+def convert_fp16(
+    src: Path,
+    dst: Path,
+    cfg: QuantizeConfig,
+    excluded: Sequence[str],
+    calibration: Sequence[Feeds] = (),
+    progress: ProgressFn | None = None,
+) -> None:
+    """float16 with onnxruntime's converter (``cfg.fp16_keep_float`` op types stay float32)."""
     from onnxruntime.transformers.float16 import DEFAULT_OP_BLOCK_LIST, convert_float_to_float16
 
     model = onnx.load(str(src))
@@ -528,6 +545,7 @@ def build_variant(
     cfg.validate()
     if variant not in VARIANTS:
         raise QuantizeError(f"unknown variant '{variant}': use one of {', '.join(VARIANTS)}")
+    spec = kind(variant)
     from optimizer_core.modelio import read_proto, refuse_overwrite
 
     source, target = Path(src), Path(dst)
@@ -539,8 +557,8 @@ def build_variant(
     del proto
     input_specs(source)  # a model onnxruntime cannot load is refused before any work
     feeds = list(calibration) if calibration is not None else []
-    if variant == "int8-static" and not feeds:
-        raise QuantizeError("int8-static needs calibration data (an .npz file or feeds)")
+    if spec.needs_calibration and not feeds:
+        raise QuantizeError(f"{variant} needs calibration data (an .npz file or feeds)")
     t0 = time.perf_counter()
     target.parent.mkdir(parents=True, exist_ok=True)
     stage = staging_dir(target)  # what a killed build left beside the target goes first
@@ -558,7 +576,7 @@ def build_variant(
             if cfg.tune_device is not None:
                 _say(progress, f"{variant}: timing runtime-specific rewrites on {cfg.tune_device}")
                 # fp16 inputs (``keep_io_types=False``) cannot take the float32 calibration feeds
-                fp16_io = variant == "fp16" and not cfg.keep_io_types
+                fp16_io = spec.float16 and not cfg.keep_io_types
                 tuning = _tune(built, cfg.tune_device, [] if fp16_io else feeds)
             _say(progress, f"{variant}: comparing with the float model")
             agreement = measure_agreement(source, built, feeds)
@@ -579,7 +597,7 @@ def build_variant(
 
         _name_nodes(pre)
         # fp16 inputs (``keep_io_types=False``) cannot take the float32 calibration feeds
-        fp16_io = variant == "fp16" and not cfg.keep_io_types
+        fp16_io = spec.float16 and not cfg.keep_io_types
         probe_feeds = feeds[0] if feeds and not fp16_io else None
 
         def probed(candidate: Path, what: str) -> None:
@@ -587,7 +605,7 @@ def build_variant(
                 _say(progress, f"{variant}: loading {what} as it will be served (child process)")
                 _probe(candidate, variant, cfg.tune_device or "cpu", probe_feeds, probe_timeout)
 
-        if variant == "graph":
+        if spec.converter is None:
             probed(pre, "the optimized model")
             only = Attempt(1, [], None, {})
             if accuracy_check is not None:
@@ -595,10 +613,13 @@ def build_variant(
             return finish(pre, [only], None)
 
         excluded = list(cfg.nodes_to_exclude)
-        if variant == "fp16":
+        if spec.float16:
             overflow = fp16_overflow_nodes(pre, feeds[:8], workdir=stage)
             if overflow:
-                _say(progress, f"fp16: {len(overflow)} node(s) exceed the fp16 range: kept in fp32")
+                _say(
+                    progress,
+                    f"{variant}: {len(overflow)} node(s) exceed the fp16 range: kept in fp32",
+                )
             excluded = sorted(set(excluded) | set(overflow))
         attempts: list[Attempt] = []
         defects: list[dict[str, Any]] = []
@@ -617,12 +638,7 @@ def build_variant(
                 # onnxruntime calls logging.warning(): the root logger's filter sees the record
                 logging.getLogger().addFilter(advice)
                 try:
-                    if variant == "int8-dynamic":
-                        _int8_dynamic(pre, raw, bcfg, excluded)
-                    elif variant == "int8-static":
-                        _int8_static(pre, raw, bcfg, excluded, feeds, progress)
-                    else:
-                        _fp16(pre, raw, bcfg, excluded)
+                    spec.convert()(pre, raw, bcfg, excluded, feeds, progress)
                 except GraphtrimError:
                     raise
                 except Exception as exc:

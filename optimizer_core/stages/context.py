@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from optimizer_core.errors import GraphtrimError
 from optimizer_core.hashing import file_sha256
+from optimizer_core.quantize.kinds import DEFAULT_VARIANTS
 
 if TYPE_CHECKING:
     from optimizer_core.gates.policy import GatePolicy
@@ -26,8 +27,6 @@ if TYPE_CHECKING:
     from optimizer_core.integrations.registry import MlflowAuth
 
 ProgressFn = Callable[[str], None]
-
-DEFAULT_VARIANTS = ("graph", "int8-dynamic", "int8-static")
 
 
 class PipelineError(GraphtrimError):

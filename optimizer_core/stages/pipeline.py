@@ -23,6 +23,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from optimizer_core.quantize.kinds import DEFAULT_VARIANTS
 from optimizer_core.stages import STAGE_NAMES, STAGES, stage
 from optimizer_core.stages.context import PipelineConfig, StageContext
 from optimizer_core.stages.records import Record
@@ -70,7 +71,7 @@ class VariantsResult:
 def build_and_evaluate(
     source: str | os.PathLike[str],
     out_dir: str | os.PathLike[str],
-    variants: Sequence[str] = ("graph", "int8-dynamic", "int8-static"),
+    variants: Sequence[str] = DEFAULT_VARIANTS,
     *,
     config: QuantizeConfig | None = None,
     calibration: str | os.PathLike[str] | None = None,

@@ -1,0 +1,123 @@
+"""The variants graphtrim builds, as one table.
+
+A variant is a line here: its name, one line of help, the converter that turns the optimized
+float model into it (none for ``graph``: graph optimization only), what it needs, the gate
+thresholds it is held to when a policy says nothing, and its rank when an alias is moved.
+Everything else is derived from this table: the build (:func:`optimizer_core.quantize.build_variant`),
+the built-in gate policy and the promotion order (:mod:`optimizer_core.gates.policy`), the CLI's
+choices and help, the DAGs' parameters and the pipeline's default variants. Adding a variant is
+its converter and its line.
+
+This module imports nothing heavy: the DAGs read it when they are parsed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from collections.abc import Mapping
+from typing import Any
+
+
+@dataclasses.dataclass(frozen=True)
+class VariantKind:
+    """One kind of variant.
+
+    Attributes:
+        name: its name (``--variant``, registry names, record keys).
+        help: one line for ``--help``.
+        converter: ``module:function`` converting the optimized float model:
+            ``fn(src, dst, config, excluded_nodes, calibration_feeds, progress)``; None: the
+            optimized model is the variant.
+        needs_calibration: refused without calibration data.
+        float16: converts to fp16: nodes whose values exceed fp16's range stay in fp32, and
+            with ``keep_io_types`` off its inputs are fp16 (float32 feeds cannot be used).
+        gates: thresholds it is held to when the policy says nothing (the built-in policy).
+        promotion: rank when an alias is moved (lower first); None: never promoted.
+        default: built when a run names no variants.
+    """
+
+    name: str
+    help: str
+    converter: str | None = None
+    needs_calibration: bool = False
+    float16: bool = False
+    gates: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    promotion: int | None = None
+    default: bool = False
+
+    def convert(self) -> Any:
+        """The converter function (imported on first use)."""
+        if self.converter is None:
+            raise ValueError(f"variant '{self.name}' has no converter")
+        module, _, name = self.converter.partition(":")
+        return getattr(importlib.import_module(module), name)
+
+
+KINDS: tuple[VariantKind, ...] = (
+    VariantKind(
+        "graph",
+        "graph optimization only",
+        gates={
+            "accuracy": {
+                "max_rel_error": 1e-4,
+                "min_cosine": 0.9999,
+                "min_top1_agreement": 1.0,
+                "max_metric_drop": 0.0,
+            },
+            "size": {"max_ratio": 1.01},
+            # the same computation: it must not be slower beyond the measurement's resolution
+            "latency": {"min_speedup": 0.98},
+        },
+        promotion=3,
+        default=True,
+    ),
+    VariantKind(
+        "int8-dynamic",
+        "int8 weights, activations quantized at run time",
+        converter="optimizer_core.quantize.build:convert_int8_dynamic",
+        gates={"size": {"max_ratio": 0.35}},
+        promotion=1,
+        default=True,
+    ),
+    VariantKind(
+        "int8-static",
+        "QDQ int8, needs --calibration",
+        converter="optimizer_core.quantize.build:convert_int8_static",
+        needs_calibration=True,
+        gates={"size": {"max_ratio": 0.35}},
+        promotion=0,
+        default=True,
+    ),
+    VariantKind(
+        "fp16",
+        "float16, for GPU targets",
+        converter="optimizer_core.quantize.build:convert_fp16",
+        float16=True,
+        gates={
+            "accuracy": {"min_cosine": 0.999, "max_metric_drop": 0.005},
+            "size": {"max_ratio": 0.6},
+        },
+        promotion=2,
+    ),
+)
+
+VARIANTS: tuple[str, ...] = tuple(k.name for k in KINDS)
+DEFAULT_VARIANTS: tuple[str, ...] = tuple(k.name for k in KINDS if k.default)
+# the order in which variants that passed their gates are considered for an alias
+PROMOTION_ORDER: tuple[str, ...] = tuple(
+    k.name for k in sorted(KINDS, key=lambda k: k.promotion or 0) if k.promotion is not None
+)
+
+
+def kind(name: str) -> VariantKind:
+    """The variant called ``name``."""
+    for k in KINDS:
+        if k.name == name:
+            return k
+    raise KeyError(f"unknown variant '{name}': use one of {', '.join(VARIANTS)}")
+
+
+def variants_help() -> str:
+    """``graph (graph optimization only), int8-dynamic (...), ...`` for ``--help``."""
+    return ", ".join(f"{k.name} ({k.help})" for k in KINDS)
