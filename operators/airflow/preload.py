@@ -13,6 +13,8 @@ import importlib
 import logging
 import time
 
+from optimizer_core.stages import STAGES
+
 logger = logging.getLogger("graphtrim.preload")
 
 MODULES = (
@@ -25,11 +27,11 @@ MODULES = (
     "mlflow.tracking",
     "mlflow.onnx",
     "optimizer_core.stages.pipeline",
-    "optimizer_core.stages.export",
+    *(stage.function.partition(":")[0] for stage in STAGES),
     "optimizer_core.integrations.registry",
     "optimizer_core.integrations.artifacts",
     "optimizer_core.gates",
-    "optimizer_core.quantize",
+    "optimizer_core.quantize.build",
     "operators.airflow.operators",
 )
 
