@@ -1,7 +1,9 @@
 """graphtrim: optimize one registered model version.
 
 export -> optimize -> quantize[variant] -> gate[variant] -> register -> promote -> summary, each
-its own task; one mapped quantize / gate pair per variant. Two DAGs: ``graphtrim_optimize_model``
+its own task; one mapped quantize / gate pair per variant. The stage tasks are derived from the
+pipeline's list of stages (``operators.airflow.pipeline.stage_tasks``): a stage added there is a
+task here. Two DAGs: ``graphtrim_optimize_model``
 gates on CPU workers, ``graphtrim_optimize_model_gpu`` builds and gates variants on GPU workers
 (Celery queue ``gpu``, a GPU pod on Kubernetes) under the ``graphtrim_gpu`` pool.
 
@@ -23,20 +25,11 @@ from typing import Any
 
 from airflow.sdk import DAG, Param, task
 
-from operators.airflow.operators import (
-    GraphOptimizeOperator,
-    MlflowAliasPromoteOperator,
-    MlflowModelExportOperator,
-    MlflowVariantRegisterOperator,
-    ModelGateOperator,
-    ModelQuantizeOperator,
-    placement,
-    plan_run,
-    variant_table,
-)
+from operators.airflow.operators import plan_run, variant_table
+from operators.airflow.params import default_variants, preset_choices, variant_choices
+from operators.airflow.pipeline import stage_tasks
 from operators.airflow.timeouts import task_timeout
 
-VARIANTS = ["graph", "int8-dynamic", "int8-static", "fp16"]
 GPU_POOL = os.environ.get("GRAPHTRIM_GPU_POOL", "graphtrim_gpu")
 
 
@@ -55,12 +48,12 @@ def _params(device: str) -> dict[str, Param]:
         "version": Param(None, type=["null", "string"], description="version (or use alias)"),
         "alias": Param(None, type=["null", "string"], description="alias, e.g. champion"),
         "variants": Param(
-            ["graph", "int8-dynamic", "int8-static"],
+            default_variants(),
             type="array",
-            items={"type": "string", "enum": VARIANTS},
+            items={"type": "string", "enum": variant_choices()},
             description="variants to build",
         ),
-        "preset": Param("default", type="string", enum=["default", "safe", "minimal"]),
+        "preset": Param("default", type="string", enum=preset_choices()),
         "policy": Param(None, type=["null", "object"], description="gate policy document"),
         "calibration": Param(None, type=["null", "string"], description=".npz calibration data"),
         "eval_data": Param(None, type=["null", "string"], description=".npz evaluation data"),
@@ -89,10 +82,6 @@ def _params(device: str) -> dict[str, Param]:
 
 
 def optimize_dag(dag_id: str, device: str) -> DAG:
-    # spelled out for the mapped tasks: their queue and pod are read before any operator exists
-    placed: dict[str, Any] = {"device": device, **placement(device)}
-    if device == "gpu":
-        placed["pool"] = GPU_POOL
     with DAG(
         dag_id,
         description=f"graphtrim: export, optimize, build and gate variants ({device}), register",
@@ -128,46 +117,13 @@ def optimize_dag(dag_id: str, device: str) -> DAG:
             "rejudge": p["rejudge"],
             "force_promotion": p["force_promotion"],
         }
-        export = MlflowModelExportOperator(
-            task_id="export",
+        # a task per stage of the pipeline (optimizer_core.stages.STAGES), in its order
+        stages = stage_tasks(
             model_uri=p["model_uri"],
-            execution_timeout=task_timeout("export"),
-            **common,
-        )
-        optimize = GraphOptimizeOperator(
-            task_id="optimize",
-            exported=export.output,
-            execution_timeout=task_timeout("optimize"),
-            **common,
-        )
-        quantize = ModelQuantizeOperator.partial(
-            task_id="quantize",
-            execution_timeout=task_timeout("quantize"),
-            exported=export.output,
-            optimized=optimize.output,
-            **common,
-            **placed,
-        ).expand(variant=variants(p["variants"]))
-        gate = ModelGateOperator.partial(
-            task_id="gate",
-            execution_timeout=task_timeout("gate"),
-            exported=export.output,
-            **common,
-            **placed,
-        ).expand(quantized=quantize.output)
-        register = MlflowVariantRegisterOperator(
-            task_id="register",
-            execution_timeout=task_timeout("register"),
-            optimized=optimize.output,
-            validated=gate.output,
-            **common,
-        )
-        promote = MlflowAliasPromoteOperator(
-            task_id="promote",
-            execution_timeout=task_timeout("promote"),
-            validated=gate.output,
-            registered=register.output,
-            **common,
+            variants=variants(p["variants"]),
+            common=common,
+            device=device,
+            pool=GPU_POOL if device == "gpu" else None,
         )
 
         @task(execution_timeout=task_timeout("summary"))
@@ -176,7 +132,7 @@ def optimize_dag(dag_id: str, device: str) -> DAG:
             XCom (Airflow logs it too)."""
             return variant_table(validated, registered, promoted)
 
-        summary(gate.output, register.output, promote.output)
+        summary(stages["validate"].output, stages["register"].output, stages["promote"].output)
     return dag
 
 

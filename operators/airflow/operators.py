@@ -152,14 +152,11 @@ def _flag(value: Any) -> bool:
     return str(value).strip().lower() in ("1", "true", "yes")
 
 
-# the operator argument that carries each stage's record, by stage name
-RECORD_ARGS = {
-    "export": "exported",
-    "optimize": "optimized",
-    "quantize": "quantized",
-    "validate": "validated",
-    "register": "registered",
-}
+def record_arg(stage_name: str) -> str:
+    """The operator argument that carries the record of the stage ``stage_name`` (export ->
+    ``exported``, validate -> ``validated``), as the Kubeflow steps name their record
+    parameters: a new stage needs no entry anywhere."""
+    return stage_name + ("d" if stage_name.endswith("e") else "ed")
 
 
 class GraphtrimStageOperator(BaseOperator):
@@ -285,7 +282,7 @@ class GraphtrimStageOperator(BaseOperator):
     def stage_input(self, name: str) -> Any:
         """The record of the stage ``name`` this task was given (the validate records of a
         mapped task merged into one)."""
-        value = getattr(self, RECORD_ARGS[name])
+        value = getattr(self, record_arg(name))
         if name == "validate":
             from optimizer_core.stages.records import ValidateRecord
 

@@ -246,3 +246,76 @@ def test_task_timeouts_come_from_the_environment_when_the_dags_are_parsed() -> N
     # a value that is not a positive number of minutes is an import error that names it
     bad = _parse_with({"GRAPHTRIM_TASK_TIMEOUT_MINUTES_QUANTIZE": "0"})
     assert any("GRAPHTRIM_TASK_TIMEOUT_MINUTES_QUANTIZE" in e for e in bad["errors"].values()), bad
+
+
+def _optimize_dag(device: str) -> Any:
+    """The optimize DAG built again from its file, with the stages as they are now."""
+    import runpy
+
+    code = runpy.run_path(str(REPO / "dags" / "graphtrim_optimize_model.py"))
+    return code["optimize_dag"](f"graphtrim_optimize_model_{device}_again", device)
+
+
+@pytest.mark.parametrize("device", ["cpu", "gpu"])
+def test_a_stage_added_to_the_list_is_a_task_of_the_optimize_dag(
+    monkeypatch: pytest.MonkeyPatch, device: str
+) -> None:
+    """The stage tasks are derived from ``STAGES``: a per-variant stage after validate is mapped
+    over the gate task's instances (one per variant) and placed like them; a stage after promote
+    reads the records it names. Nothing but the list (and the new stages' timeouts) changes."""
+    from airflow.sdk.definitions.mappedoperator import MappedOperator
+
+    from operators.airflow import timeouts
+    from operators.airflow.operators import GraphtrimStageOperator
+    from optimizer_core.stages import STAGES, Stage
+
+    names = [s.name for s in STAGES]
+    at = names.index("validate") + 1
+    inspect = Stage("inspect", ("export", "validate"), "inspect a variant", True, True)
+    judge = Stage("judge", ("optimize", "validate", "register"), "judge the run")
+    stages = (*STAGES[:at], inspect, *STAGES[at:], judge)
+    monkeypatch.setattr("optimizer_core.stages.STAGES", stages)
+    monkeypatch.setitem(timeouts.DEFAULT_MINUTES, "inspect", 42)
+    monkeypatch.setitem(timeouts.DEFAULT_MINUTES, "judge", 43)
+    dag = _optimize_dag(device)
+
+    task = dag.get_task("inspect")
+    assert isinstance(task, MappedOperator)
+    assert issubclass(task.operator_class, GraphtrimStageOperator)
+    assert task.operator_class.stage_name == "inspect"
+    assert {"exported", "validated"} <= set(task.operator_class.template_fields)
+    assert task.upstream_task_ids == {"plan", "export", "gate"}
+    mapped: Any = task.expand_input.value
+    assert set(mapped) == {"validated"}
+    assert mapped["validated"].operator.task_id == "gate"
+    assert task.partial_kwargs["exported"].operator.task_id == "export"
+    assert task.partial_kwargs["execution_timeout"].total_seconds() == 42 * 60
+    gate = dag.get_task("gate").partial_kwargs
+    for key in ("device", "queue", "pool", "executor_config"):
+        assert task.partial_kwargs.get(key) == gate.get(key), key
+    assert task.partial_kwargs["device"] == device
+
+    task = dag.get_task("judge")
+    assert not isinstance(task, MappedOperator)
+    assert task.stage == "judge"
+    assert task.upstream_task_ids == {"plan", "optimize", "gate", "register"}
+    assert task.execution_timeout.total_seconds() == 43 * 60
+    assert task.device == "cpu"
+    # the stages that were there keep their tasks and edges
+    assert dag.get_task("register").upstream_task_ids == {"plan", "optimize", "gate"}
+    assert dag.get_task("gate").upstream_task_ids == {"plan", "export", "quantize"}
+
+
+def test_a_stage_reading_a_record_no_operator_takes_is_refused_by_name(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The generic operator names its record arguments (Airflow maps over named arguments
+    only): a stage reading the record of one without an argument there says which to add."""
+    from operators.airflow import timeouts
+    from optimizer_core.stages import STAGES, Stage
+
+    audit = Stage("audit", ("promote",), "audit the promotion")
+    monkeypatch.setattr("optimizer_core.stages.STAGES", (*STAGES, audit))
+    monkeypatch.setitem(timeouts.DEFAULT_MINUTES, "audit", 5)
+    with pytest.raises(TypeError, match=r"'audit' reads promoted: .* add it to"):
+        _optimize_dag("cpu")

@@ -123,7 +123,7 @@ def test_placement() -> None:
 
 def test_every_stage_has_its_operator_taking_the_records_it_takes() -> None:
     """The operators are derived from ``STAGES``: one per stage, each templating the records its
-    stage function takes (by ``RECORD_ARGS``), all running through the generic operator."""
+    stage function takes (by ``record_arg``), all running through the generic operator."""
     import inspect
 
     from operators.airflow import operators
@@ -140,7 +140,7 @@ def test_every_stage_has_its_operator_taking_the_records_it_takes() -> None:
     for s in STAGES:
         cls = found[s.name]
         assert cls.execute is operators.GraphtrimStageOperator.execute, cls
-        wanted = [operators.RECORD_ARGS[n] for n in s.args] if s.inputs else ["model_uri"]
+        wanted = [operators.record_arg(n) for n in s.args] if s.inputs else ["model_uri"]
         assert set(wanted) <= set(cls.template_fields), (s.name, cls.template_fields)
         assert set(wanted) <= set(inspect.signature(cls.__init__).parameters), s.name
 

@@ -1,0 +1,132 @@
+"""The optimize DAG's stage tasks, derived from ``optimizer_core.stages.STAGES``, as the Kubeflow
+pipeline's steps are (``operators.kubeflow.pipeline``): adding a stage to the list adds its task.
+
+Each stage becomes one task of its operator (:func:`stage_operator`), in the list's order. The
+first stage takes the run's model URI; every other one takes the records its stage function
+reads (``Stage.args``) as the outputs of those stages' tasks, which are also its upstreams. A
+run of consecutive per-variant stages is one mapped chain: its first stage is mapped over the
+run's variants (``.expand(variant=...)``), each one after it over the record of the stage before
+it in the run, so one task instance per variant follows another; a later stage reads the records
+of all of a mapped task's instances at once. The on-device stages are placed on the run's worker
+class (queue, pool, GPU pod).
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from operators.airflow import operators
+from operators.airflow.operators import GraphtrimStageOperator, placement, record_arg
+from operators.airflow.timeouts import task_timeout
+
+# the task ids that differ from their stage's name (the ones the UIs and run histories show)
+TASK_IDS = {"validate": "gate"}
+
+
+def task_id(stage_name: str) -> str:
+    """The id of the task that runs the stage ``stage_name``."""
+    return TASK_IDS.get(stage_name, stage_name)
+
+
+def stage_operator(stage: Any) -> type[GraphtrimStageOperator]:
+    """The operator class of ``stage`` (a :class:`~optimizer_core.stages.Stage`): the named one
+    in :mod:`operators.airflow.operators` whose ``stage_name`` it is, else the generic operator
+    with the stage named and its records (or the model URI) templated."""
+    for cls in vars(operators).values():
+        if (
+            isinstance(cls, type)
+            and issubclass(cls, GraphtrimStageOperator)
+            and cls.stage_name == stage.name
+        ):
+            return cls
+    inputs = tuple(record_arg(n) for n in stage.args) if stage.inputs else ("model_uri",)
+    taken = inspect.signature(GraphtrimStageOperator.__init__).parameters
+    missing = [a for a in inputs if a not in taken]
+    if missing:
+        raise TypeError(
+            f"stage {stage.name!r} reads {', '.join(missing)}: GraphtrimStageOperator takes no "
+            "such argument; add it to GraphtrimStageOperator.__init__"
+        )
+    name = "".join(part.title() for part in stage.name.split("_")) + "StageOperator"
+    namespace = {
+        "__doc__": f"The stage {stage.name!r}: {stage.summary}.",
+        "__module__": __name__,
+        "stage_name": stage.name,
+        "template_fields": (*GraphtrimStageOperator.template_fields, *inputs),
+    }
+    return type(name, (GraphtrimStageOperator,), namespace)
+
+
+def loops(stages: Sequence[Any]) -> dict[str, int]:
+    """The mapped chain each per-variant stage runs in, by stage name: one per run of
+    consecutive per-variant stages, numbered from 0."""
+    out: dict[str, int] = {}
+    loop = -1
+    previous = False
+    for s in stages:
+        if s.per_variant:
+            loop += 0 if previous else 1
+            out[s.name] = loop
+        previous = s.per_variant
+    return out
+
+
+def stage_tasks(
+    *,
+    model_uri: Any,
+    variants: Any,
+    common: Mapping[str, Any],
+    device: str = "cpu",
+    pool: str | None = None,
+    stages: Sequence[Any] | None = None,
+) -> dict[str, Any]:
+    """Add a task per stage of ``stages`` (by default ``optimizer_core.stages.STAGES``) to the
+    DAG being defined, and return them by stage name.
+
+    Args:
+        model_uri: the source model's URI (the plan task's output), for the first stage.
+        variants: the variants to map the first per-variant stage of a run over.
+        common: the arguments every stage task takes (config, artifacts, flags).
+        device: the worker class of the on-device stages (``cpu`` or ``gpu``).
+        pool: the pool of the on-device stages, if any.
+        stages: the stages, in order.
+    """
+    if stages is None:
+        from optimizer_core.stages import STAGES
+
+        stages = STAGES
+    # spelled out for the mapped tasks: their queue and pod are read before any operator exists
+    placed: dict[str, Any] = {"device": device, **placement(device)}
+    if pool:
+        placed["pool"] = pool
+    loop = loops(stages)
+    tasks: dict[str, Any] = {}
+    for s in stages:
+        cls = stage_operator(s)
+        tid = task_id(s.name)
+        kwargs: dict[str, Any] = {"task_id": tid, "execution_timeout": task_timeout(tid)}
+        if not s.inputs:
+            kwargs["model_uri"] = model_uri
+        # a record of the same mapped chain is mapped over, one instance per variant
+        chained = [n for n in s.args if s.name in loop and loop.get(n) == loop[s.name]]
+        if len(chained) > 1:
+            raise ValueError(
+                f"stage {s.name!r} reads more than one record of its mapped chain "
+                f"({', '.join(chained)}): one task instance can be mapped over one only"
+            )
+        for n in s.args:
+            if n not in chained:
+                kwargs[record_arg(n)] = tasks[n].output
+        kwargs.update(common)
+        if s.on_device:
+            kwargs.update(placed)
+        if not s.per_variant:
+            tasks[s.name] = cls(**kwargs)
+        elif chained:
+            (n,) = chained
+            tasks[s.name] = cls.partial(**kwargs).expand(**{record_arg(n): tasks[n].output})
+        else:
+            tasks[s.name] = cls.partial(**kwargs).expand(variant=variants)
+    return tasks
