@@ -1,7 +1,8 @@
-"""The ``graphtrim`` command line: one module per command group (``graph``: optimize, verify,
-passes; ``variants``: quantize, evaluate, variants, report; ``pipeline``: pipeline, promote,
-rollback, trigger), ``main`` for the parser and the exit codes (``exits``). Adapters add their
-own commands through the ``graphtrim.commands`` entry point group."""
+"""The ``graphtrim`` command line: one module per command group (``graph_commands``: optimize,
+verify, passes; ``variant_commands``: quantize, evaluate, variants, report; ``pipeline_commands``:
+pipeline, promote, rollback), ``main`` for the parser and the error handling, ``exits`` for the
+exit codes. Adapters add their own commands (``trigger``, ``kfp``) through the
+``graphtrim.commands`` entry point group."""
 
 from optimizer_core.cli.main import build_parser, main
 

@@ -25,7 +25,7 @@ from optimizer_core.errors import (
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from optimizer_core.cli import graph, pipeline, variants
+    from optimizer_core.cli import graph_commands, pipeline_commands, variant_commands
 
     parser = argparse.ArgumentParser(
         prog="graphtrim",
@@ -34,7 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"graphtrim {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     # each command group adds its commands with their handler (``set_defaults(handler=...)``)
-    for group in (graph, variants, pipeline):
+    for group in (graph_commands, variant_commands, pipeline_commands):
         group.add_parsers(sub)
     for name, handler in _extensions(sub).items():
         sub.choices[name].set_defaults(handler=handler)

@@ -475,7 +475,7 @@ def test_a_run_left_running_by_a_dead_process_is_closed_on_the_next_start(
 
 
 def test_the_table_names_each_column_once_and_marks_recorded_verdicts() -> None:
-    from optimizer_core.cli.pipeline import table
+    from optimizer_core.stages.summary import table
 
     summary = {
         "passed": True,
