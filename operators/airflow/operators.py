@@ -435,7 +435,7 @@ def variant_table(validated: Any, registered: Any, promoted: Any) -> str:
     """The variant table of a run (gate verdicts, registered versions, aliases), as
     ``graphtrim pipeline run`` prints it, from the gate tasks' records (merged), the register
     record and the promote record."""
-    from optimizer_core.cli.pipeline import table
+    from optimizer_core.stages.summary import table
     from optimizer_core.stages.records import ValidateRecord
 
     merged = ValidateRecord.merge([dict(validated[i]) for i in range(len(validated))])
