@@ -163,8 +163,9 @@ class GraphtrimStageOperator(BaseOperator):
     """Run the pipeline stage ``stage`` (a name in ``optimizer_core.stages.STAGES``; the
     operator per stage sets it): its inputs are the records of the stages the list names, given
     as ``exported``, ``optimized``, ``quantized``, ``validated`` (one record, or the records of
-    a mapped task, merged) and ``registered``; the first stage takes ``model_uri``. XCom: the
-    stage's record as JSON.
+    a mapped task, merged) and ``registered``, or the argument :func:`record_arg` names for the
+    record of a stage added since; the first stage takes ``model_uri``. XCom: the stage's record
+    as JSON.
 
     Shared plumbing: connections, artifact location, config, placement.
     ``allow_variant_source`` lets the export stage take a version graphtrim registered itself
@@ -210,7 +211,11 @@ class GraphtrimStageOperator(BaseOperator):
             device, gpu_queue=gpu_queue, cpu_queue=cpu_queue, gpus=gpus
         ).items():
             kwargs.setdefault(key, value)
+        # the records of the stages that have no argument above, by their name (record_arg)
+        records = {k: kwargs.pop(k) for k in list(kwargs) if k in _record_args()}
         super().__init__(**kwargs)
+        for key, value in records.items():
+            setattr(self, key, value)
         self.stage = stage or self.stage_name
         self.model_uri = model_uri
         self.exported = exported
@@ -282,7 +287,7 @@ class GraphtrimStageOperator(BaseOperator):
     def stage_input(self, name: str) -> Any:
         """The record of the stage ``name`` this task was given (the validate records of a
         mapped task merged into one)."""
-        value = getattr(self, record_arg(name))
+        value: Any = getattr(self, record_arg(name), None)
         if name == "validate":
             from optimizer_core.stages.records import ValidateRecord
 
@@ -308,6 +313,13 @@ class GraphtrimStageOperator(BaseOperator):
             **self.stage_options(),
         )
         return dict(record.to_json())
+
+
+def _record_args() -> set[str]:
+    """The operator arguments of the records of every stage in the list."""
+    from optimizer_core.stages import STAGES
+
+    return {record_arg(s.name) for s in STAGES}
 
 
 def _records(value: Any) -> list[dict[str, Any]]:
@@ -435,8 +447,8 @@ def variant_table(validated: Any, registered: Any, promoted: Any) -> str:
     """The variant table of a run (gate verdicts, registered versions, aliases), as
     ``graphtrim pipeline run`` prints it, from the gate tasks' records (merged), the register
     record and the promote record."""
-    from optimizer_core.stages.summary import table
     from optimizer_core.stages.records import ValidateRecord
+    from optimizer_core.stages.summary import table
 
     merged = ValidateRecord.merge([dict(validated[i]) for i in range(len(validated))])
     return table(

@@ -33,7 +33,7 @@ def task_id(stage_name: str) -> str:
 def stage_operator(stage: Any) -> type[GraphtrimStageOperator]:
     """The operator class of ``stage`` (a :class:`~optimizer_core.stages.Stage`): the named one
     in :mod:`operators.airflow.operators` whose ``stage_name`` it is, else the generic operator
-    with the stage named and its records (or the model URI) templated."""
+    with the stage named and its records (or the model URI) templated and taken by name."""
     for cls in vars(operators).values():
         if (
             isinstance(cls, type)
@@ -42,17 +42,26 @@ def stage_operator(stage: Any) -> type[GraphtrimStageOperator]:
         ):
             return cls
     inputs = tuple(record_arg(n) for n in stage.args) if stage.inputs else ("model_uri",)
+    # Airflow maps (partial / expand) over named arguments of __init__ only: the records that
+    # the generic operator has no argument for are named in this one's signature
     taken = inspect.signature(GraphtrimStageOperator.__init__).parameters
-    missing = [a for a in inputs if a not in taken]
-    if missing:
-        raise TypeError(
-            f"stage {stage.name!r} reads {', '.join(missing)}: GraphtrimStageOperator takes no "
-            "such argument; add it to GraphtrimStageOperator.__init__"
-        )
+    added = [a for a in inputs if a not in taken]
+
+    def __init__(self: GraphtrimStageOperator, **kwargs: Any) -> None:
+        GraphtrimStageOperator.__init__(self, **kwargs)
+
+    __init__.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+        [
+            inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD),
+            *(inspect.Parameter(a, inspect.Parameter.KEYWORD_ONLY, default=None) for a in added),
+            inspect.Parameter("kwargs", inspect.Parameter.VAR_KEYWORD),
+        ]
+    )
     name = "".join(part.title() for part in stage.name.split("_")) + "StageOperator"
     namespace = {
         "__doc__": f"The stage {stage.name!r}: {stage.summary}.",
         "__module__": __name__,
+        "__init__": __init__,
         "stage_name": stage.name,
         "template_fields": (*GraphtrimStageOperator.template_fields, *inputs),
     }

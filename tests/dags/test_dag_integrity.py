@@ -306,16 +306,38 @@ def test_a_stage_added_to_the_list_is_a_task_of_the_optimize_dag(
     assert dag.get_task("gate").upstream_task_ids == {"plan", "export", "quantize"}
 
 
-def test_a_stage_reading_a_record_no_operator_takes_is_refused_by_name(
+def test_the_records_of_added_stages_are_read_by_the_stages_after_them(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """The generic operator names its record arguments (Airflow maps over named arguments
-    only): a stage reading the record of one without an argument there says which to add."""
+    """A stage added to the list carries its record to the stages that read it: one mapped
+    over it in the same chain, one after the chain and one after promote."""
+    from airflow.sdk.definitions.mappedoperator import MappedOperator
+
     from operators.airflow import timeouts
     from optimizer_core.stages import STAGES, Stage
 
-    audit = Stage("audit", ("promote",), "audit the promotion")
-    monkeypatch.setattr("optimizer_core.stages.STAGES", (*STAGES, audit))
-    monkeypatch.setitem(timeouts.DEFAULT_MINUTES, "audit", 5)
-    with pytest.raises(TypeError, match=r"'audit' reads promoted: .* add it to"):
-        _optimize_dag("cpu")
+    names = [s.name for s in STAGES]
+    at = names.index("validate") + 1
+    added = (
+        Stage("inspect", ("export", "validate"), "inspect a variant", True, True),
+        Stage("probe", ("inspect",), "probe a variant", True, True),
+    )
+    audit = Stage("audit", ("promote", "probe"), "audit the promotion")
+    stages = (*STAGES[:at], *added, *STAGES[at:], audit)
+    monkeypatch.setattr("optimizer_core.stages.STAGES", stages)
+    for name in ("inspect", "probe", "audit"):
+        monkeypatch.setitem(timeouts.DEFAULT_MINUTES, name, 5)
+    dag = _optimize_dag("gpu")
+
+    probe = dag.get_task("probe")
+    assert isinstance(probe, MappedOperator)
+    assert probe.upstream_task_ids == {"plan", "inspect"}
+    mapped: Any = probe.expand_input.value
+    assert set(mapped) == {"inspected"}
+    assert mapped["inspected"].operator.task_id == "inspect"
+    assert "inspected" in probe.operator_class.template_fields
+    audit_task = dag.get_task("audit")
+    assert audit_task.upstream_task_ids == {"plan", "promote", "probe"}
+    assert {"promoted", "probed"} <= set(audit_task.template_fields)
+    assert audit_task.promoted.operator.task_id == "promote"
+    assert audit_task.probed.operator.task_id == "probe"

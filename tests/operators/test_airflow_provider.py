@@ -182,6 +182,34 @@ def test_the_generic_operator_calls_the_stage_the_list_names(
     assert merged.passed == ["g"] and list(merged.variants) == ["g", "h"]
 
 
+def test_the_operator_of_an_added_stage_takes_the_record_of_one_by_its_name(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stage without a named operator gets one from the list: its records (here that of
+    promote, which no earlier stage reads) are templated arguments named by ``record_arg``."""
+    import sys
+
+    from operators.airflow.pipeline import stage_operator
+    from optimizer_core.stages import STAGES, Stage, records
+
+    calls: list[Any] = []
+
+    def fake(ctx: Any, config: Any, promoted: Any) -> Any:
+        calls.append(promoted)
+        return records.PromoteRecord(run_id=promoted["run_id"], aliases={})
+
+    monkeypatch.setattr(sys.modules[__name__], "fake_audit", fake, raising=False)
+    audit = Stage("audit", ("promote",), "x", function=f"{__name__}:fake_audit")
+    monkeypatch.setattr("optimizer_core.stages.STAGES", (*STAGES, audit))
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    cls = stage_operator(audit)
+    assert cls.stage_name == "audit" and "promoted" in cls.template_fields
+    promoted = {"stage": "promote", "run_id": "r", "aliases": {"a": 1}}
+    op = cls(task_id="audit", promoted=promoted, artifacts=str(tmp_path))
+    assert op.execute({"run_id": "r"})["run_id"] == "r"
+    assert calls == [promoted]
+
+
 def test_stage_operators_pass_allow_variant_source_to_the_stage(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
