@@ -72,4 +72,3 @@ class VerificationUnavailable(GraphtrimError):
     """Nothing could be compared: the reference model cannot be loaded or run in onnxruntime
     (an op or opset it lacks, a custom domain, ...) or no inputs can be made for it. Not a
     difference: the message says why, and the model may still be optimized without verifying."""
-

@@ -11,10 +11,12 @@ tags of a pipeline run go through :func:`redact` where they are made.
 
 from __future__ import annotations
 
+import functools
 import logging
 import re
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 MASK = "***"
 
@@ -88,3 +90,21 @@ def install_log_filter(logger: logging.Logger | None = None) -> None:
     for handler in target.handlers:
         if not any(isinstance(f, RedactingFilter) for f in handler.filters):
             handler.addFilter(RedactingFilter())
+
+
+def masked_command(command: Callable[[Any], int]) -> Callable[[Any], int]:
+    """A CLI command whose errors leave it with their credentials masked (the CLI prints the
+    message as its error line), and whose log lines are masked too: a URL with
+    ``user:password@`` or a token in it must not reach the terminal or a CI log."""
+
+    @functools.wraps(command)
+    def run(args: Any) -> int:
+        install_log_filter()  # MLflow's and boto's log lines too
+        try:
+            return command(args)
+        except Exception as exc:
+            if not isinstance(exc, OSError):  # an OSError's text is its errno and file name
+                exc.args = tuple(redact(a) if isinstance(a, str) else a for a in exc.args)
+            raise
+
+    return run

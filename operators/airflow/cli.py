@@ -5,7 +5,6 @@ imports an Airflow client (the REST client is :mod:`operators.airflow.rest`)."""
 from __future__ import annotations
 
 import argparse
-import functools
 import os
 import sys
 from collections.abc import Callable
@@ -15,27 +14,9 @@ from typing import Any
 from operators.airflow.params import variant_choices
 from optimizer_core.cli.argtypes import csv, positive_float
 from optimizer_core.errors import GraphtrimError
-from optimizer_core.redact import install_log_filter, redact
+from optimizer_core.redact import masked_command
 
 Command = Callable[[argparse.Namespace], int]
-
-
-def _masked(command: Command) -> Command:
-    """``command`` whose errors leave it with their credentials masked (the CLI prints the
-    message as its error line), and whose log lines are masked too: a URL with
-    ``user:password@`` or a token in it must not reach the terminal or a CI log."""
-
-    @functools.wraps(command)
-    def run(args: argparse.Namespace) -> int:
-        install_log_filter()
-        try:
-            return command(args)
-        except Exception as exc:
-            if not isinstance(exc, OSError):  # an OSError's text is its errno and file name
-                exc.args = tuple(redact(a) if isinstance(a, str) else a for a in exc.args)
-            raise
-
-    return run
 
 
 def register(sub: Any) -> dict[str, Command]:
@@ -96,7 +77,7 @@ def _client(url: str) -> Any:
     return AirflowClient(url)
 
 
-@_masked
+@masked_command
 def cmd_trigger(args: argparse.Namespace) -> int:
     import yaml
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import os
 import sys
@@ -15,29 +14,11 @@ from typing import Any
 from optimizer_core.cli.argtypes import csv as _csv
 from optimizer_core.cli.argtypes import positive_float
 from optimizer_core.errors import GraphtrimError
-from optimizer_core.redact import install_log_filter, redact
+from optimizer_core.redact import masked_command, redact
 from optimizer_core.stages import STAGE_NAMES
 from optimizer_core.stages.summary import table
 
 Command = Callable[[argparse.Namespace], int]
-
-
-def _masked(command: Command) -> Command:
-    """``command`` whose errors leave it with their credentials masked (the CLI prints the
-    message as its error line), and whose log lines are masked too: a tracking URI with
-    ``user:password@`` or a token in it must not reach the terminal or a CI log."""
-
-    @functools.wraps(command)
-    def run(args: argparse.Namespace) -> int:
-        install_log_filter()  # MLflow's and boto's log lines too
-        try:
-            return command(args)
-        except Exception as exc:
-            if not isinstance(exc, OSError):  # an OSError's text is its errno and file name
-                exc.args = tuple(redact(a) if isinstance(a, str) else a for a in exc.args)
-            raise
-
-    return run
 
 
 def _add_location_args(p: argparse.ArgumentParser) -> None:
@@ -300,7 +281,7 @@ def _quiet() -> None:
     warnings.filterwarnings("ignore", category=FutureWarning)
 
 
-@_masked
+@masked_command
 def cmd_pipeline(args: argparse.Namespace) -> int:
     from optimizer_core.stages import pipeline, stage
     from optimizer_core.stages.records import ValidateRecord
@@ -377,7 +358,7 @@ def _write_json(path: Path, doc: Any) -> None:
     os.replace(tmp, path)
 
 
-@_masked
+@masked_command
 def cmd_promote(args: argparse.Namespace) -> int:
     from optimizer_core.integrations.registry import Registry, parse_models_uri
     from optimizer_core.promotion import promote_version
@@ -394,7 +375,7 @@ def cmd_promote(args: argparse.Namespace) -> int:
     return 0
 
 
-@_masked
+@masked_command
 def cmd_rollback(args: argparse.Namespace) -> int:
     from optimizer_core.integrations.registry import Registry
     from optimizer_core.promotion import rollback_alias

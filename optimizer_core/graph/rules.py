@@ -102,8 +102,18 @@ class RulePass(GraphtrimPass):
     def __init__(self, options: Any = None):
         super().__init__(options)
         self.declines: Counter[tuple[str, str]] = Counter()
+        # one name generator per run, made by the first rewrite that names something
+        self.run_namer: u.NameGenerator | None = None
+
+    def names(self, model: ir.Model) -> u.NameGenerator:
+        """The run's name generator (made on first use, so a run that renames nothing scans
+        no names)."""
+        if self.run_namer is None:
+            self.run_namer = u.NameGenerator(model)
+        return self.run_namer
 
     def apply(self, model: ir.Model) -> bool:
+        self.run_namer = None
         by_op: dict[str, list[Rule]] = {}
         for rule in self.rules:
             for op in rule.ops:

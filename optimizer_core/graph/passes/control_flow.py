@@ -9,7 +9,6 @@ like the main graph.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 import onnx_ir as ir
 
@@ -41,9 +40,7 @@ def _inline(node: ir.Node, branch: ir.Graph, ctx: RuleContext) -> None:
     and make the readers of the If's outputs read the branch's outputs."""
     assert isinstance(ctx.pass_, ConstantIfInlining)
     graph = ctx.graph
-    if ctx.pass_.namer is None:
-        ctx.pass_.namer = u.NameGenerator(ctx.model)
-    namer = ctx.pass_.namer
+    namer = ctx.pass_.names(ctx.model)
     # detach the outputs first: a branch initializer that is also a branch output stays
     # bound to the branch (and cannot move) while it is listed there
     outputs = list(branch.outputs)
@@ -90,12 +87,3 @@ class ConstantIfInlining(RulePass):
     name = "if-inline"
     summary = "inline the taken branch of an If with a constant condition"
     rules = RULES
-
-    def __init__(self, options: Any = None):
-        super().__init__(options)
-        # one name generator per run, made at the first inlining (see ``_inline``)
-        self.namer: u.NameGenerator | None = None
-
-    def apply(self, model: ir.Model) -> bool:
-        self.namer = None
-        return super().apply(model)

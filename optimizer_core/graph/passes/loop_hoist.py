@@ -89,7 +89,7 @@ def _hoist(loop: ir.Node, nodes: list[ir.Node], ctx: RuleContext) -> None:
     graph = ctx.graph
     body = body_of(loop)
     assert body is not None
-    namer = cast("LoopInvariantHoisting", ctx.pass_).namer(ctx.model)
+    namer = cast("LoopInvariantHoisting", ctx.pass_).names(ctx.model)
     # a body output must be defined in the body: hoisted values it returns go through an
     # Identity that stays
     produced = {out for n in nodes for out in n.outputs}
@@ -136,7 +136,7 @@ class LoopInvariantHoisting(RulePass):
 
     def apply(self, model: ir.Model) -> bool:
         changed = False
-        self._names: u.NameGenerator | None = None
+        self.run_namer = None
         # innermost first: what leaves an inner body may then leave the enclosing one
         for graph in reversed(u.all_graphs(model)):
             for node in u.nodes_in_order(graph):
@@ -157,9 +157,3 @@ class LoopInvariantHoisting(RulePass):
                 self.hit(rule.name, len(hoisted))
                 changed = True
         return changed
-
-    def namer(self, model: ir.Model) -> u.NameGenerator:
-        """The run's name generator, made on first use (it sees the names made before)."""
-        if self._names is None:
-            self._names = u.NameGenerator(model)
-        return self._names

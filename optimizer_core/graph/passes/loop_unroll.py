@@ -81,7 +81,7 @@ def _unroll(loop: ir.Node, trip: int, ctx: RuleContext) -> None:
     model, graph = ctx.model, ctx.graph
     body = body_of(loop)
     assert body is not None
-    namer = cast("LoopUnrolling", ctx.pass_).namer(model)
+    namer = cast("LoopUnrolling", ctx.pass_).names(model)
     carried = len(loop.inputs) - 2
     iter_in, cond_in, *carried_in = body.inputs
     outputs = list(body.outputs)
@@ -183,7 +183,7 @@ class LoopUnrolling(RulePass):
 
     def apply(self, model: ir.Model) -> bool:
         changed = False
-        self._names: u.NameGenerator | None = None
+        self.run_namer = None
         # innermost graphs first: no graph is visited after the Loop owning it was unrolled
         # away, and an outer Loop is measured with its inner Loops already unrolled
         for graph in reversed(u.all_graphs(model)):
@@ -192,9 +192,3 @@ class LoopUnrolling(RulePass):
                     continue
                 changed |= self.try_rule(RULES[0], node, RuleContext(model, graph, self))
         return changed
-
-    def namer(self, model: ir.Model) -> u.NameGenerator:
-        """The run's name generator, made on first use (it sees the names made before)."""
-        if self._names is None:
-            self._names = u.NameGenerator(model)
-        return self._names

@@ -17,8 +17,6 @@ after every pass that changed the model, so each intermediate model loads too.
 
 from __future__ import annotations
 
-from typing import Any
-
 import onnx_ir as ir
 
 from optimizer_core.graph import _ir_utils as u
@@ -60,10 +58,8 @@ def _tensor_inputs(node: ir.Node, ctx: RuleContext) -> list[tuple[int, ir.Value]
 def _make_scalar(node: ir.Node, found: list[tuple[int, ir.Value]], ctx: RuleContext) -> None:
     """Feed each found input as a scalar; one count per input (the driver counts the first)."""
     assert isinstance(ctx.pass_, ScalarInputs)
-    if ctx.pass_.namer is None:
-        ctx.pass_.namer = u.NameGenerator(ctx.model)
     for i, value in found:
-        node.replace_input_with(i, _scalar(ctx.graph, node, value, ctx.pass_.namer))
+        node.replace_input_with(i, _scalar(ctx.graph, node, value, ctx.pass_.names(ctx.model)))
     if len(found) > 1:
         ctx.pass_.hit("scalar-input", len(found) - 1)
 
@@ -99,12 +95,3 @@ class ScalarInputs(RulePass):
     name = "scalar-inputs"
     summary = "feed ops that take scalars (Range, DFT, window sizes) rank-0 values"
     rules = RULES
-
-    def __init__(self, options: Any = None):
-        super().__init__(options)
-        # one name generator per run, made at the first rewrite (see ``_make_scalar``)
-        self.namer: u.NameGenerator | None = None
-
-    def apply(self, model: ir.Model) -> bool:
-        self.namer = None
-        return super().apply(model)
