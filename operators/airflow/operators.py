@@ -31,6 +31,7 @@ from airflow.sdk import BaseOperator
 from operators.airflow.hooks import ArtifactStoreHook, MlflowRegistryHook
 from optimizer_core.errors import GraphtrimError
 from optimizer_core.redact import redact
+from optimizer_core.stages import record_arg
 
 DEVICES = ("cpu", "gpu")
 
@@ -150,13 +151,6 @@ def fatal_signals_end_the_process() -> Iterator[None]:
 def _flag(value: Any) -> bool:
     """A boolean operator argument, also when templated (rendered as text)."""
     return str(value).strip().lower() in ("1", "true", "yes")
-
-
-def record_arg(stage_name: str) -> str:
-    """The operator argument that carries the record of the stage ``stage_name`` (export ->
-    ``exported``, validate -> ``validated``), as the Kubeflow steps name their record
-    parameters: a new stage needs no entry anywhere."""
-    return stage_name + ("d" if stage_name.endswith("e") else "ed")
 
 
 class GraphtrimStageOperator(BaseOperator):

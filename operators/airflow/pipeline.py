@@ -18,8 +18,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from operators.airflow import operators
-from operators.airflow.operators import GraphtrimStageOperator, placement, record_arg
+from operators.airflow.operators import GraphtrimStageOperator, placement
 from operators.airflow.timeouts import task_timeout
+from optimizer_core.stages import record_arg, variant_loops
 
 # the task ids that differ from their stage's name (the ones the UIs and run histories show)
 TASK_IDS = {"validate": "gate"}
@@ -68,20 +69,6 @@ def stage_operator(stage: Any) -> type[GraphtrimStageOperator]:
     return type(name, (GraphtrimStageOperator,), namespace)
 
 
-def loops(stages: Sequence[Any]) -> dict[str, int]:
-    """The mapped chain each per-variant stage runs in, by stage name: one per run of
-    consecutive per-variant stages, numbered from 0."""
-    out: dict[str, int] = {}
-    loop = -1
-    previous = False
-    for s in stages:
-        if s.per_variant:
-            loop += 0 if previous else 1
-            out[s.name] = loop
-        previous = s.per_variant
-    return out
-
-
 def stage_tasks(
     *,
     model_uri: Any,
@@ -110,7 +97,7 @@ def stage_tasks(
     placed: dict[str, Any] = {"device": device, **placement(device)}
     if pool:
         placed["pool"] = pool
-    loop = loops(stages)
+    loop = variant_loops(stages)
     tasks: dict[str, Any] = {}
     for s in stages:
         cls = stage_operator(s)

@@ -28,7 +28,7 @@ from typing import Any
 from kfp import compiler, dsl
 
 import optimizer_core.stages
-from optimizer_core.stages import Stage
+from optimizer_core.stages import Stage, record_arg, variant_loops
 from optimizer_core.stages.context import DEFAULT_VARIANTS
 
 DEFAULT_IMAGE = os.environ.get("GRAPHTRIM_IMAGE", "ghcr.io/graphtrim/graphtrim:0.1.0")
@@ -94,37 +94,17 @@ def step_name(stage: Stage) -> str:
     return STEP_NAMES.get(stage.name, stage.name)
 
 
-def record_parameter(stage_name: str) -> str:
-    """The component parameter that carries the record of the stage ``stage_name``
-    (export -> ``exported``, validate -> ``validated``)."""
-    return stage_name + ("d" if stage_name.endswith("e") else "ed")
-
-
-def loops(stages: Sequence[Stage]) -> dict[str, int]:
-    """The ``ParallelFor`` each per-variant stage runs in, by stage name: one loop per run of
-    consecutive per-variant stages, numbered from 0."""
-    out: dict[str, int] = {}
-    loop = -1
-    previous = False
-    for s in stages:
-        if s.per_variant:
-            loop += 0 if previous else 1
-            out[s.name] = loop
-        previous = s.per_variant
-    return out
-
-
 def collects(stages: Sequence[Stage], stage: Stage, name: str) -> bool:
     """Whether ``stage`` reads the records of all variants of the per-variant stage ``name`` as
     one list: it reads it from outside that stage's loop."""
-    loop = loops(stages)
+    loop = variant_loops(stages)
     return name in loop and loop.get(stage.name) != loop[name]
 
 
 def takes_variant(stages: Sequence[Stage], stage: Stage) -> bool:
     """Whether ``stage``'s step is given its variant (``--only``): a per-variant stage that reads
     no record of the same loop, which would carry just that variant already."""
-    loop = loops(stages)
+    loop = variant_loops(stages)
     return stage.per_variant and not any(
         n in loop and loop[n] == loop[stage.name] for n in stage.inputs
     )
@@ -135,7 +115,7 @@ def stage_component(stages: Sequence[Stage], stage: Stage, image: str, device: s
     pipeline stage NAME`` in ``image``, with the model (for the stage without inputs), a
     ``--input STAGE=RECORD`` per record it reads, its variant (``--only``), its output record
     and the run's configuration (``CONFIG``) with ``--device device``."""
-    inputs = {record_parameter(n): n for n in stage.inputs}
+    inputs = {record_arg(n): n for n in stage.inputs}
     variant = takes_variant(stages, stage)
     params: list[RunParameter] = [MODEL] if not stage.inputs else []
     params += [
@@ -188,7 +168,7 @@ def build_pipeline(image: str = DEFAULT_IMAGE, device: str = "cpu", retries: int
         raise ValueError(f"device must be 'cpu' or 'gpu', not {device!r}")
     stages = optimizer_core.stages.STAGES
     components = {s.name: stage_component(stages, s, image, device) for s in stages}
-    loop = loops(stages)
+    loop = variant_loops(stages)
     params = [MODEL, *CONFIG]
 
     def add_step(stage: Stage, run: dict[str, Any], tasks: dict[str, Any], variant: Any) -> None:
@@ -197,9 +177,7 @@ def build_pipeline(image: str = DEFAULT_IMAGE, device: str = "cpu", retries: int
             kwargs[MODEL.name] = run[MODEL.name]
         for n in stage.inputs:
             record = tasks[n].outputs[RECORD]
-            kwargs[record_parameter(n)] = (
-                dsl.Collected(record) if collects(stages, stage, n) else record
-            )
+            kwargs[record_arg(n)] = dsl.Collected(record) if collects(stages, stage, n) else record
         if takes_variant(stages, stage):
             kwargs[ONLY.name] = variant
         task = components[stage.name](**kwargs).set_display_name(step_name(stage))

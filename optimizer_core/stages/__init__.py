@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+from collections.abc import Sequence
 from typing import Any
 
 
@@ -121,3 +122,25 @@ def stage(name: str) -> Stage:
         if s.name == name:
             return s
     raise KeyError(f"unknown stage '{name}'; stages: {', '.join(STAGE_NAMES)}")
+
+
+def record_arg(stage_name: str) -> str:
+    """The argument that carries the record of the stage ``stage_name`` to later stages, in
+    every orchestrator (export -> ``exported``, validate -> ``validated``): a new stage needs no
+    entry anywhere."""
+    return stage_name + ("d" if stage_name.endswith("e") else "ed")
+
+
+def variant_loops(stages: Sequence[Stage]) -> dict[str, int]:
+    """The loop over variants each per-variant stage runs in, by stage name: one loop per run of
+    consecutive per-variant stages, numbered from 0 (a mapped chain in Airflow, a
+    ``ParallelFor`` in Kubeflow)."""
+    out: dict[str, int] = {}
+    loop = -1
+    previous = False
+    for s in stages:
+        if s.per_variant:
+            loop += 0 if previous else 1
+            out[s.name] = loop
+        previous = s.per_variant
+    return out

@@ -127,7 +127,7 @@ def test_every_stage_has_its_operator_taking_the_records_it_takes() -> None:
     import inspect
 
     from operators.airflow import operators
-    from optimizer_core.stages import STAGES
+    from optimizer_core.stages import STAGES, record_arg
 
     found = {
         cls.stage_name: cls
@@ -140,7 +140,7 @@ def test_every_stage_has_its_operator_taking_the_records_it_takes() -> None:
     for s in STAGES:
         cls = found[s.name]
         assert cls.execute is operators.GraphtrimStageOperator.execute, cls
-        wanted = [operators.record_arg(n) for n in s.args] if s.inputs else ["model_uri"]
+        wanted = [record_arg(n) for n in s.args] if s.inputs else ["model_uri"]
         assert set(wanted) <= set(cls.template_fields), (s.name, cls.template_fields)
         assert set(wanted) <= set(inspect.signature(cls.__init__).parameters), s.name
 

@@ -82,7 +82,8 @@ def _producer(source: dict[str, Any]) -> str:
 
 
 def _check_steps_are_stages(doc: dict[str, Any], stages: tuple[Stage, ...]) -> None:
-    from operators.kubeflow.pipeline import record_parameter, step_name
+    from operators.kubeflow.pipeline import step_name
+    from optimizer_core.stages import record_arg as record_parameter
 
     steps = _steps(doc)
     by_name = {s.name: s for s in stages}
