@@ -447,7 +447,7 @@ def test_next_optimize_removes_the_staging_folder_of_a_killed_optimize(tmp_path,
     src = _matmul(tmp_path / "m.onnx")
     out = tmp_path / "out" / "o.onnx"
     call = f"optimize_file({str(src)!r}, {str(out)!r}, check=True, progress=die)"
-    _killed_run(tmp_path, "optimize", "optimize_file", "verifying", call)
+    _killed_run(tmp_path, "optimize_file", "optimize_file", "verifying", call)
     left = _hidden(out.parent, out.name)
     assert len(left) == 1 and left[0].is_dir(), left
     assert any(p.stat().st_size > 0 for p in left[0].rglob("*") if p.is_file())
@@ -609,10 +609,10 @@ def test_a_converter_output_that_cannot_be_read_fails_that_variant(tmp_path, mon
     from optimizer_core.quantize import build_variant
     from optimizer_core.quantize.build import QuantizeError
 
-    def broken_converter(src, dst, cfg, excluded):
+    def broken_converter(src, dst, cfg, excluded, calibration=(), progress=None):
         dst.write_bytes(Path(src).read_bytes()[:40])  # cut short
 
-    monkeypatch.setattr(qv, "_int8_dynamic", broken_converter)
+    monkeypatch.setattr(qv, "convert_int8_dynamic", broken_converter)
     src = _matmul(tmp_path / "m.onnx")
     out = tmp_path / "out" / "q.onnx"
     with pytest.raises(QuantizeError, match="the converted model is unusable"):

@@ -2,9 +2,22 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import onnx_ir as ir
 
 from optimizer_core.graph import _ir_utils as u
+
+
+def loops_innermost_first(model: ir.Model, *ops: str) -> Iterator[tuple[ir.Graph, ir.Node]]:
+    """``(graph, node)`` for each node of the op types ``ops``, innermost graphs first (what a
+    rewrite moves out of an inner body may then move out of the enclosing one; no graph is
+    visited after the node owning it was rewritten away). A node a rewrite moved out of the
+    graph being walked is skipped."""
+    for graph in reversed(u.all_graphs(model)):
+        for node in u.nodes_in_order(graph):
+            if node.graph is graph and u.is_op(node, *ops):
+                yield graph, node
 
 
 def body_of(node: ir.Node) -> ir.Graph | None:

@@ -20,7 +20,7 @@ from typing import cast
 import onnx_ir as ir
 
 from optimizer_core.graph import _ir_utils as u
-from optimizer_core.graph.passes._loops import body_of, typed_like
+from optimizer_core.graph.passes._loops import body_of, loops_innermost_first, typed_like
 from optimizer_core.graph.rules import Rule, RuleContext, RulePass, logger
 
 
@@ -138,22 +138,17 @@ class LoopInvariantHoisting(RulePass):
         changed = False
         self.run_namer = None
         # innermost first: what leaves an inner body may then leave the enclosing one
-        for graph in reversed(u.all_graphs(model)):
-            for node in u.nodes_in_order(graph):
-                if node.graph is not graph or not u.is_op(node, "Loop", "Scan"):
-                    continue
-                rule = _BY_OP[node.op_type]
-                assert rule.check is not None and rule.rewrite is not None
-                ctx = RuleContext(model, graph, self)
-                hoisted = rule.check(node, ctx)
-                if isinstance(hoisted, str):
-                    self.declines[(rule.name, hoisted)] += 1
-                    logger.debug(
-                        "%s: %s declined at %s: %s", self.name, rule.name, node.name, hoisted
-                    )
-                    continue
-                rule.rewrite(node, hoisted, ctx)
-                # one count per node moved
-                self.hit(rule.name, len(hoisted))
-                changed = True
+        for graph, node in loops_innermost_first(model, "Loop", "Scan"):
+            rule = _BY_OP[node.op_type]
+            assert rule.check is not None and rule.rewrite is not None
+            ctx = RuleContext(model, graph, self)
+            hoisted = rule.check(node, ctx)
+            if isinstance(hoisted, str):
+                self.declines[(rule.name, hoisted)] += 1
+                logger.debug("%s: %s declined at %s: %s", self.name, rule.name, node.name, hoisted)
+                continue
+            rule.rewrite(node, hoisted, ctx)
+            # one count per node moved
+            self.hit(rule.name, len(hoisted))
+            changed = True
         return changed

@@ -21,7 +21,13 @@ import onnx_ir as ir
 from onnx_ir import _cloner
 
 from optimizer_core.graph import _ir_utils as u
-from optimizer_core.graph.passes._loops import body_of, nested_graphs, trip_count, typed_like
+from optimizer_core.graph.passes._loops import (
+    body_of,
+    loops_innermost_first,
+    nested_graphs,
+    trip_count,
+    typed_like,
+)
 from optimizer_core.graph.rules import Rule, RuleContext, RulePass
 
 
@@ -186,9 +192,6 @@ class LoopUnrolling(RulePass):
         self.run_namer = None
         # innermost graphs first: no graph is visited after the Loop owning it was unrolled
         # away, and an outer Loop is measured with its inner Loops already unrolled
-        for graph in reversed(u.all_graphs(model)):
-            for node in u.nodes_in_order(graph):
-                if node.graph is not graph or not u.is_op(node, "Loop"):
-                    continue
-                changed |= self.try_rule(RULES[0], node, RuleContext(model, graph, self))
+        for graph, node in loops_innermost_first(model, "Loop"):
+            changed |= self.try_rule(RULES[0], node, RuleContext(model, graph, self))
         return changed
