@@ -19,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import faulthandler
 import logging
-import os
 import signal
 import sys
 import threading
@@ -28,7 +27,9 @@ from typing import Any, ClassVar, TextIO
 
 from airflow.sdk import BaseOperator
 
+from operators.airflow.context import artifact_store, stage_context
 from operators.airflow.hooks import ArtifactStoreHook, MlflowRegistryHook
+from operators.airflow.params import as_flag
 from optimizer_core.errors import GraphtrimError
 from optimizer_core.redact import redact
 from optimizer_core.stages import record_arg
@@ -148,11 +149,6 @@ def fatal_signals_end_the_process() -> Iterator[None]:
                     signal.signal(sig, handler)
 
 
-def _flag(value: Any) -> bool:
-    """A boolean operator argument, also when templated (rendered as text)."""
-    return str(value).strip().lower() in ("1", "true", "yes")
-
-
 class GraphtrimStageOperator(BaseOperator):
     """Run the pipeline stage ``stage`` (a name in ``optimizer_core.stages.STAGES``; the
     operator per stage sets it): its inputs are the records of the stages the list names, given
@@ -228,34 +224,19 @@ class GraphtrimStageOperator(BaseOperator):
         self.force_promotion = force_promotion
 
     def stage_context(self, context: Any) -> Any:
-        from optimizer_core.stages.context import StageContext
-
-        artifacts = self.artifacts or os.environ.get("GRAPHTRIM_ARTIFACTS")
-        if not artifacts:
-            raise GraphtrimError(
-                f"{self.task_id}: no artifact store: pass artifacts= (s3://bucket/prefix or a "
-                "folder) or set $GRAPHTRIM_ARTIFACTS"
-            )
-        endpoint = s3_auth = None
-        if str(artifacts).startswith("s3://"):
-            s3_hook = ArtifactStoreHook(self.aws_conn_id)
-            endpoint, s3_auth = s3_hook.endpoint_url(), s3_hook.auth()
-        mlflow_hook = MlflowRegistryHook(self.mlflow_conn_id)
         dag_run = context.get("dag_run")
         run_id = getattr(dag_run, "run_id", None) or context.get("run_id")
-        return StageContext(
-            tracking_uri=mlflow_hook.tracking_uri(),
-            mlflow_auth=mlflow_hook.auth(),
-            s3_auth=s3_auth,
-            artifacts=str(artifacts),
+        return stage_context(
+            artifact_store(self.artifacts, self.task_id),
+            mlflow_conn_id=self.mlflow_conn_id,
+            aws_conn_id=self.aws_conn_id,
             workdir=self.workdir,
-            s3_endpoint_url=endpoint,
             orchestrator_run_id=f"airflow:{self.dag_id}:{run_id}" if run_id else None,
             progress=self.log.info,
             worker={"queue": self.queue, "task": self.task_id, "device": self.device},
-            allow_variant_source=_flag(self.allow_variant_source),
-            rejudge=_flag(self.rejudge),
-            force_promotion=_flag(self.force_promotion),
+            allow_variant_source=as_flag(self.allow_variant_source),
+            rejudge=as_flag(self.rejudge),
+            force_promotion=as_flag(self.force_promotion),
         )
 
     def delegate(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
