@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from collections.abc import Sequence
 from typing import Any
 
 from optimizer_core import __version__
-from optimizer_core.cli.exits import EXIT_BAD_INPUT, EXIT_MISMATCH, EXIT_PASS_FAILURE
+from optimizer_core.cli.exits import EXIT_BAD_INPUT, EXIT_MISMATCH, EXIT_OK, EXIT_PASS_FAILURE
 from optimizer_core.errors import (
     GraphtrimError,
     InvalidModelError,
@@ -79,6 +80,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except GraphtrimError as exc:
         _error_line("error", exc)
         return EXIT_BAD_INPUT
+    except BrokenPipeError:
+        # the reader went away (``graphtrim passes --rules | head``): not an error of the
+        # command; stdout goes to /dev/null so the interpreter's final flush cannot fail again
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return EXIT_OK
     except OSError as exc:  # unwritable output, disk full, ...: one line, not a traceback
         _error_line("error", exc)
         return EXIT_BAD_INPUT

@@ -463,6 +463,30 @@ def test_module_entry_point_lists_passes(tmp_path):
     assert "presets:" in proc.stdout
 
 
+def test_cli_passes_rules_lists_every_rule_of_the_tables(capsys):
+    assert main(["passes", "--rules"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == len(presets.all_rules())
+    for line, (pass_name, rule) in zip(lines, presets.all_rules(), strict=True):
+        assert line.split()[:2] == [pass_name, rule.name] and line.endswith(rule.math)
+
+
+def test_a_reader_that_goes_away_is_not_an_error():
+    """``graphtrim passes --rules | head -1``: the pipe closes before the output is written;
+    the command ends quietly with 0, not with an error line and exit 2."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "optimizer_core.cli", "passes", "--rules"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=REPO,
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()  # before the child has imported anything, so its first write fails
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=300) == 0, err
+    assert "Broken pipe" not in err and "Traceback" not in err, err
+
+
 def test_cli_passes(capsys):
     assert main(["passes"]) == 0
     out = capsys.readouterr().out
