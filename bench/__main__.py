@@ -89,10 +89,16 @@ def run_tool(tool: str, src: Path, dst: Path, timeout: int) -> dict[str, Any]:
     return result
 
 
-def parity(src: Path, dst: Path) -> dict[str, Any]:
+def parity(src: Path, dst: Path, dim_values: dict[str, int] | None = None) -> dict[str, Any]:
     from optimizer_core.verify import Tolerance, verify
 
-    rec = verify(src, dst, trials=2, tolerance=Tolerance(rtol=1e-4, atol=1e-5, min_cosine=0.0))
+    rec = verify(
+        src,
+        dst,
+        trials=2,
+        dim_values=dim_values,
+        tolerance=Tolerance(rtol=1e-4, atol=1e-5, min_cosine=0.0),
+    )
     if rec.error:
         return {"parity_ok": False, "max_rel_diff": None, "parity_error": rec.error[:200]}
     # exact rewrites leave at most rounding noise: relative diff <= 1e-5 of the output's scale
@@ -104,7 +110,14 @@ MIN_SECONDS = 8.0  # per model and setting, for models fast enough to afford it
 MAX_RUNS = 2000
 
 
-def latency(paths: dict[str, Path], runs: int, enable_ort_opt: bool) -> dict[str, float]:
+def latency(
+    paths: dict[str, Path],
+    runs: int,
+    enable_ort_opt: bool,
+    *,
+    min_seconds: float = MIN_SECONDS,
+    dim_values: dict[str, int] | None = None,
+) -> dict[str, float]:
     """p50 latency (ms) per variant; variants run interleaved so drift hits all alike."""
     import onnxruntime as ort
 
@@ -128,7 +141,7 @@ def latency(paths: dict[str, Path], runs: int, enable_ort_opt: bool) -> dict[str
     if "original" not in sessions:
         return {}
     specs = [(i.name, i.type, list(i.shape)) for i in sessions["original"].get_inputs()]
-    feeds = make_inputs(specs, seed=0)
+    feeds = make_inputs(specs, seed=0, dim_values=dim_values)
     for key in list(sessions):
         # a variant whose interface changed (onnxruntime's offline output can grow inputs)
         # cannot run on the original's feeds: no latency for it
@@ -148,7 +161,7 @@ def latency(paths: dict[str, Path], runs: int, enable_ort_opt: bool) -> dict[str
     # sub-millisecond medians need many samples); big ones (vgg19 runs seconds per round)
     # stay within about a minute per setting
     if per_round > 0:
-        runs = max(runs, min(MAX_RUNS, int(MIN_SECONDS / per_round)))
+        runs = max(runs, min(MAX_RUNS, int(min_seconds / per_round)))
         runs = max(5, min(runs, int(60 / per_round)))
     keys = list(sessions)
     for r in range(runs):

@@ -122,7 +122,35 @@ def _peak_rss_kb() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 
 
+def serve() -> int:
+    """``python -m bench.worker --serve``: one JSON request per line on stdin
+    (``{"tool", "src", "dst"}``), one JSON answer per line on stdout. Tools are imported on first
+    use and stay imported, so a sweep over many models pays each import once; a tool that crashes
+    the process is answered by the caller, who starts a new worker."""
+    import contextlib
+    import io
+    import traceback
+
+    _warm_onnx()
+    out = sys.stdout
+    for line in sys.stdin:
+        req = json.loads(line)
+        t0 = time.perf_counter()
+        try:
+            with contextlib.redirect_stdout(io.StringIO()):
+                TOOLS[req["tool"]](req["src"], req["dst"])
+            answer = {"ok": Path(req["dst"]).exists(), "seconds": time.perf_counter() - t0}
+        except Exception as exc:
+            last = traceback.format_exception_only(type(exc), exc)[-1].strip()
+            answer = {"ok": False, "error": last[:300]}
+        out.write(json.dumps(answer) + "\n")
+        out.flush()
+    return 0
+
+
 def main() -> int:
+    if sys.argv[1:2] == ["--serve"]:
+        return serve()
     tool, src, dst = sys.argv[1:4]
     import contextlib
     import importlib

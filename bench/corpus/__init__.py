@@ -1,0 +1,166 @@
+"""The generalization corpus: real architectures from libraries' own model definitions, built with
+random weights and exported offline (``python -m bench.corpus``, or ``make corpus``).
+
+Every model is described by a :class:`Spec` (family, source, how to build it, which exporters to
+try). Torch models are built and exported in a separate export-only virtual environment
+(``.venv-export``: timm and torchvision need a newer torch than the project's); models derived from
+other corpus models (quantized, fp16, other opsets, external data) are made in the project's own
+environment. Everything lands in one directory with ``manifest.json``: one entry per model file
+with its family, source, exporter, opset, node count, bytes and sha256, or the reason its export
+failed. The sweep (``python -m bench.sweep``) reads the manifest.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent
+DEFAULT_DIR = ROOT.parent / "corpus-models"
+MANIFEST = "manifest.json"
+
+
+@dataclasses.dataclass(frozen=True)
+class Spec:
+    """One corpus model before export.
+
+    ``build`` names a function ``module:function`` (in ``bench.corpus``'s family modules) that
+    returns what the exporter needs; ``exporters`` are tried one by one, each giving its own file.
+    ``args`` are passed to ``build``. ``derive`` marks a model made from another corpus entry
+    (its ``source`` names that entry) in the project's environment rather than the export venv.
+    """
+
+    name: str
+    family: str
+    source: str
+    build: str
+    exporters: tuple[str, ...] = ("dynamo", "torchscript")
+    args: tuple[tuple[str, Any], ...] = ()
+    derive: bool = False
+
+    def key(self, exporter: str) -> str:
+        return f"{self.name}-{exporter}"
+
+    def kwargs(self) -> dict[str, Any]:
+        return dict(self.args)
+
+
+def spec(
+    name: str,
+    family: str,
+    source: str,
+    build: str,
+    exporters: tuple[str, ...] = ("dynamo", "torchscript"),
+    derive: bool = False,
+    **args: Any,
+) -> Spec:
+    return Spec(name, family, source, build, exporters, tuple(sorted(args.items())), derive)
+
+
+def all_specs() -> list[Spec]:
+    """Every corpus spec, in build order (derived models last: they read exported ones)."""
+    from bench.corpus import derived, hf, scripted, tabular, timm_models, vision, yolo
+
+    specs: list[Spec] = []
+    for module in (timm_models, vision, hf, yolo, scripted, tabular, derived):
+        specs.extend(module.SPECS)
+    names = [s.name for s in specs]
+    dupes = {n for n in names if names.count(n) > 1}
+    if dupes:
+        raise ValueError(f"duplicate corpus names: {sorted(dupes)}")
+    return specs
+
+
+def sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def describe(path: Path) -> dict[str, Any]:
+    """Opset, node count (subgraphs included), bytes (with external data) and sha256 of a file."""
+    import onnx
+
+    model = onnx.load(str(path), load_external_data=False)
+
+    def walk(g: onnx.GraphProto) -> int:
+        n = len(g.node)
+        for node in g.node:
+            for a in node.attribute:
+                if a.type == onnx.AttributeProto.GRAPH:
+                    n += walk(a.g)
+                elif a.type == onnx.AttributeProto.GRAPHS:
+                    n += sum(walk(s) for s in a.graphs)
+        return n
+
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
+    size = path.stat().st_size
+    digest = hashlib.sha256(path.read_bytes())
+    seen: set[str] = set()
+    for init in model.graph.initializer:
+        for entry in init.external_data:
+            if entry.key == "location" and entry.value not in seen:
+                seen.add(entry.value)
+                data = path.parent / entry.value
+                if data.exists():
+                    size += data.stat().st_size
+                    digest.update(data.read_bytes())
+    domains = sorted({o.domain or "ai.onnx" for o in model.opset_import})
+    return {
+        "opset": opset,
+        "domains": domains,
+        "nodes": walk(model.graph),
+        "bytes": size,
+        "sha256": digest.hexdigest(),
+        "external_data": bool(seen),
+    }
+
+
+class Manifest:
+    """``manifest.json`` in the corpus directory: key -> entry. Written whole after every change
+    (to a temporary file, then renamed) so an interrupted build leaves a valid manifest."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.path = directory / MANIFEST
+        self.entries: dict[str, dict[str, Any]] = {}
+        if self.path.exists():
+            self.entries = {e["key"]: e for e in json.loads(self.path.read_text())["models"]}
+
+    def put(self, entry: dict[str, Any]) -> None:
+        """Add or replace one entry. The file is re-read under a lock first, so builders of
+        different families may run at once on one directory without losing each other's work."""
+        import fcntl
+
+        self.directory.mkdir(parents=True, exist_ok=True)
+        with (self.directory / "manifest.lock").open("w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if self.path.exists():
+                on_disk = json.loads(self.path.read_text())["models"]
+                self.entries = {e["key"]: e for e in on_disk} | {
+                    k: v for k, v in self.entries.items() if k not in {e["key"] for e in on_disk}
+                }
+            self.entries[entry["key"]] = entry
+            self.save()
+
+    def save(self) -> None:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_suffix(f".json.{os.getpid()}.tmp")
+        models = sorted(self.entries.values(), key=lambda e: (e["family"], e["key"]))
+        tmp.write_text(json.dumps({"models": models}, indent=1) + "\n")
+        os.replace(tmp, self.path)
+
+    def ok(self) -> Iterator[dict[str, Any]]:
+        for e in self.entries.values():
+            if e.get("status") == "ok":
+                yield e
+
+    def model_path(self, entry: dict[str, Any]) -> Path:
+        return self.directory / entry["file"]

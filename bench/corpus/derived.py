@@ -1,0 +1,121 @@
+"""Models derived from other corpus models in the project's environment: quantized (QDQ from
+onnxruntime's static quantizer, QOperator from its static and dynamic quantizers), fp16 (inputs
+and outputs kept fp32), converted to newer opsets (onnx's version converter, opsets 21 and 23),
+and saved with external data."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from bench.corpus import Manifest, Spec, spec
+
+DERIVED = [
+    # (name, kind, source key)
+    ("resnet18-qdq", "qdq", "timm-resnet18-dynamo"),
+    ("mobilenetv3-qdq", "qdq", "timm-mobilenetv3_large_100-torchscript"),
+    ("efficientnet-qdq", "qdq", "tv-efficientnet_b0-dynamo"),
+    ("vit-qdq", "qdq", "timm-vit_tiny_patch16_224-dynamo"),
+    ("bert-qdq", "qdq", "hf-bert-torchscript"),
+    ("resnet18-qoperator", "qoperator", "timm-resnet18-torchscript"),
+    ("bert-dynamic-int8", "dynamic", "hf-bert-dynamo"),
+    ("gpt2-dynamic-int8", "dynamic", "hf-gpt2-torchscript"),
+    ("resnet18-fp16", "fp16", "timm-resnet18-dynamo"),
+    ("convnext-fp16", "fp16", "timm-convnext_atto-torchscript"),
+    ("bert-fp16", "fp16", "hf-bert-dynamo"),
+    ("yolov8n-fp16", "fp16", "yolo-yolov8n-ultralytics"),
+    ("mobilenetv2-opset21", "opset21", "tv-mobilenet_v2-torchscript"),
+    ("gpt2-opset23", "opset23", "hf-gpt2-dynamo"),
+    ("llama-external-data", "external", "hf-llama-kv-dynamo"),
+    ("convnext-external-data", "external", "timm-convnext_atto-dynamo"),
+]
+
+_FAMILY = {
+    "qdq": "quantized",
+    "qoperator": "quantized",
+    "dynamic": "quantized",
+    "fp16": "fp16",
+    "external": "external-data",
+}
+
+SPECS: list[Spec] = [
+    spec(
+        f"derived-{name}",
+        _FAMILY.get(kind, "opset-converted"),
+        key,
+        "bench.corpus.derived:derive",
+        exporters=(kind,),
+        derive=True,
+        source_key=key,
+    )
+    for name, kind, key in DERIVED
+]
+
+
+class _Reader:
+    """Calibration data: seeded random feeds shaped like the model's inputs."""
+
+    def __init__(self, path: Path, count: int = 8) -> None:
+        import onnxruntime as ort
+
+        from optimizer_core.verify import make_inputs
+
+        sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+        specs = [(i.name, i.type, list(i.shape)) for i in sess.get_inputs()]
+        self.feeds = [make_inputs(specs, seed=s) for s in range(count)]
+
+    def get_next(self) -> dict[str, Any] | None:
+        return self.feeds.pop() if self.feeds else None
+
+    def rewind(self) -> None:  # pragma: no cover - the quantizer may call it
+        pass
+
+
+def derive(sp: Spec, kind: str, manifest: Manifest, out: Path) -> dict[str, Any]:
+    import onnx
+
+    key = sp.kwargs()["source_key"]
+    src_entry = manifest.entries.get(key)
+    if not src_entry or src_entry.get("status") != "ok":
+        raise RuntimeError(f"its source {key} was not built")
+    src = manifest.model_path(src_entry)
+    out.unlink(missing_ok=True)
+    if kind in ("qdq", "qoperator"):
+        from onnxruntime.quantization import QuantFormat, QuantType, quantize_static
+
+        quantize_static(
+            str(src),
+            str(out),
+            _Reader(src),
+            quant_format=QuantFormat.QDQ if kind == "qdq" else QuantFormat.QOperator,
+            activation_type=QuantType.QUInt8,
+            weight_type=QuantType.QInt8,
+        )
+    elif kind == "dynamic":
+        from onnxruntime.quantization import QuantType, quantize_dynamic
+
+        quantize_dynamic(str(src), str(out), weight_type=QuantType.QInt8)
+    elif kind == "fp16":
+        from onnxruntime.transformers.float16 import convert_float_to_float16
+
+        model = convert_float_to_float16(onnx.load(str(src)), keep_io_types=True)
+        onnx.save(model, str(out))
+    elif kind.startswith("opset"):
+        from onnx import version_converter
+
+        model = version_converter.convert_version(onnx.load(str(src)), int(kind[5:]))
+        onnx.checker.check_model(model)
+        onnx.save(model, str(out))
+    elif kind == "external":
+        model = onnx.load(str(src))
+        onnx.save(
+            model,
+            str(out),
+            save_as_external_data=True,
+            all_tensors_to_one_file=True,
+            location=out.name + ".data",
+            size_threshold=1024,
+        )
+    else:
+        raise ValueError(kind)
+    return {"dynamic": True}

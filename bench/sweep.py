@@ -1,0 +1,457 @@
+"""``python -m bench.sweep`` (or ``make sweep``): graphtrim's default settings on every corpus model
+(``python -m bench.corpus``), beside onnxsim, OnnxSlim, onnxoptimizer, onnxruntime's basic
+offline optimizer and onnxscript's optimizer, in the same run.
+
+Per model:
+
+- ``graphtrim optimize --verify`` as a user runs it (a fresh process, the example's dims passed
+  with ``--dim``): exit 0, 1 (changed results) or 2 (the input cannot run: the message names
+  the dim to set); a crash is any other exit;
+- the anchors in one long-lived worker (imports paid once), each output checked for parity with
+  the input in onnxruntime; nodes (subgraphs included) and bytes of every output;
+- optimize wall time as the user sees it: ``graphtrim optimize`` and ``onnxslim`` each in a fresh
+  process, interleaved, repeated when graphtrim's is the slower;
+- latency of graphtrim's output against the input under onnxruntime ORT_ENABLE_ALL on CPU (one
+  thread, interleaved runs, p50), measured again, longer, where the ratio is above 1.03.
+
+Results are kept per model under ``--out`` (a model already swept against the same input file and
+the same graphtrim source is not swept again) and rendered as per-family tables.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import re
+import select
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from bench.__main__ import count_nodes, latency, model_bytes, parity
+from bench.corpus import DEFAULT_DIR, Manifest
+
+ROOT = Path(__file__).resolve().parent
+REPO = ROOT.parent
+BIN = Path(sys.executable).parent
+ANCHORS = ("onnxsim", "onnxslim", "onnxoptimizer", "ort-basic", "onnxscript")
+SLOWER = 1.03
+log = logging.getLogger("bench.sweep")
+
+
+def source_digest() -> str:
+    """A digest of graphtrim's optimizer source: results of another version are swept again."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for path in sorted((REPO / "optimizer_core").rglob("*.py")):
+        h.update(path.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def dim_values(path: Path, shapes: dict[str, list[int]] | None) -> dict[str, int]:
+    """Sizes for the model's symbolic dims, read off the export's example shapes."""
+    import onnx
+
+    if not shapes:
+        return {}
+    model = onnx.load(str(path), load_external_data=False)
+    dims: dict[str, int] = {}
+    for inp in model.graph.input:
+        shape = shapes.get(inp.name)
+        if shape is None or not inp.type.HasField("tensor_type"):
+            continue
+        for d, size in zip(inp.type.tensor_type.shape.dim, shape, strict=False):
+            if d.dim_param:
+                dims.setdefault(d.dim_param, int(size))
+    return dims
+
+
+class AnchorWorker:
+    """``python -m bench.worker --serve`` in the background; restarted after a crash or a
+    timeout (an anchor that hangs or takes the process down fails that model only)."""
+
+    def __init__(self) -> None:
+        self.proc: subprocess.Popen[str] | None = None
+
+    def _start(self) -> subprocess.Popen[str]:
+        env = dict(os.environ, PYTHONWARNINGS="ignore")
+        return subprocess.Popen(
+            [sys.executable, "-m", "bench.worker", "--serve"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+            cwd=REPO,
+            env=env,
+        )
+
+    def run(self, tool: str, src: Path, dst: Path, timeout: float) -> dict[str, Any]:
+        dst.unlink(missing_ok=True)
+        if self.proc is None or self.proc.poll() is not None:
+            self.proc = self._start()
+        assert self.proc.stdin and self.proc.stdout
+        self.proc.stdin.write(json.dumps({"tool": tool, "src": str(src), "dst": str(dst)}) + "\n")
+        self.proc.stdin.flush()
+        ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
+        line = self.proc.stdout.readline() if ready else ""
+        if not line:
+            crashed = self.proc.poll()
+            self.close()
+            return {
+                "ok": False,
+                "error": f"crashed (exit {crashed})"
+                if crashed is not None
+                else f"timeout after {timeout:.0f} s",
+            }
+        return json.loads(line)
+
+    def close(self) -> None:
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait()
+            self.proc = None
+
+
+def _wall(cmd: list[str], timeout: float) -> tuple[float, subprocess.CompletedProcess[str] | None]:
+    env = dict(os.environ, PYTHONWARNINGS="ignore")
+    t0 = time.perf_counter()
+    try:
+        proc = subprocess.run(
+            cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=REPO
+        )
+    except subprocess.TimeoutExpired:
+        return timeout, None
+    return time.perf_counter() - t0, proc
+
+
+def _dim_args(dims: dict[str, int]) -> list[str]:
+    return [a for name, size in dims.items() for a in ("--dim", f"{name}={size}")]
+
+
+def sweep_model(
+    entry: dict[str, Any], src: Path, work: Path, worker: AnchorWorker, args: argparse.Namespace
+) -> dict[str, Any]:
+    dims = dim_values(src, entry.get("shapes"))
+    res: dict[str, Any] = {
+        "key": entry["key"],
+        "family": entry["family"],
+        "exporter": entry["exporter"],
+        "opset": entry.get("opset"),
+        "sha256": entry["sha256"],
+        "original_nodes": count_nodes(src),
+        "original_bytes": model_bytes(src),
+        "dims": dims,
+    }
+    # 1. graphtrim as a user runs it, verified
+    dst = work / f"{entry['key']}.graphtrim.onnx"
+    dst.unlink(missing_ok=True)
+    cmd = [
+        str(BIN / "graphtrim"),
+        "optimize",
+        str(src),
+        "-o",
+        str(dst),
+        "--verify",
+        *_dim_args(dims),
+    ]
+    seconds, proc = _wall(cmd, args.timeout)
+    gt: dict[str, Any] = {
+        "exit": None if proc is None else proc.returncode,
+        "verify_seconds": seconds,
+    }
+    if proc is None:
+        gt["error"] = f"timeout after {args.timeout} s"
+    elif proc.returncode != 0:
+        lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+        gt["error"] = (lines[-1] if lines else f"exit {proc.returncode}")[:400]
+    if proc is not None and proc.returncode == 0 and dst.exists():
+        gt.update(nodes=count_nodes(dst), bytes=model_bytes(dst), ok=True)
+        gt.update(parity(src, dst, dims))
+    res["graphtrim"] = gt
+    # 2. the anchors
+    anchors: dict[str, Any] = {}
+    for tool in ANCHORS:
+        out = work / f"{entry['key']}.{tool}.onnx"
+        r = worker.run(tool, src, out, args.timeout)
+        if r.get("ok") and out.exists():
+            r.update(nodes=count_nodes(out), bytes=model_bytes(out))
+            r.update(parity(src, out, dims))
+        anchors[tool] = r
+        out.unlink(missing_ok=True) if not args.keep else None
+    res["anchors"] = anchors
+    # 3. wall time as the user sees it: fresh processes, interleaved
+    scratch = work / f"{entry['key']}.timed.onnx"
+    walls: dict[str, list[float]] = {"graphtrim": [], "onnxslim": []}
+    gt_cmd = [
+        str(BIN / "graphtrim"),
+        "optimize",
+        str(src),
+        "-o",
+        str(scratch),
+        "-q",
+        *_dim_args(dims),
+    ]
+    slim_cmd = [str(BIN / "onnxslim"), str(src), str(scratch)]
+    for attempt in range(args.wall_repeat):
+        for name, c in (("graphtrim", gt_cmd), ("onnxslim", slim_cmd)):
+            scratch.unlink(missing_ok=True)
+            t, p = _wall(c, args.timeout)
+            if p is not None and p.returncode == 0:
+                walls[name].append(t)
+        if (
+            attempt == 0
+            and walls["graphtrim"]
+            and walls["onnxslim"]
+            and walls["graphtrim"][0] <= walls["onnxslim"][0]
+        ):
+            break  # no need to repeat a clear result
+    scratch.unlink(missing_ok=True)
+    res["wall"] = {k: statistics.median(v) for k, v in walls.items() if v}
+    # 4. latency under ORT_ENABLE_ALL
+    if not args.no_latency and gt.get("ok"):
+        ratios = []
+        for min_seconds in (
+            args.latency_seconds,
+            4 * args.latency_seconds,
+            4 * args.latency_seconds,
+        ):
+            p50 = latency(
+                {"original": src, "graphtrim": dst},
+                10,
+                True,
+                min_seconds=min_seconds,
+                dim_values=dims,
+            )
+            if "original" not in p50 or "graphtrim" not in p50:
+                break
+            ratios.append(p50["graphtrim"] / p50["original"])
+            res["p50_ms"] = p50
+            if statistics.median(ratios) <= SLOWER:
+                break
+        if ratios:
+            res["latency_ratio"] = statistics.median(ratios)
+            res["latency_ratios"] = ratios
+    if not args.keep:
+        dst.unlink(missing_ok=True)
+    return res
+
+
+def _geomean(values: list[float]) -> float | None:
+    values = [v for v in values if v and v > 0]
+    return float(np.exp(np.mean(np.log(values)))) if values else None
+
+
+def best_anchor(r: dict[str, Any]) -> tuple[int | None, list[str], int | None]:
+    """(nodes, tools, bytes) of the anchors with the fewest nodes among those with parity."""
+    ok = {t: a for t, a in r["anchors"].items() if a.get("ok") and a.get("parity_ok")}
+    if not ok:
+        return None, [], None
+    best = min(a["nodes"] for a in ok.values())
+    tools = [t for t, a in ok.items() if a["nodes"] == best]
+    return best, tools, min(ok[t]["bytes"] for t in tools)
+
+
+def render(results: list[dict[str, Any]]) -> str:
+    tools = ["graphtrim", *ANCHORS]
+    fams = sorted({r["family"] for r in results})
+    out = [
+        "## Per family: nodes (Σ, failed or changed outputs count as the input), "
+        "graphtrim against the best anchor, latency and optimize time",
+        "",
+    ]
+    out.append(
+        "| family | models | input | "
+        + " | ".join(tools)
+        + " | wins / ties / losses | latency ratio, ORT all (geomean, worst) | wall s, graphtrim / onnxslim (geomean) |"
+    )
+    out.append("|---|---:|---:|" + "---:|" * len(tools) + "---|---|---|")
+
+    def nodes_of(r: dict[str, Any], t: str) -> int:
+        res = r["graphtrim"] if t == "graphtrim" else r["anchors"].get(t, {})
+        return res["nodes"] if res.get("ok") and res.get("parity_ok") else r["original_nodes"]
+
+    grand = dict.fromkeys(tools, 0)
+    for fam in [*fams, None]:
+        rows = [r for r in results if fam is None or r["family"] == fam]
+        sums = {t: sum(nodes_of(r, t) for r in rows) for t in tools}
+        wlt = [0, 0, 0]
+        for r in rows:
+            best, _, _ = best_anchor(r)
+            if best is None or not r["graphtrim"].get("ok"):
+                continue
+            n = r["graphtrim"]["nodes"]
+            wlt[0 if n < best else 1 if n == best else 2] += 1
+        lat = [r["latency_ratio"] for r in rows if r.get("latency_ratio")]
+        walls = [
+            r for r in rows if "graphtrim" in r.get("wall", {}) and "onnxslim" in r.get("wall", {})
+        ]
+        g_gt = _geomean([r["wall"]["graphtrim"] for r in walls])
+        g_sl = _geomean([r["wall"]["onnxslim"] for r in walls])
+        label = fam or "**all**"
+        lat_txt = f"{_geomean(lat):.3f}, {max(lat):.3f}" if lat else "-"
+        wall_txt = f"{g_gt:.2f} / {g_sl:.2f}" if g_gt and g_sl else "-"
+        out.append(
+            f"| {label} | {len(rows)} | {sum(r['original_nodes'] for r in rows)} | "
+            + " | ".join(str(sums[t]) for t in tools)
+            + f" | {wlt[0]} / {wlt[1]} / {wlt[2]} | {lat_txt} | {wall_txt} |"
+        )
+        if fam is None:
+            grand, _totals_wlt = sums, wlt
+    out += ["", "Σ nodes: " + ", ".join(f"{t} {grand[t]}" for t in tools)]
+    # what did not hold, model by model
+    crashes = [r for r in results if r["graphtrim"].get("exit") not in (0, 1, 2)]
+    changed = [
+        r
+        for r in results
+        if r["graphtrim"].get("exit") == 1
+        or (r["graphtrim"].get("ok") and not r["graphtrim"].get("parity_ok"))
+    ]
+    cannot_run = [r for r in results if r["graphtrim"].get("exit") == 2]
+    losses = []
+    for r in results:
+        best, names, best_bytes = best_anchor(r)
+        if best is not None and r["graphtrim"].get("ok") and r["graphtrim"]["nodes"] > best:
+            grows = best_bytes is not None and best_bytes > r["graphtrim"]["bytes"]
+            losses.append((r, best, names, best_bytes, grows))
+    slow = [r for r in results if r.get("latency_ratio", 0) > SLOWER]
+    slower_wall = [
+        r
+        for r in results
+        if r.get("wall", {}).get("graphtrim", 0) > r.get("wall", {}).get("onnxslim", float("inf"))
+    ]
+    out += [
+        "",
+        f"crashes: {len(crashes)}; changed results: {len(changed)}; inputs that cannot run (exit 2): {len(cannot_run)}; "
+        f"more nodes than the best anchor: {len(losses)}; slower than the input beyond {SLOWER}: {len(slow)}; "
+        f"optimize slower than onnxslim's: {len(slower_wall)}",
+    ]
+    for r in crashes + changed + cannot_run:
+        out.append(
+            f"- {r['key']}: exit {r['graphtrim'].get('exit')}: {r['graphtrim'].get('error', 'parity ' + str(r['graphtrim'].get('max_rel_diff')))}"
+        )
+    for r, best, names, best_bytes, grows in losses:
+        g = r["graphtrim"]
+        note = (
+            f" (the winner's file is {best_bytes - g['bytes']:+,} bytes against graphtrim's)"
+            if grows
+            else ""
+        )
+        out.append(f"- {r['key']}: graphtrim {g['nodes']} > {'/'.join(names)} {best}{note}")
+    for r in slow:
+        out.append(
+            f"- {r['key']}: latency ratio {r['latency_ratio']:.3f} ({', '.join(f'{x:.3f}' for x in r['latency_ratios'])})"
+        )
+    for r in slower_wall:
+        out.append(
+            f"- {r['key']}: wall graphtrim {r['wall']['graphtrim']:.2f} s > onnxslim {r['wall']['onnxslim']:.2f} s"
+        )
+    return "\n".join(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(
+        prog="python -m bench.sweep",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    ap.add_argument(
+        "--corpus", type=Path, default=DEFAULT_DIR, help="corpus directory (its manifest.json)"
+    )
+    ap.add_argument(
+        "--out", type=Path, default=ROOT / "results-sweep", help="per-model results and the tables"
+    )
+    ap.add_argument("--families", nargs="*")
+    ap.add_argument("--match", help="only models whose key matches this regular expression")
+    ap.add_argument("--timeout", type=float, default=600, help="seconds per tool and model")
+    ap.add_argument(
+        "--wall-repeat",
+        type=int,
+        default=3,
+        help="fresh-process timings per tool when graphtrim's first is the slower",
+    )
+    ap.add_argument(
+        "--latency-seconds",
+        type=float,
+        default=1.5,
+        help="seconds of interleaved runs per latency measurement (4x on re-measure)",
+    )
+    ap.add_argument("--no-latency", action="store_true")
+    ap.add_argument("--force", action="store_true", help="sweep again models already swept")
+    ap.add_argument("--keep", action="store_true", help="keep the optimized files")
+    ap.add_argument(
+        "--render", action="store_true", help="only render the tables from kept results"
+    )
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="sweep: %(message)s")
+
+    manifest = Manifest(args.corpus)
+    per_model = args.out / "models"
+    per_model.mkdir(parents=True, exist_ok=True)
+    work = args.out / "work"
+    work.mkdir(exist_ok=True)
+    digest = source_digest()
+    entries = sorted(
+        (
+            e
+            for e in manifest.ok()
+            if (not args.families or e["family"] in args.families)
+            and (not args.match or re.search(args.match, e["key"]))
+        ),
+        key=lambda e: (e["family"], e["key"]),
+    )
+    worker = AnchorWorker()
+    results = []
+    try:
+        for i, entry in enumerate(entries, 1):
+            cached = per_model / f"{entry['key']}.json"
+            if cached.exists():
+                old = json.loads(cached.read_text())
+                if args.render or (
+                    not args.force
+                    and old.get("sha256") == entry["sha256"]
+                    and old.get("graphtrim_source") == digest
+                ):
+                    results.append(old)
+                    continue
+            if args.render:
+                continue
+            t0 = time.monotonic()
+            res = sweep_model(entry, manifest.model_path(entry), work, worker, args)
+            res["graphtrim_source"] = digest
+            tmp = cached.with_suffix(".tmp")
+            tmp.write_text(json.dumps(res, indent=1))
+            os.replace(tmp, cached)
+            results.append(res)
+            g = res["graphtrim"]
+            best, names, _ = best_anchor(res)
+            log.info(
+                "[%d/%d] %s: graphtrim %s (exit %s), best anchor %s %s, latency %s, wall %s (%.0f s)",
+                i,
+                len(entries),
+                entry["key"],
+                g.get("nodes"),
+                g.get("exit"),
+                "/".join(names),
+                best,
+                f"{res['latency_ratio']:.3f}" if "latency_ratio" in res else "-",
+                {k: round(v, 2) for k, v in res["wall"].items()},
+                time.monotonic() - t0,
+            )
+    finally:
+        worker.close()
+    text = render(results)
+    (args.out / "sweep.md").write_text(text + "\n")
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
