@@ -18,6 +18,7 @@ killed is removed by the next write beside the same output.
 from __future__ import annotations
 
 import contextlib
+import copy
 import math
 import os
 import re
@@ -345,6 +346,68 @@ def _read_validated(path: str | os.PathLike[str]) -> tuple[onnx.ModelProto, byte
     return proto, data, external
 
 
+# graph inputs and outputs whose type has a map in it (``ai.onnx.ml`` classifiers' ZipMap:
+# ``seq(map(int64, float))``): onnx_ir cannot represent map types, so such a value is read with a
+# stand-in type and its real type is written back on save (graph input/output name -> TypeProto)
+MAP_TYPES = "graphtrim.map_types"
+
+
+def _has_map(tp: onnx.TypeProto) -> bool:
+    kind = tp.WhichOneof("value")
+    if kind == "map_type":
+        return True
+    if kind == "sequence_type":
+        return _has_map(tp.sequence_type.elem_type)
+    if kind == "optional_type":
+        return _has_map(tp.optional_type.elem_type)
+    return False
+
+
+def _stand_in(tp: onnx.TypeProto) -> onnx.TypeProto:
+    """The same type with each map(K, V) replaced by V (a tensor type onnx_ir reads)."""
+    kind = tp.WhichOneof("value")
+    out = onnx.TypeProto()
+    if kind == "map_type":
+        out.CopyFrom(_stand_in(tp.map_type.value_type))
+    elif kind == "sequence_type":
+        out.sequence_type.elem_type.CopyFrom(_stand_in(tp.sequence_type.elem_type))
+    elif kind == "optional_type":
+        out.optional_type.elem_type.CopyFrom(_stand_in(tp.optional_type.elem_type))
+    else:
+        out.CopyFrom(tp)
+    return out
+
+
+def deserialize(proto: onnx.ModelProto) -> ir.Model:
+    """``ir.serde.deserialize_model`` that also reads models with map-typed values: the main
+    graph's map-typed inputs and outputs get a stand-in type (their real types are kept in
+    ``model.meta[MAP_TYPES]`` and restored by :func:`save_model`), map-typed ``value_info``
+    entries are dropped (they are hints; inference finds them again)."""
+    graph = proto.graph
+    saved: dict[str, onnx.TypeProto] = {}
+    if any(_has_map(vi.type) for vi in (*graph.input, *graph.output, *graph.value_info)):
+        proto = copy.copy(proto)  # shallow: the caller's proto is not changed
+        proto.graph.CopyFrom(graph)
+        for vi in (*proto.graph.input, *proto.graph.output):
+            if _has_map(vi.type):
+                saved[vi.name] = copy.deepcopy(vi.type)
+                vi.type.CopyFrom(_stand_in(vi.type))
+        kept = [vi for vi in proto.graph.value_info if not _has_map(vi.type)]
+        del proto.graph.value_info[:]
+        proto.graph.value_info.extend(kept)
+    model = ir.serde.deserialize_model(proto)
+    if saved:
+        model.meta[MAP_TYPES] = saved
+    return model
+
+
+def restore_map_types(proto: onnx.ModelProto, saved: dict[str, onnx.TypeProto]) -> None:
+    """Give the main graph's inputs and outputs back the map types :func:`deserialize` replaced."""
+    for vi in (*proto.graph.input, *proto.graph.output):
+        if vi.name in saved:
+            vi.type.CopyFrom(saved[vi.name])
+
+
 def load_model(path: str | os.PathLike[str]) -> ir.Model:
     """Load a validated model into ``onnx_ir``; external data stays memory-mapped."""
     proto, data, external = _read_validated(path)
@@ -359,7 +422,7 @@ def load_model(path: str | os.PathLike[str]) -> ir.Model:
         inferred = {vi.name: vi.type for vi in result.graph.value_info}
         ran = True
     del data
-    model = ir.serde.deserialize_model(proto)
+    model = deserialize(proto)
     _apply_inferred_types(model.graph, inferred)
     if ran and not _has_subgraphs(proto.graph):
         # what inference could not find now it will not find before a pass changes the graph
@@ -525,6 +588,10 @@ def save_model(
         else:
             # a data file left by an earlier save under this name no longer belongs to the model
             (target.parent / data_name).unlink(missing_ok=True)
+        if model.meta.get(MAP_TYPES):
+            saved = onnx.load(str(tmp_model), load_external_data=False)
+            restore_map_types(saved, model.meta[MAP_TYPES])
+            onnx.save(saved, str(tmp_model))
         os.replace(tmp_model, target)
         return written
     finally:

@@ -23,6 +23,7 @@ from optimizer_core.graph.opset import passthrough_reason
 from optimizer_core.graph.optimizer import optimize_model
 from optimizer_core.graph.presets import resolve
 from optimizer_core.modelio import (
+    deserialize,
     input_files,
     load_model,
     read_proto,
@@ -127,7 +128,7 @@ def _pass_through(
     if progress is not None:
         progress(f"passed through: {reason}")
     start = time.perf_counter()
-    model = ir.serde.deserialize_model(proto)
+    model = deserialize(proto)
     external = len(src_files) > 1
     if external:
         ir.external_data.set_base_dir(model.graph, str(src.parent.resolve()))

@@ -89,9 +89,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OSError as exc:  # unwritable output, disk full, ...: one line, not a traceback
         _error_line("error", exc)
         return EXIT_BAD_INPUT
+    except Exception as exc:  # a defect of graphtrim: one line and its own exit code, never 1
+        logging.getLogger("graphtrim").debug("internal error", exc_info=True)
+        _error_line("internal error", f"{type(exc).__name__}: {exc}")
+        return EXIT_PASS_FAILURE
 
 
-def _error_line(kind: str, exc: BaseException) -> None:
+def _error_line(kind: str, exc: BaseException | str) -> None:
     """``graphtrim: KIND: message`` on one line of stderr (onnxruntime's messages span several),
     credentials masked."""
     from optimizer_core.redact import redact

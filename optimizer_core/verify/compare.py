@@ -314,10 +314,52 @@ def make_inputs(
     return feeds
 
 
-def compare_outputs(
-    name: str, ref: np.ndarray, got: np.ndarray, tol: Tolerance, *, shape_only: bool = False
+def _leaves(x: Any) -> tuple[Any, list[np.ndarray]]:
+    """A sequence or map output (onnxruntime returns lists and dicts for them) as its structure
+    (lengths, keys) and its tensors in a fixed order."""
+    if isinstance(x, dict):
+        keys = sorted(x, key=repr)
+        parts = [_leaves(x[k]) for k in keys]
+        return ("map", tuple(keys), tuple(p[0] for p in parts)), [a for p in parts for a in p[1]]
+    if isinstance(x, list | tuple):
+        parts = [_leaves(e) for e in x]
+        return ("seq", tuple(p[0] for p in parts)), [a for p in parts for a in p[1]]
+    arr = np.asarray(x)
+    return ("tensor",), [arr]
+
+
+def _compare_structured(
+    name: str, ref: Any, got: Any, tol: Tolerance, shape_only: bool
 ) -> OutputComparison:
-    """Compare one output; with ``shape_only`` (a random op's output) values are not looked at."""
+    ref_structure, ref_leaves = _leaves(ref)
+    got_structure, got_leaves = _leaves(got)
+    if ref_structure != got_structure:
+        return OutputComparison(
+            name, False, float("inf"), float("inf"), None, "sequence or map structure differs"
+        )
+    parts = [
+        compare_outputs(name, a, b, tol, shape_only=shape_only)
+        for a, b in zip(ref_leaves, got_leaves, strict=True)
+    ]
+    bad = [p for p in parts if not p.ok]
+    cosines = [p.cosine for p in parts if p.cosine is not None]
+    return OutputComparison(
+        name,
+        not bad,
+        max((p.max_abs_diff for p in parts), default=0.0),
+        max((p.max_rel_diff for p in parts), default=0.0),
+        min(cosines) if cosines else None,
+        bad[0].reason if bad else "",
+    )
+
+
+def compare_outputs(
+    name: str, ref: Any, got: Any, tol: Tolerance, *, shape_only: bool = False
+) -> OutputComparison:
+    """Compare one output; with ``shape_only`` (a random op's output) values are not looked at.
+    Sequence and map outputs are compared element by element (keys and lengths must match)."""
+    if not isinstance(ref, np.ndarray) or not isinstance(got, np.ndarray):
+        return _compare_structured(name, ref, got, tol, shape_only)
     if ref.shape != got.shape:
         return OutputComparison(
             name, False, float("inf"), float("inf"), None, f"shape {got.shape} != {ref.shape}"
