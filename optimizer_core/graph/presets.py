@@ -32,6 +32,7 @@ from optimizer_core.graph.passes.qdq import QdqCleanup
 from optimizer_core.graph.passes.qdq_move import QdqMove
 from optimizer_core.graph.passes.reassociate import ReassociateConstants
 from optimizer_core.graph.passes.residual import ResidualSum
+from optimizer_core.graph.passes.rnn_defaults import RecurrentDefaults
 from optimizer_core.graph.passes.shapes import SymbolicShapes
 from optimizer_core.graph.passes.siblings import SiblingMatMulFusion
 from optimizer_core.graph.passes.transformer import TransformerFusion
@@ -45,6 +46,7 @@ PASSES: dict[str, type[GraphtrimPass]] = {
         LoopInvariantHoisting,
         LoopFusion,
         IdentityElimination,
+        RecurrentDefaults,
         CastChainElimination,
         QdqCleanup,
         QdqMove,
@@ -75,6 +77,7 @@ _ORDER = [
     "loop-hoist",
     "loop-fuse",
     "identity",
+    "rnn-defaults",
     "casts",
     "qdq",
     "qdq-move",
