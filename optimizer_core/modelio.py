@@ -424,6 +424,7 @@ def load_model(path: str | os.PathLike[str]) -> ir.Model:
     del data
     model = deserialize(proto)
     _apply_inferred_types(model.graph, inferred)
+    _apply_ml_types(model.graph)
     if ran and not _has_subgraphs(proto.graph):
         # what inference could not find now it will not find before a pass changes the graph
         model.meta[SHAPES_INFERRED] = True
@@ -438,6 +439,34 @@ def _has_subgraphs(graph: onnx.GraphProto) -> bool:
         for n in graph.node
         for a in n.attribute
     )
+
+
+# ai.onnx.ml ops whose output type the spec fixes but onnx's inference does not report:
+# op -> {output position: element type}
+_ML_FLOAT = ir.DataType.FLOAT
+ML_OUTPUT_TYPES: dict[str, dict[int, ir.DataType]] = {
+    "Scaler": {0: _ML_FLOAT},
+    "Normalizer": {0: _ML_FLOAT},
+    "FeatureVectorizer": {0: _ML_FLOAT},
+    "OneHotEncoder": {0: _ML_FLOAT},
+    "LinearRegressor": {0: _ML_FLOAT},
+    "SVMRegressor": {0: _ML_FLOAT},
+    "TreeEnsembleRegressor": {0: _ML_FLOAT},
+    "LinearClassifier": {1: _ML_FLOAT},
+    "SVMClassifier": {1: _ML_FLOAT},
+    "TreeEnsembleClassifier": {1: _ML_FLOAT},
+}
+
+
+def _apply_ml_types(graph: ir.Graph) -> None:
+    """Give ``ai.onnx.ml`` outputs the element type their op's definition fixes, where nothing
+    else gave them one (a Cast to float after a Scaler is then seen to be a no-op)."""
+    for node in graph:
+        if node.domain != "ai.onnx.ml":
+            continue
+        for pos, dtype in ML_OUTPUT_TYPES.get(node.op_type, {}).items():
+            if pos < len(node.outputs) and node.outputs[pos].type is None:
+                node.outputs[pos].type = ir.TensorType(dtype)
 
 
 def _apply_inferred_types(graph: ir.Graph, inferred: dict[str, onnx.TypeProto]) -> None:

@@ -44,7 +44,10 @@ _ORT_TYPES = {
     "tensor(uint32)": np.uint32,
     "tensor(uint64)": np.uint64,
     "tensor(bool)": np.bool_,
+    "tensor(string)": np.str_,
 }
+# what random string inputs are drawn from: short words, an empty string and an unusual one
+STRING_VALUES = ("a", "b", "high", "low", "", "zz-unseen")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -304,7 +307,9 @@ def make_inputs(
                 dims.append(bound.setdefault(d, default_dim))
             else:
                 dims.append(default_dim)
-        if dtype == np.bool_:
+        if dtype == np.str_:
+            arr = np.array(STRING_VALUES, dtype=object)[rng.integers(0, len(STRING_VALUES), size=dims)]
+        elif dtype == np.bool_:
             arr = rng.integers(0, 2, size=dims).astype(np.bool_)
         elif np.issubdtype(dtype, np.integer):
             arr = rng.integers(0, 8, size=dims).astype(dtype)
@@ -372,11 +377,14 @@ def compare_outputs(
         return OutputComparison(name, True, 0.0, 0.0, None)
     if ref.dtype.kind not in "fc":
         equal = bool(np.array_equal(ref, got))
-        diff = (
-            0.0 if equal else float(np.max(np.abs(ref.astype(np.float64) - got.astype(np.float64))))
-        )
+        if equal:
+            diff = 0.0
+        elif ref.dtype.kind in "OSU":  # strings: no distance, only different
+            diff = float("inf")
+        else:
+            diff = float(np.max(np.abs(ref.astype(np.float64) - got.astype(np.float64))))
         return OutputComparison(
-            name, equal, diff, diff, None, "" if equal else "integer outputs differ"
+            name, equal, diff, diff, None, "" if equal else f"{ref.dtype.name} outputs differ"
         )
     a = ref.astype(np.float64)
     b = got.astype(np.float64)

@@ -103,3 +103,64 @@ def test_an_unexpected_error_is_one_line_and_exit_3(tmp_path, capsys, monkeypatc
         and "internal error: KeyError" in err
         and "Traceback" not in err
     )
+
+
+def _ml_model(nodes, inputs, outputs) -> onnx.ModelProto:
+    graph = oh.make_graph(nodes, "ml", inputs, outputs)
+    model = oh.make_model(
+        graph, opset_imports=[oh.make_opsetid("", 17), oh.make_opsetid("ai.onnx.ml", 3)]
+    )
+    onnx.checker.check_model(model, full_check=True)
+    return model
+
+
+def test_a_cast_to_float_after_a_scaler_is_removed(tmp_path, capsys):
+    """onnx's inference gives ai.onnx.ml's Scaler no output type; its definition fixes float."""
+    model = _ml_model(
+        [
+            oh.make_node(
+                "Scaler", ["x"], ["scaled"], domain="ai.onnx.ml", offset=[0.5], scale=[2.0]
+            ),
+            oh.make_node("Cast", ["scaled"], ["y"], to=FLOAT),
+        ],
+        [oh.make_tensor_value_info("x", FLOAT, ["N", 3])],
+        [oh.make_tensor_value_info("y", FLOAT, ["N", 3])],
+    )
+    src, out = tmp_path / "scaler.onnx", tmp_path / "out.onnx"
+    onnx.save(model, src)
+    assert main(["optimize", str(src), "-o", str(out), "--verify"]) == 0, capsys.readouterr().err
+    assert [n.op_type for n in onnx.load(str(out)).graph.node] == ["Scaler"]
+
+
+def test_a_model_with_string_inputs_is_verified_on_random_strings(tmp_path, capsys):
+    model = _ml_model(
+        [
+            oh.make_node("Identity", ["grade"], ["g"]),
+            oh.make_node(
+                "CategoryMapper",
+                ["g"],
+                ["code"],
+                domain="ai.onnx.ml",
+                cats_strings=["low", "high"],
+                cats_int64s=[0, 1],
+                default_int64=-1,
+            ),
+        ],
+        [oh.make_tensor_value_info("grade", onnx.TensorProto.STRING, ["N", 1])],
+        [oh.make_tensor_value_info("code", INT64, ["N", 1])],
+    )
+    src, out = tmp_path / "strings.onnx", tmp_path / "out.onnx"
+    onnx.save(model, src)
+    rc = main(["optimize", str(src), "-o", str(out), "--verify"])
+    captured = capsys.readouterr()
+    assert rc == 0, captured.err
+    assert "verification: equal" in captured.out + captured.err
+    assert [n.op_type for n in onnx.load(str(out)).graph.node] == ["CategoryMapper"]
+
+
+def test_string_outputs_that_differ_are_a_mismatch_not_an_error():
+    tol = Tolerance(rtol=1e-5, atol=1e-6)
+    ref = np.array(["a", "b"], dtype=object)
+    assert compare_outputs("s", ref, ref.copy(), tol).ok
+    differ = compare_outputs("s", ref, np.array(["a", "c"], dtype=object), tol)
+    assert not differ.ok and "differ" in differ.reason
