@@ -215,8 +215,13 @@ def measure_agreement(
         except Exception as exc:
             return failed(f"the variant fails on these inputs: {_first_line(exc)}")
         for name, e, g in zip(names, expected, got, strict=True):
-            if np.asarray(e).dtype.kind not in "fciub" or np.asarray(g).dtype.kind not in "fciub":
-                numeric.discard(name)  # strings and the like have no distance
+            if (
+                not isinstance(e, np.ndarray)
+                or not isinstance(g, np.ndarray)
+                or e.dtype.kind not in "fciub"
+                or g.dtype.kind not in "fciub"
+            ):
+                numeric.discard(name)  # strings, sequences and maps have no distance
                 continue
             try:
                 sums[name].add(e, g)

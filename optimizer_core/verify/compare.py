@@ -308,7 +308,9 @@ def make_inputs(
             else:
                 dims.append(default_dim)
         if dtype == np.str_:
-            arr = np.array(STRING_VALUES, dtype=object)[rng.integers(0, len(STRING_VALUES), size=dims)]
+            arr = np.array(STRING_VALUES, dtype=object)[
+                rng.integers(0, len(STRING_VALUES), size=dims)
+            ]
         elif dtype == np.bool_:
             arr = rng.integers(0, 2, size=dims).astype(np.bool_)
         elif np.issubdtype(dtype, np.integer):
@@ -537,7 +539,11 @@ def _verify_with(
                     or (prev.ok == cmp.ok and cmp.max_rel_diff > prev.max_rel_diff)
                 ):
                     merged[name] = cmp
-        shapes = {k: list(v.shape) for k, v in feeds_list[0].items()} if feeds_list else {}
+        shapes = (
+            {k: list(np.shape(v)) for k, v in feeds_list[0].items() if isinstance(v, np.ndarray)}
+            if feeds_list
+            else {}
+        )
         outs = list(merged.values())
         return VerificationRecord(
             all(o.ok for o in outs), len(feeds_list), outs, tol, shapes, shape_only=random

@@ -571,7 +571,7 @@ def test_every_variant_build_carries_its_agreement(variant, fp16_io, tmp_path):
 
 
 def test_agreement_that_cannot_be_measured_says_why(tmp_path):
-    """Random inputs cannot fill a string input: the result says so rather than passing."""
+    """Random inputs cannot fill a sequence input: the result says so rather than passing."""
     from optimizer_core.quantize.agreement import measure_agreement
 
     proto = _model(
@@ -581,24 +581,24 @@ def test_agreement_that_cannot_be_measured_says_why(tmp_path):
         ],
         inputs=[
             oh.make_tensor_value_info("x", FLOAT, ["N", 3]),
-            oh.make_tensor_value_info("s", onnx.TensorProto.STRING, ["N"]),
+            oh.make_tensor_sequence_value_info("s", FLOAT, ["N"]),
         ],
         outputs=[
             oh.make_tensor_value_info("y", FLOAT, ["N", 3]),
-            oh.make_tensor_value_info("t", onnx.TensorProto.STRING, ["N"]),
+            oh.make_tensor_sequence_value_info("t", FLOAT, ["N"]),
         ],
     )
     src = _save(proto, tmp_path / "m.onnx")
     result = measure_agreement(src, src)
     assert result.measured is False
-    assert "tensor(string)" in result.reason
+    assert "seq(tensor(float))" in result.reason
     assert result.summary().startswith("not measured (")
     assert result.to_json()["cosine"] is None
 
-    feeds = [{"x": np.ones((2, 3), np.float32), "s": np.array(["a", "b"], dtype=object)}]
+    feeds = [{"x": np.ones((2, 3), np.float32), "s": [np.ones(2, np.float32)]}]
     measured = measure_agreement(src, src, feeds)
     assert measured.measured and measured.min_cosine == pytest.approx(1.0)
-    assert set(measured.outputs) == {"y"}  # the string output has no distance
+    assert set(measured.outputs) == {"y"}  # the sequence output has no distance
 
 
 def test_a_converter_output_that_cannot_be_read_fails_that_variant(tmp_path, monkeypatch):

@@ -650,13 +650,13 @@ def test_cli_failed_verification_exit_1(tmp_path, planted_bug, capsys):
 
 @pytest.mark.parametrize("flag", ["--verify", "--verify-each-pass"])
 def test_cli_unverifiable_model_is_one_line_exit_2(flag, tmp_path, capsys):
-    # random inputs cannot fill a string input: nothing can be compared, which is not a
+    # random inputs cannot fill a sequence input: nothing can be compared, which is not a
     # difference (exit 2, not 1); nothing is written
     graph = oh.make_graph(
         [oh.make_node("Identity", ["s"], ["a"]), oh.make_node("Identity", ["a"], ["y"])],
         "g",
-        [oh.make_tensor_value_info("s", onnx.TensorProto.STRING, [2])],
-        [oh.make_tensor_value_info("y", onnx.TensorProto.STRING, [2])],
+        [oh.make_tensor_sequence_value_info("s", FLOAT, [2])],
+        [oh.make_tensor_sequence_value_info("y", FLOAT, [2])],
     )
     proto = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)], ir_version=8)
     src = save_plain(tmp_path / "s.onnx", proto)
@@ -666,5 +666,5 @@ def test_cli_unverifiable_model_is_one_line_exit_2(flag, tmp_path, capsys):
     assert rc == 2
     lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("graphtrim: error: cannot verify"), err
-    assert "tensor(string)" in lines[0]
+    assert "seq(tensor(float))" in lines[0]
     assert snapshot(tmp_path) == before
