@@ -150,6 +150,21 @@ class Manifest:
             self.entries[entry["key"]] = entry
             self.save()
 
+    def prune(self, keys: set[str]) -> list[str]:
+        """Drop the entries (and files) of models no spec describes any more."""
+        import fcntl
+
+        with (self.directory / "manifest.lock").open("w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if self.path.exists():
+                self.entries = {e["key"]: e for e in json.loads(self.path.read_text())["models"]}
+            stale = sorted(k for k in self.entries if k not in keys)
+            for key in stale:
+                (self.directory / self.entries.pop(key)["file"]).unlink(missing_ok=True)
+            if stale:
+                self.save()
+        return stale
+
     def save(self) -> None:
         self.directory.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_suffix(f".json.{os.getpid()}.tmp")

@@ -118,8 +118,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{s.family:12} {s.name:40} {s.source:50} {','.join(s.exporters)}")
         print(f"{len(specs)} models, {sum(len(s.exporters) for s in specs)} exports")
         return 0
-    manifest = Manifest(args.dir)
     args.dir.mkdir(parents=True, exist_ok=True)
+    manifest = Manifest(args.dir)
+    for key in manifest.prune({s.key(e) for s in all_specs() for e in s.exporters}):
+        log.info("dropped %s: no spec describes it any more", key)
     todo = [(s, e) for s in specs for e in s.exporters]
     python: Path | None = None
     t_start = time.monotonic()
