@@ -100,8 +100,13 @@ class AnchorWorker:
         assert self.proc.stdin and self.proc.stdout
         self.proc.stdin.write(json.dumps({"tool": tool, "src": str(src), "dst": str(dst)}) + "\n")
         self.proc.stdin.flush()
-        ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
-        line = self.proc.stdout.readline() if ready else ""
+        deadline = time.monotonic() + timeout
+        line = ""
+        while not line.startswith("{"):
+            ready, _, _ = select.select([self.proc.stdout], [], [], deadline - time.monotonic())
+            line = self.proc.stdout.readline() if ready else ""
+            if not line:
+                break
         if not line:
             crashed = self.proc.poll()
             self.close()

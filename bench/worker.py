@@ -131,8 +131,13 @@ def serve() -> int:
     import io
     import traceback
 
+    import os
+
     _warm_onnx()
-    out = sys.stdout
+    # answers go to the original stdout; whatever a tool prints from C++ (to file descriptor 1)
+    # goes to stderr instead of into the answers
+    out = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)
     for line in sys.stdin:
         req = json.loads(line)
         t0 = time.perf_counter()
