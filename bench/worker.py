@@ -129,9 +129,8 @@ def serve() -> int:
     the process is answered by the caller, who starts a new worker."""
     import contextlib
     import io
-    import traceback
-
     import os
+    import traceback
 
     _warm_onnx()
     # answers go to the original stdout; whatever a tool prints from C++ (to file descriptor 1)
