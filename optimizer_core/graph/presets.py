@@ -16,6 +16,7 @@ from optimizer_core.graph.framework import GraphtrimPass, OptimizeOptions
 from optimizer_core.graph.passes.activations import RedundantActivations
 from optimizer_core.graph.passes.algebraic import AlgebraicSimplification
 from optimizer_core.graph.passes.casts import CastChainElimination
+from optimizer_core.graph.passes.channel_gather import ChannelGatherFusion
 from optimizer_core.graph.passes.constant_folding import ConstantFolding
 from optimizer_core.graph.passes.constants import LiftConstants
 from optimizer_core.graph.passes.control_flow import ConstantIfInlining
@@ -35,6 +36,7 @@ from optimizer_core.graph.passes.residual import ResidualSum
 from optimizer_core.graph.passes.rnn_defaults import RecurrentDefaults
 from optimizer_core.graph.passes.shapes import SymbolicShapes
 from optimizer_core.graph.passes.siblings import SiblingMatMulFusion
+from optimizer_core.graph.passes.space_to_depth import SpaceToDepthBlocks
 from optimizer_core.graph.passes.transformer import TransformerFusion
 
 PASSES: dict[str, type[GraphtrimPass]] = {
@@ -57,6 +59,8 @@ PASSES: dict[str, type[GraphtrimPass]] = {
         CommonSubexpressionElimination,
         ConstantFolding,
         AffineFusion,
+        SpaceToDepthBlocks,
+        ChannelGatherFusion,
         PadFusion,
         SiblingMatMulFusion,
         GemmFusion,
@@ -90,6 +94,8 @@ _ORDER = [
     "symbolic-shapes",
     "constant-folding",
     "fuse-affine",
+    "space-to-depth",
+    "fuse-channel-gather",
     "fuse-pad",
     "fuse-siblings",
     "fuse-gemm",
