@@ -47,6 +47,36 @@ def _identity(node: ir.Node, ctx: RuleContext) -> Match:
     return _to(node, node.inputs[0])
 
 
+SMALL_CONSTANT_BYTES = 1024
+
+
+def _constant_body_output(node: ir.Node, ctx: RuleContext) -> ir.Value | str:
+    """An Identity of a small constant that is an output of a Loop/Scan/If body (a loop's
+    always-true condition, mostly): the body can output a constant of its own instead."""
+    out = node.outputs[0]
+    if node.graph is None or node.graph is ctx.model.graph or not out.is_graph_output():
+        return "not an output of a subgraph"
+    x = node.inputs[0]
+    if x is None or not u.is_constant(x) or u.const_nbytes(x) > SMALL_CONSTANT_BYTES:
+        return "the input is not a small constant"
+    if u.const_array(x) is None:
+        return "the constant cannot be read"
+    return x
+
+
+def _to_body_constant(node: ir.Node, x: ir.Value, ctx: RuleContext) -> None:
+    graph, out = node.graph, node.outputs[0]
+    assert graph is not None
+    name = out.name or ctx.pass_.names(ctx.model)("body_constant")  # type: ignore[attr-defined]
+    out.name = ctx.pass_.names(ctx.model)(f"{name}_identity")  # type: ignore[attr-defined]
+    array = u.const_array(x)
+    assert array is not None
+    constant = u.add_initializer(graph, array, name, like=out)
+    for i, value in enumerate(graph.outputs):
+        if value is out:
+            graph.outputs[i] = constant
+
+
 def _dropout(node: ir.Node, ctx: RuleContext) -> Match:
     if len(node.outputs) > 1 and (node.outputs[1].uses() or node.outputs[1].is_graph_output()):
         return "the mask is read"
@@ -263,8 +293,16 @@ _RULES = (  # name, op types, check, math
      "the result has x's shape (axis 1, or the dim it merges with is 1)"),
 )  # fmt: skip
 
-RULES: tuple[Rule, ...] = tuple(
-    Rule(name, math, ops, check, replace_output) for name, ops, check, math in _RULES
+RULES: tuple[Rule, ...] = (
+    *(Rule(name, math, ops, check, replace_output) for name, ops, check, math in _RULES),
+    Rule(
+        "identity-of-constant-body-output",
+        "a Loop/Scan/If body output Identity(c) of a small constant c -> a constant of the "
+        "body (the body's outputs cannot name a value of the outer scope)",
+        ("Identity",),
+        _constant_body_output,
+        _to_body_constant,
+    ),
 )
 
 

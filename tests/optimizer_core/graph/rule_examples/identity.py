@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import numpy as np
+import onnx
+import onnx.helper as oh
+import onnx.numpy_helper as onh
+
 from tests.optimizer_core.graph.rule_examples import Example
 from tests.optimizer_core.graph.rule_examples._build import model
 
@@ -31,3 +36,42 @@ EXAMPLES: dict[tuple[str, str], Example] = {
     ("identity", "concat-single"): _noop("y = Concat<axis = 0>(x)"),
     ("identity", "flatten-noop"): _noop("y = Flatten<axis = 1>(x)"),
 }
+
+
+def _loop_with_constant_condition() -> onnx.ModelProto:
+    """A scripted loop's body: its condition output is Identity of an outer constant true."""
+    body = oh.make_graph(
+        [
+            oh.make_node("Add", ["acc", "step"], ["acc_out"]),
+            oh.make_node("Identity", ["keep_going"], ["cond_out"]),
+        ],
+        "body",
+        [
+            oh.make_tensor_value_info("i", onnx.TensorProto.INT64, []),
+            oh.make_tensor_value_info("cond", onnx.TensorProto.BOOL, []),
+            oh.make_tensor_value_info("acc", onnx.TensorProto.FLOAT, [2, 4]),
+        ],
+        [
+            oh.make_tensor_value_info("cond_out", onnx.TensorProto.BOOL, []),
+            oh.make_tensor_value_info("acc_out", onnx.TensorProto.FLOAT, [2, 4]),
+        ],
+    )
+    graph = oh.make_graph(
+        [oh.make_node("Loop", ["n", "keep_going", "xin"], ["y"], body=body)],
+        "loop",
+        [
+            oh.make_tensor_value_info("xin", onnx.TensorProto.FLOAT, [2, 4]),
+            oh.make_tensor_value_info("n", onnx.TensorProto.INT64, []),
+        ],
+        [oh.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [2, 4])],
+        [
+            onh.from_array(np.array(True), "keep_going"),
+            onh.from_array(np.full((2, 4), 0.5, np.float32), "step"),
+        ],
+    )
+    return oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)])
+
+
+EXAMPLES[("identity", "identity-of-constant-body-output")] = Example(
+    model=_loop_with_constant_condition
+)
