@@ -174,6 +174,25 @@ def _reshape_of(op: str) -> Callable[[ir.Node, RuleContext], Any]:
     return check
 
 
+def _transpose_reshape(node: ir.Node, ctx: RuleContext) -> ir.Value | str:
+    """Check: a Reshape of a Transpose that moves only dims of size 1, so the element order is
+    x's own (dims not known to be 1 must keep their relative order)."""
+    src = _reshape_of("Transpose")(node, ctx)
+    if isinstance(src, str):
+        return src
+    inner = node.inputs[0].producer()  # type: ignore[union-attr]
+    assert inner is not None
+    dims = u.symbolic_dims(src)
+    if dims is None:
+        return "the transposed tensor's rank is unknown"
+    perm = list(inner.attributes["perm"].as_ints()) if "perm" in inner.attributes else None
+    perm = list(reversed(range(len(dims)))) if perm is None else perm
+    moved = [axis for axis in perm if dims[axis] != 1]
+    if moved != sorted(moved):
+        return "the Transpose reorders dims that may not be 1"
+    return src
+
+
 def _read_source(node: ir.Node, src: ir.Value, ctx: RuleContext) -> None:
     node.replace_input_with(0, src)
 
@@ -222,6 +241,14 @@ RULES: tuple[Rule, ...] = (
             _read_source,
         )
         for op in ("Reshape", "Flatten", "Squeeze", "Unsqueeze")
+    ),
+    Rule(
+        "transpose-reshape",
+        "Reshape(Transpose(x, p), s) -> Reshape(x, s) when p moves only dims of size 1 (the "
+        "element order is x's) and s is constant and copies no dim",
+        ("Reshape",),
+        _transpose_reshape,
+        _read_source,
     ),
 )
 

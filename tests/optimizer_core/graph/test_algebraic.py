@@ -651,3 +651,35 @@ def test_transpose_pair_between_graph_input_and_output_becomes_one_node():
     out, _ = run_passes(proto, ["algebraic", "identity", "dead-code"])
     assert op_types(out) == ["Transpose"]
     assert_equivalent(proto, out)
+
+
+@pytest.mark.parametrize(
+    ("perm", "shape", "fires"),
+    [
+        ([0, 3, 1, 2], "[2, 1, 1, 4]", True),  # only size-1 dims move
+        ([0, 3, 1, 2], "[2, 3, 1, 4]", False),  # 3 and 4 change order
+        ([0, 2, 1, 3], "[2, N, 1, 4]", True),  # a symbolic dim keeps its place
+        ([0, 2, 1, 3], "[2, N, M, 4]", False),  # two symbolic dims swap
+    ],
+)
+def test_a_reshape_reads_through_a_transpose_only_when_the_element_order_is_kept(
+    perm, shape, fires
+):
+    proto = parse(
+        f"""
+        <ir_version: 8, opset_import: ["" : 18]>
+        g (float{shape} x) => (float[2, K] y) <int64[2] s = {{2, -1}}> {{
+          t = Transpose<perm = {perm}>(x)
+          y = Reshape(t, s)
+        }}
+        """
+    )
+    out, _ = run_passes(proto, passes=["algebraic"])
+    assert ("Transpose" not in op_types(out)) == fires
+    dims = {"N": 3, "M": 5}
+    feed = (
+        np.random.default_rng(0)
+        .standard_normal([dims.get(d.strip()) or int(d) for d in shape.strip("[]").split(",")])
+        .astype(np.float32)
+    )
+    assert_equivalent(proto, out, inputs=[{"x": feed}])

@@ -78,3 +78,12 @@ EXAMPLES: dict[tuple[str, str], Example] = {
         ),
     ),
 }
+
+# a pooled [N, 1, 1, C] feature map moved to [N, C, 1, 1] and flattened (timm's ConvNeXt head)
+EXAMPLES[("algebraic", "transpose-reshape")] = Example(
+    model=model(
+        "t = Transpose<perm = [0, 3, 1, 2]>(xin)\n y = Reshape(t, s)",
+        inits="int64[2] s = {2, 4}",
+        sig="(float[2, 1, 1, 4] xin) => (float[2, 4] y)",
+    )
+)
