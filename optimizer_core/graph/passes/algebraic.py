@@ -193,6 +193,60 @@ def _transpose_reshape(node: ir.Node, ctx: RuleContext) -> ir.Value | str:
     return src
 
 
+def _concat_axis(node: ir.Node) -> int | None:
+    axis = node.attributes.get_int("axis", 0)
+    if axis >= 0:
+        return axis
+    r = u.rank(node.outputs[0])
+    return None if r is None else axis + r
+
+
+def _concat_of_concat(node: ir.Node, ctx: RuleContext) -> list[ir.Value] | str:
+    """Check: an input is a Concat on the same axis all of whose readers are such Concats (it
+    goes dead once they all read its inputs); the match is the flattened input list."""
+    axis = _concat_axis(node)
+    if axis is None:
+        return "the axis is negative and the rank unknown"
+    flat: list[ir.Value] = []
+    merged = False
+    for value in node.inputs:
+        inner = value.producer() if value is not None else None
+        if (
+            value is not None
+            and inner is not None
+            and u.is_op(inner, "Concat")
+            and _concat_axis(inner) == axis
+            and not value.is_graph_output()
+            and all(
+                u.is_op(user, "Concat") and _concat_axis(user) == axis for user, _ in value.uses()
+            )
+            and all(v is not None for v in inner.inputs)
+        ):
+            flat.extend(v for v in inner.inputs if v is not None)
+            merged = True
+        elif value is None:
+            return "an input is missing"
+        else:
+            flat.append(value)
+    return flat if merged else "no input is a Concat on the same axis read by Concats only"
+
+
+def _flatten_concat(node: ir.Node, flat: list[ir.Value], ctx: RuleContext) -> None:
+    names = ctx.pass_.names(ctx.model)  # type: ignore[attr-defined]
+    merged = ir.Node(
+        "",
+        "Concat",
+        flat,
+        [ir.AttrInt64("axis", node.attributes.get_int("axis", 0))],
+        name=names(f"{node.name or 'Concat'}_flat"),
+    )
+    ctx.graph.insert_before(node, merged)
+    merged.outputs[0].name = names(f"{node.outputs[0].name or 'concat'}_flat")
+    merged.outputs[0].type = node.outputs[0].type
+    merged.outputs[0].shape = node.outputs[0].shape
+    replace_output(node, merged.outputs[0], ctx)
+
+
 def _read_source(node: ir.Node, src: ir.Value, ctx: RuleContext) -> None:
     node.replace_input_with(0, src)
 
@@ -241,6 +295,14 @@ RULES: tuple[Rule, ...] = (
             _read_source,
         )
         for op in ("Reshape", "Flatten", "Squeeze", "Unsqueeze")
+    ),
+    Rule(
+        "concat-concat",
+        "Concat(a, Concat(b, c, axis), d, axis) -> Concat(a, b, c, d, axis) when every reader "
+        "of the inner Concat is a Concat on the same axis (it goes dead)",
+        ("Concat",),
+        _concat_of_concat,
+        _flatten_concat,
     ),
     Rule(
         "transpose-reshape",

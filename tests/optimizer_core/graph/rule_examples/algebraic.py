@@ -87,3 +87,12 @@ EXAMPLES[("algebraic", "transpose-reshape")] = Example(
         sig="(float[2, 1, 1, 4] xin) => (float[2, 4] y)",
     )
 )
+
+# DenseNet/DPN-style growing concatenations: each step appends to the last
+EXAMPLES[("algebraic", "concat-concat")] = Example(
+    model=model(
+        "a = Concat<axis = 1>(xin, xin)\n b = Concat<axis = 1>(a, xin)\n"
+        " c = Concat<axis = -1>(xin, a)\n y = Concat<axis = 1>(b, c)",
+        sig="(float[2, 4] xin) => (float[2, 24] y)",
+    )
+)
