@@ -94,9 +94,9 @@ _ORDER = [
     "symbolic-shapes",
     "constant-folding",
     "fuse-affine",
+    "fuse-pad",
     "space-to-depth",
     "fuse-channel-gather",
-    "fuse-pad",
     "fuse-siblings",
     "fuse-gemm",
     # last: it also merges the constants folding and fusion just made (fewer iterations)
