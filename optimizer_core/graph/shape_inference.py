@@ -102,6 +102,10 @@ def unknown_shape_ids(model: ir.Model) -> set[int]:
     return out
 
 
+def _output_ids(model: ir.Model) -> set[int]:
+    return {id(value) for graph in u.all_graphs(model) for node in graph for value in node.outputs}
+
+
 class ShapeInference(ir.passes.InPlacePass):
     """Fills in unknown shapes and types; never counts as a change of the model.
 
@@ -125,8 +129,14 @@ class ShapeInference(ir.passes.InPlacePass):
             self._hopeless = unknown_shape_ids(model)
             return ir.passes.PassResult(model, False)
         self._first = False
-        if self.only_if_unknown and unknown_shape_ids(model) <= self._hopeless:
-            return ir.passes.PassResult(model, False)
+        if self.only_if_unknown:
+            unknown = unknown_shape_ids(model)
+            # a pass that learned a shape inference had not (a Reshape target made constant)
+            # may let it find the values after it: a value that was hopeless and still exists
+            # but is known now means inference runs again
+            learned = bool((self._hopeless - unknown) & _output_ids(model))
+            if unknown <= self._hopeless and not learned:
+                return ir.passes.PassResult(model, False)
         self.runs += 1
         try:
             return self._infer(model)

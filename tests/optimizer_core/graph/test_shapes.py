@@ -311,3 +311,33 @@ def test_reshape_transpose_reshape_not_over_unproved_dims():
     )
     _, result = run_passes(proto, ["symbolic-shapes"])
     assert "reshape-transpose-reshape" not in rules_fired(result)
+
+
+def test_inference_runs_again_once_a_pass_learned_a_shape_it_could_not():
+    """Values inference could not type are not retried every iteration, unless a pass has since
+    learned a shape inference had not found (a Reshape target made constant): the values after
+    it are then inferred again."""
+    import onnx_ir as ir
+
+    from optimizer_core.graph.shape_inference import ShapeInference
+
+    proto = parse(
+        """
+        <ir_version: 8, opset_import: ["" : 18]>
+        g (float[N, 4] x, int64[P] s) => (float[M, K] z) {
+          y = Reshape(x, s)
+          r = Relu(y)
+          z = Neg(r)
+        }
+        """
+    )
+    model = ir.serde.deserialize_model(proto)
+    infer = ShapeInference(only_if_unknown=True)
+    infer.call(model)
+    reshape, relu, _ = list(model.graph)
+    assert reshape.outputs[0].shape is None and relu.outputs[0].shape is None
+    infer.call(model)  # nothing learned: nothing to retry
+    assert relu.outputs[0].shape is None
+    reshape.outputs[0].shape = ir.Shape(["N", 4])  # what symbolic-shapes proves
+    infer.call(model)
+    assert relu.outputs[0].shape is not None and list(relu.outputs[0].shape) == ["N", 4]
