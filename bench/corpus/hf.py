@@ -239,8 +239,14 @@ def build(model_type: str, cache: bool = False) -> Any:
 
     from bench.corpus.torch_export import Built
 
+    import os
+
     cls, kind, _ = MODELS[model_type]
     config = _config(model_type)
+    if os.environ.get("CORPUS_EXPORTER") == "torchscript":
+        # the TorchScript exporter has no scaled_dot_product_attention below opset 14: its users
+        # export the eager attention (matmuls, the additive mask), as this does
+        config._attn_implementation = "eager"
     inner = getattr(transformers, cls)(config).eval()
     batch, seq = 2, 16
 

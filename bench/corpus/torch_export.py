@@ -129,6 +129,7 @@ def main(argv: list[str]) -> int:
     torch.manual_seed(0)
     torch.set_num_threads(max(1, (os.cpu_count() or 1)))
     func = resolve(build)
+    os.environ["CORPUS_EXPORTER"] = exporter  # builders may shape the model for their exporter
     result = func(**json.loads(args_json))
     if callable(result):  # a builder that writes its own file (another library's exporter)
         info = result(Path(out), exporter) or {}
