@@ -234,12 +234,12 @@ def _config(model_type: str) -> Any:
 
 
 def build(model_type: str, cache: bool = False) -> Any:
+    import os
+
     import torch
     import transformers
 
     from bench.corpus.torch_export import Built
-
-    import os
 
     cls, kind, _ = MODELS[model_type]
     config = _config(model_type)
