@@ -10,7 +10,7 @@ import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import onnx
 import onnx_ir as ir
@@ -33,7 +33,10 @@ from optimizer_core.modelio import (
 )
 from optimizer_core.ort_target import apply_target
 from optimizer_core.stats import ModelStats, before_after_table
-from optimizer_core.verify import Tolerance, VerificationRecord, VerifyEachPass, verify
+
+if TYPE_CHECKING:
+    # imported where a model is verified: optimizing alone does without them
+    from optimizer_core.verify import Tolerance, VerificationRecord
 
 
 @dataclasses.dataclass
@@ -226,6 +229,8 @@ def optimize_file(
     before = ModelStats.of(model, src_files)
     instruments: list[Instrument] = []
     if check_each_pass:
+        from optimizer_core.verify import VerifyEachPass
+
         instruments.append(
             VerifyEachPass(
                 trials=max(1, min(trials, 2)), dim_values=dim_values, tolerance=tolerance
@@ -253,6 +258,8 @@ def optimize_file(
             str(src_p), str(dst_p), before, after, result.log, seconds, metadata_stripped=stripped
         )
         if check:
+            from optimizer_core.verify import verify
+
             if progress is not None:
                 progress("verifying the optimized model against the input")
             record = verify(

@@ -6,6 +6,8 @@ from __future__ import annotations
 import argparse
 import json
 import math
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import overload
 
 
 def _int_at_least(text: str, minimum: int) -> int:
@@ -56,3 +58,46 @@ def csv(text: str) -> list[str]:
         except ValueError as exc:
             raise argparse.ArgumentTypeError(f"not a JSON list: {text!r}") from exc
     return [t.strip() for t in text.split(",") if t.strip()]
+
+
+class LazyChoices(Sequence[str]):
+    """An argument's ``choices`` read from their module when argparse first uses them (to check
+    a value or to write the help), so that building the parser imports no model library.
+
+    argparse reads ``choices`` while adding the argument (to check its metavar), so they are
+    set on the action it returns: ``lazy_choices(p.add_argument(...), load)``."""
+
+    def __init__(self, load: Callable[[], Iterable[str]]) -> None:
+        self._load = load
+        self._items: tuple[str, ...] | None = None
+
+    def _names(self) -> tuple[str, ...]:
+        if self._items is None:
+            self._items = tuple(self._load())
+        return self._items
+
+    @overload
+    def __getitem__(self, index: int) -> str: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[str]: ...
+
+    def __getitem__(self, index: int | slice) -> str | Sequence[str]:
+        return self._names()[index]
+
+    def __len__(self) -> int:
+        return len(self._names())
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._names())
+
+    def __contains__(self, value: object) -> bool:
+        return value in self._names()
+
+    def __repr__(self) -> str:
+        return repr(list(self._names()))
+
+
+def lazy_choices(action: argparse.Action, load: Callable[[], Iterable[str]]) -> None:
+    """Give ``action`` the choices ``load()`` returns, read on first use (:class:`LazyChoices`)."""
+    action.choices = LazyChoices(load)

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from optimizer_core.cli.argtypes import csv as _csv
-from optimizer_core.cli.argtypes import finite_nonneg_float, nonneg_int, positive_int
+from optimizer_core.cli.argtypes import finite_nonneg_float, lazy_choices, nonneg_int, positive_int
 from optimizer_core.cli.exits import EXIT_MISMATCH, EXIT_OK
 from optimizer_core.errors import GraphtrimError, VerificationUnavailable
 
@@ -72,10 +72,21 @@ def _add_verify_args(p: argparse.ArgumentParser) -> None:
     )
 
 
-def add_parsers(sub: Any) -> None:
-    from optimizer_core.graph.framework import TARGETS
+def _preset_names() -> list[str]:
     from optimizer_core.graph.presets import PRESETS
 
+    return sorted(PRESETS)
+
+
+def _target_names() -> list[str]:
+    from optimizer_core.graph.framework import TARGETS
+
+    return list(TARGETS)
+
+
+def add_parsers(sub: Any) -> None:
+    # the choices of --preset and --target are read when used: building the parser imports
+    # neither the passes nor onnx_ir
     opt = sub.add_parser(
         "optimize",
         help="optimize an ONNX model",
@@ -90,11 +101,11 @@ def add_parsers(sub: Any) -> None:
     )
     opt.add_argument("input", help="model to optimize (.onnx; external data beside it is followed)")
     opt.add_argument("-o", "--output", required=True, help="where to write the optimized model")
-    opt.add_argument(
-        "--preset",
-        default="default",
-        choices=sorted(PRESETS),
-        help="pass preset; 'safe' = exact rewrites only",
+    lazy_choices(
+        opt.add_argument(
+            "--preset", default="default", help="pass preset; 'safe' = exact rewrites only"
+        ),
+        _preset_names,
     )
     opt.add_argument(
         "--passes",
@@ -131,12 +142,15 @@ def add_parsers(sub: Any) -> None:
     opt.add_argument(
         "--fold-max-tensor", type=_bytes, default="256MiB", help="largest tensor folding may create"
     )
-    opt.add_argument(
-        "--target",
-        default="portable",
-        choices=list(TARGETS),
-        help="runtime to optimize for: 'portable' emits standard ONNX only; 'ort-cpu'/'ort-cuda' "
-        "may add onnxruntime contrib fusions; 'tensorrt' avoids ops TensorRT does not parse",
+    lazy_choices(
+        opt.add_argument(
+            "--target",
+            default="portable",
+            help="runtime to optimize for: 'portable' emits standard ONNX only; "
+            "'ort-cpu'/'ort-cuda' may add onnxruntime contrib fusions; 'tensorrt' avoids ops "
+            "TensorRT does not parse",
+        ),
+        _target_names,
     )
     opt.add_argument(
         "--opset",
@@ -212,10 +226,15 @@ def _check_report_path(report: str, model_paths: Sequence[str]) -> None:
             raise GraphtrimError(f"report {report} would overwrite the model {path}")
 
 
+def _tolerance(args: argparse.Namespace) -> Any:
+    from optimizer_core.verify import Tolerance
+
+    return Tolerance(rtol=args.rtol, atol=args.atol)
+
+
 def cmd_optimize(args: argparse.Namespace) -> int:
     from optimizer_core.graph.framework import OptimizeOptions
     from optimizer_core.optimize_file import optimize_file
-    from optimizer_core.verify import Tolerance
 
     if args.report:
         _check_report_path(
@@ -248,7 +267,7 @@ def cmd_optimize(args: argparse.Namespace) -> int:
             options=options,
             check=args.verify,
             check_each_pass=args.verify_each_pass,
-            tolerance=Tolerance(rtol=args.rtol, atol=args.atol),
+            tolerance=_tolerance(args) if args.verify or args.verify_each_pass else None,
             trials=args.trials,
             dim_values=_dims(args.dim),
             progress=progress if show_progress else None,

@@ -25,7 +25,10 @@ from optimizer_core.errors import (
 )
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    """The parser of every command; with ``argv``, the parser for that command line: where it
+    names a command of the core, the adapters' commands (entry points) are left out, since
+    parsing it never reaches them."""
     from optimizer_core.cli import graph_commands, pipeline_commands, variant_commands
 
     parser = argparse.ArgumentParser(
@@ -37,6 +40,8 @@ def build_parser() -> argparse.ArgumentParser:
     # each command group adds its commands with their handler (``set_defaults(handler=...)``)
     for group in (graph_commands, variant_commands, pipeline_commands):
         group.add_parsers(sub)
+    if argv and argv[0] in sub.choices:
+        return parser
     for name, handler in _extensions(sub).items():
         sub.choices[name].set_defaults(handler=handler)
     return parser
@@ -59,7 +64,11 @@ def _extensions(sub: Any) -> dict[str, Any]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    from optimizer_core.cli import _lazy_sympy
+
+    _lazy_sympy.install()  # onnx_ir without sympy until a symbolic dim needs it
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser(argv)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="graphtrim: %(levelname)s: %(message)s")
     handler = args.handler

@@ -12,11 +12,9 @@ from pathlib import Path
 from typing import Any
 
 from optimizer_core.cli.argtypes import csv as _csv
-from optimizer_core.cli.argtypes import positive_float
+from optimizer_core.cli.argtypes import lazy_choices, positive_float
 from optimizer_core.errors import GraphtrimError
 from optimizer_core.redact import masked_command, redact
-from optimizer_core.stages import STAGE_NAMES
-from optimizer_core.stages.summary import table
 
 Command = Callable[[argparse.Namespace], int]
 
@@ -29,10 +27,20 @@ def _add_location_args(p: argparse.ArgumentParser) -> None:
     )
 
 
-def _add_pipeline_args(p: argparse.ArgumentParser) -> None:
+def _preset_names() -> list[str]:
     from optimizer_core.graph.presets import PRESETS
-    from optimizer_core.quantize import VARIANTS
-    from optimizer_core.stages.context import DEFAULT_VARIANTS
+
+    return sorted(PRESETS)
+
+
+def _stage_names() -> tuple[str, ...]:
+    from optimizer_core.stages import STAGE_NAMES
+
+    return STAGE_NAMES
+
+
+def _add_pipeline_args(p: argparse.ArgumentParser) -> None:
+    from optimizer_core.quantize.kinds import DEFAULT_VARIANTS, VARIANTS
 
     _add_location_args(p)
     p.add_argument(
@@ -52,7 +60,7 @@ def _add_pipeline_args(p: argparse.ArgumentParser) -> None:
         default=list(DEFAULT_VARIANTS),
         help=f"comma-separated variants to build: {', '.join(VARIANTS)}",
     )
-    p.add_argument("--preset", default="default", choices=sorted(PRESETS))
+    lazy_choices(p.add_argument("--preset", default="default"), _preset_names)
     p.add_argument("--device", default="cpu", choices=("cpu", "gpu"), help="where gates measure")
     p.add_argument("--tensorrt", action="store_true", help="with --device gpu: TensorRT first")
     policy = p.add_mutually_exclusive_group()
@@ -156,7 +164,7 @@ def add_parsers(sub: Any) -> None:
         ),
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    st.add_argument("stage", choices=STAGE_NAMES)
+    lazy_choices(st.add_argument("stage"), _stage_names)
     st.add_argument("--model", help="source model URI (export only)")
     st.add_argument(
         "--input",
@@ -283,8 +291,9 @@ def _quiet() -> None:
 
 @masked_command
 def cmd_pipeline(args: argparse.Namespace) -> int:
-    from optimizer_core.stages import pipeline, stage
+    from optimizer_core.stages import STAGE_NAMES, pipeline, stage
     from optimizer_core.stages.records import ValidateRecord
+    from optimizer_core.stages.summary import table
 
     ctx, config = _context_and_config(args)
     if args.pipeline_command == "run":

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from optimizer_core.cli.argtypes import csv as _csv
-from optimizer_core.cli.argtypes import positive_int
+from optimizer_core.cli.argtypes import lazy_choices, positive_int
 from optimizer_core.quantize.kinds import DEFAULT_VARIANTS, variants_help
 
 EXIT_OK, EXIT_FAILED = 0, 1
@@ -34,19 +34,22 @@ def _progress(args: argparse.Namespace) -> Callable[[str], None] | None:
     return say
 
 
-def _add_quant_args(p: argparse.ArgumentParser) -> None:
+def _calibration_methods() -> tuple[str, ...]:
     from optimizer_core.quantize import CALIBRATION_METHODS
 
+    return tuple(CALIBRATION_METHODS)
+
+
+def _add_quant_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--calibration",
         metavar="C.npz",
         help="calibration data: one array per model input, samples on the first axis",
     )
-    p.add_argument(
-        "--method",
-        choices=CALIBRATION_METHODS,
-        default="minmax",
-        help="calibration method of int8-static",
+    # read when used: the quantizers' module imports numpy and onnx
+    lazy_choices(
+        p.add_argument("--method", default="minmax", help="calibration method of int8-static"),
+        _calibration_methods,
     )
     p.add_argument(
         "--per-tensor",
