@@ -6,7 +6,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.graphtrim-installed
 TORCH_PIN := torch==2.13.0
 
-.PHONY: install demo test lint typecheck bench bench-variants bench-scale bench-nodetests deployment clean
+.PHONY: install demo test lint typecheck bench bench-variants bench-scale bench-nodetests corpus sweep deployment clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -43,6 +43,15 @@ bench-scale: $(STAMP)
 # every onnx backend node test that onnxruntime runs, optimized and compared with its expected outputs
 bench-nodetests: $(STAMP)
 	$(PY) -m bench.nodetests $(BENCH_ARGS)
+
+# the generalization corpus (bench/corpus-models, manifest.json): 180+ architectures exported
+# offline in an export-only venv (.venv-export, created on first use); resumable
+corpus: $(STAMP)
+	$(PY) -m bench.corpus $(BENCH_ARGS)
+
+# graphtrim's defaults against the five anchors on every corpus model, per-family tables
+sweep: $(STAMP)
+	$(PY) -m bench.sweep $(BENCH_ARGS)
 
 # a distributed deployment on 127.0.0.1 (PostgreSQL, Redis, Celery cpu/gpu workers, MLflow, S3)
 deployment: $(STAMP)
