@@ -4,8 +4,12 @@ finite, a timeout positive. A bad value is argparse's own one-line error and exi
 from __future__ import annotations
 
 import argparse
+import ast
+import importlib
+import importlib.util
 import json
 import math
+import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import overload
 
@@ -61,7 +65,7 @@ def csv(text: str) -> list[str]:
 
 
 class LazyChoices(Sequence[str]):
-    """An argument's ``choices`` read from their module when argparse first uses them (to check
+    """An argument's ``choices``, computed by ``load`` when argparse first uses them (to check
     a value or to write the help), so that building the parser imports no model library.
 
     argparse reads ``choices`` while adding the argument (to check its metavar), so they are
@@ -101,3 +105,65 @@ class LazyChoices(Sequence[str]):
 def lazy_choices(action: argparse.Action, load: Callable[[], Iterable[str]]) -> None:
     """Give ``action`` the choices ``load()`` returns, read on first use (:class:`LazyChoices`)."""
     action.choices = LazyChoices(load)
+
+
+def literal_names(module: str, name: str) -> list[str]:
+    """The names in ``module``'s top-level ``name`` (the keys of a dict, the items of a tuple or
+    list), read from the module's source where they are written there as a literal of strings:
+    the choices of ``--preset`` are shown without importing the passes, onnx_ir and numpy. Where
+    they are not such a literal, or the module is imported already, from the module."""
+    loaded = sys.modules.get(module)
+    if loaded is None:
+        found = _source_literal(module, name)
+        if found is not None:
+            return found
+        loaded = importlib.import_module(module)
+    return [str(n) for n in getattr(loaded, name)]
+
+
+_MUTATORS = {"update", "setdefault", "pop", "popitem", "clear", "append", "extend", "insert"}
+
+
+def _source_literal(module: str, name: str) -> list[str] | None:
+    """``name``'s literal in ``module``'s source; None where the module binds ``name`` more
+    than once or changes it in place (the literal would not be what the module ends with)."""
+    try:
+        spec = importlib.util.find_spec(module)
+        get_source = getattr(spec.loader, "get_source", None) if spec is not None else None
+        source = get_source(module) if get_source is not None else None
+        tree = ast.parse(source) if source is not None else None
+    except (ImportError, OSError, SyntaxError, ValueError):
+        return None
+    if tree is None:
+        return None
+    literal: ast.expr | None = None
+    bindings = 0
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name) and node.id == name and not isinstance(node.ctx, ast.Load):
+            bindings += 1
+        elif isinstance(node, (ast.Subscript, ast.Attribute)) and (
+            isinstance(node.value, ast.Name) and node.value.id == name
+        ):
+            changed = not isinstance(node.ctx, ast.Load) or (
+                isinstance(node, ast.Attribute) and node.attr in _MUTATORS
+            )
+            if changed:
+                return None
+    for node in tree.body:
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            if node.target.id == name:
+                literal = node.value
+        elif isinstance(node, ast.Assign) and len(node.targets) == 1:
+            target = node.targets[0]
+            if isinstance(target, ast.Name) and target.id == name:
+                literal = node.value
+    if bindings != 1:
+        return None
+    if isinstance(literal, ast.Dict):
+        items: list[ast.expr | None] = list(literal.keys)
+    elif isinstance(literal, (ast.Tuple, ast.List)):
+        items = list(literal.elts)
+    else:
+        return None
+    names = [i.value for i in items if isinstance(i, ast.Constant) and isinstance(i.value, str)]
+    return names if len(names) == len(items) else None

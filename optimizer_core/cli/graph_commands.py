@@ -13,7 +13,13 @@ from pathlib import Path
 from typing import Any
 
 from optimizer_core.cli.argtypes import csv as _csv
-from optimizer_core.cli.argtypes import finite_nonneg_float, lazy_choices, nonneg_int, positive_int
+from optimizer_core.cli.argtypes import (
+    finite_nonneg_float,
+    lazy_choices,
+    literal_names,
+    nonneg_int,
+    positive_int,
+)
 from optimizer_core.cli.exits import EXIT_MISMATCH, EXIT_OK
 from optimizer_core.errors import GraphtrimError, VerificationUnavailable
 
@@ -73,20 +79,16 @@ def _add_verify_args(p: argparse.ArgumentParser) -> None:
 
 
 def _preset_names() -> list[str]:
-    from optimizer_core.graph.presets import PRESETS
-
-    return sorted(PRESETS)
+    return sorted(literal_names("optimizer_core.graph.presets", "PRESETS"))
 
 
 def _target_names() -> list[str]:
-    from optimizer_core.graph.framework import TARGETS
-
-    return list(TARGETS)
+    return literal_names("optimizer_core.graph.framework", "TARGETS")
 
 
 def add_parsers(sub: Any) -> None:
-    # the choices of --preset and --target are read when used: building the parser imports
-    # neither the passes nor onnx_ir
+    # the choices of --preset and --target are read when used, from the modules' source: neither
+    # building the parser nor showing the help imports the passes or onnx_ir
     opt = sub.add_parser(
         "optimize",
         help="optimize an ONNX model",

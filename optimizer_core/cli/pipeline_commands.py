@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from optimizer_core.cli.argtypes import csv as _csv
-from optimizer_core.cli.argtypes import lazy_choices, positive_float
+from optimizer_core.cli.argtypes import lazy_choices, literal_names, positive_float
 from optimizer_core.errors import GraphtrimError
 from optimizer_core.redact import masked_command, redact
 
@@ -28,9 +28,7 @@ def _add_location_args(p: argparse.ArgumentParser) -> None:
 
 
 def _preset_names() -> list[str]:
-    from optimizer_core.graph.presets import PRESETS
-
-    return sorted(PRESETS)
+    return sorted(literal_names("optimizer_core.graph.presets", "PRESETS"))
 
 
 def _stage_names() -> tuple[str, ...]:

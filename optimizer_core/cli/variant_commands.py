@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from optimizer_core.cli.argtypes import csv as _csv
-from optimizer_core.cli.argtypes import lazy_choices, positive_int
+from optimizer_core.cli.argtypes import lazy_choices, literal_names, positive_int
 from optimizer_core.quantize.kinds import DEFAULT_VARIANTS, variants_help
 
 EXIT_OK, EXIT_FAILED = 0, 1
@@ -34,10 +34,8 @@ def _progress(args: argparse.Namespace) -> Callable[[str], None] | None:
     return say
 
 
-def _calibration_methods() -> tuple[str, ...]:
-    from optimizer_core.quantize import CALIBRATION_METHODS
-
-    return tuple(CALIBRATION_METHODS)
+def _calibration_methods() -> list[str]:
+    return literal_names("optimizer_core.quantize.build", "CALIBRATION_METHODS")
 
 
 def _add_quant_args(p: argparse.ArgumentParser) -> None:
@@ -46,7 +44,7 @@ def _add_quant_args(p: argparse.ArgumentParser) -> None:
         metavar="C.npz",
         help="calibration data: one array per model input, samples on the first axis",
     )
-    # read when used: the quantizers' module imports numpy and onnx
+    # read when used, from the source: the quantizers' module imports numpy and onnx
     lazy_choices(
         p.add_argument("--method", default="minmax", help="calibration method of int8-static"),
         _calibration_methods,

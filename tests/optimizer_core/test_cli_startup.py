@@ -81,14 +81,55 @@ def test_top_level_help_imports_no_model_library_and_lists_the_adapters_commands
     assert "kfp" in out and "trigger" in out
 
 
-def test_optimize_help_imports_no_heavy_library():
+def test_optimize_help_imports_no_model_library():
     code, modules, out = _run(["optimize", "--help"])
     assert code == 0
-    assert "--preset" in out
+    assert "--preset {" in out
     loaded = _tops(modules)
-    assert not (HEAVY | {"sympy", "onnxruntime"}) & loaded, sorted(HEAVY & loaded)
+    # the choices of --preset and --target come from the modules' source
+    assert not (HEAVY | {"onnx", "onnx_ir", "numpy", "sympy", "onnxruntime"}) & loaded, sorted(
+        loaded
+    )
+    assert "optimizer_core.graph.presets" not in modules
     # a command of the core leaves the adapters' commands unloaded
     assert "operators" not in loaded
+
+
+@pytest.mark.parametrize(
+    ("module", "name"),
+    [
+        ("optimizer_core.graph.presets", "PRESETS"),
+        ("optimizer_core.graph.framework", "TARGETS"),
+        ("optimizer_core.quantize.build", "CALIBRATION_METHODS"),
+    ],
+)
+def test_choices_read_from_the_source_are_the_modules_own(module, name):
+    """The CLI reads these choices from the source without importing the module: the names
+    must be the ones the module ends up with (read from the source, not just imported)."""
+    import importlib
+
+    from optimizer_core.cli.argtypes import _source_literal
+
+    assert _source_literal(module, name) == list(getattr(importlib.import_module(module), name))
+
+
+def test_a_name_the_source_changes_after_its_literal_is_not_read_from_it(tmp_path, monkeypatch):
+    from optimizer_core.cli.argtypes import _source_literal, literal_names
+
+    monkeypatch.syspath_prepend(str(tmp_path))
+    cases = {
+        "literal_ok": "A = {'x': 1, 'y': 2}\n",
+        "literal_added": "A = {'x': 1}\nA['y'] = 2\n",
+        "literal_updated": "A = {'x': 1}\nA.update(y=2)\n",
+        "literal_rebound": "A = ('x',)\nA = A + ('y',)\n",
+        "literal_computed": "A = tuple(n for n in 'xy')\n",
+    }
+    for mod, text in cases.items():
+        (tmp_path / f"{mod}.py").write_text(text)
+    assert _source_literal("literal_ok", "A") == ["x", "y"]
+    for mod in ("literal_added", "literal_updated", "literal_rebound", "literal_computed"):
+        assert _source_literal(mod, "A") is None, mod
+        assert literal_names(mod, "A") == ["x", "y"], mod  # from the imported module
 
 
 def test_optimize_imports_no_heavy_library_and_no_sympy(tmp_path):
