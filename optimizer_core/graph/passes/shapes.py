@@ -10,7 +10,9 @@ static size or the same named symbolic dim), the entry can say so without readin
   becomes ``0`` ("copy this dim"). With ``allowzero=1`` (torch's dynamo exporter sets it) a ``0``
   means a zero-sized dim, so the rewrite also sets ``allowzero=0``; it is made only when no other
   entry is a literal ``0``: a copied dim of size 0 is 0 either way, and every other entry keeps
-  its meaning. When every entry of the computed shape is then
+  its meaning. One entry nothing proves (at most one, when the shape has no ``-1`` and no
+  ``0``) becomes ``-1``: the output has the input's element count, which fixes that entry given
+  the others. When every entry of the computed shape is then
   known, the shape becomes a constant (``[0, 0, -1, 64]`` above) and the
   ``Shape -> Gather -> Unsqueeze -> Concat`` chain goes dead. A shape that reproduces ``x``'s
   own shape makes the Reshape a no-op, which the identity pass then removes.
@@ -186,10 +188,11 @@ class SymbolicShapes(GraphtrimPass):
     def _reshape(self, node: ir.Node) -> list[int] | None:
         allowzero = node.attributes.get_int("allowzero", 0)
         entries = self._computed(node)
-        x_dims = named(node.inputs[0])
-        if entries is None or x_dims is None:
+        x_dims = named(node.inputs[0]) or []
+        if entries is None:
             return None
         out: list[int] = []
+        unproved: list[int] = []
         for j, e in enumerate(entries):
             if isinstance(e, int):
                 out.append(e)
@@ -198,9 +201,14 @@ class SymbolicShapes(GraphtrimPass):
             elif isinstance(e, Dim) and isinstance(e.value, int) and e.value > 0:
                 out.append(e.value)  # a static size (0 would mean "copy" here)
             else:
-                return None
+                unproved.append(j)
+                out.append(-1)
         if allowzero and any(e == 0 for e in entries if isinstance(e, int)):
             return None  # a literal zero would turn into "copy" under allowzero=0
+        if unproved and (len(unproved) > 1 or out.count(-1) > 1 or any(e == 0 for e in out)):
+            # one entry nothing proves is inferred (-1): the Reshape's output has the input's
+            # element count, which fixes that entry given the others, provided none is zero-sized
+            return None
         return out if out.count(-1) <= 1 else None
 
     def _expand(self, node: ir.Node) -> list[int] | None:

@@ -341,3 +341,40 @@ def test_inference_runs_again_once_a_pass_learned_a_shape_it_could_not():
     reshape.outputs[0].shape = ir.Shape(["N", 4])  # what symbolic-shapes proves
     infer.call(model)
     assert relu.outputs[0].shape is not None and list(relu.outputs[0].shape) == ["N", 4]
+
+
+def test_one_entry_nothing_proves_is_inferred_by_the_reshape():
+    """The target's first entry is read from another tensor's dim, which nothing relates to the
+    input's: as the only unproved entry it becomes -1 (the element count fixes it)."""
+    proto = parse(
+        """
+        <ir_version: 8, opset_import: ["" : 18]>
+        g (float[N, 64] x, float[K, 3] z) => (float[A, 8, 8] y) <int64[2] tail = {8, 8}, int64 zero = {0}, int64[1] ax = {0}> {
+          s = Shape(z)
+          k = Gather(s, zero)
+          k1 = Unsqueeze(k, ax)
+          target = Concat<axis = 0>(k1, tail)
+          y = Reshape(x, target)
+        }
+        """
+    )
+    out, _ = run_passes(proto, passes=["symbolic-shapes", "dead-code"])
+    assert op_types(out) == ["Reshape"]
+    rng = np.random.default_rng(0)
+    feeds = [
+        {"x": rng.standard_normal((3, 64)).astype(np.float32), "z": np.zeros((3, 3), np.float32)}
+    ]
+    assert_equivalent(proto, out, inputs=feeds)
+    # two unproved entries are left alone: the element count fixes only one
+    two = parse(
+        """
+        <ir_version: 8, opset_import: ["" : 18]>
+        g (float[N, 64] x, float[K, J] z) => (float[A, B, 8] y) <int64[1] tail = {8}, int64[1] ax = {0}> {
+          s = Shape(z)
+          target = Concat<axis = 0>(s, tail)
+          y = Reshape(x, target)
+        }
+        """
+    )
+    out, _ = run_passes(two, passes=["symbolic-shapes", "dead-code"])
+    assert "Shape" in op_types(out)
