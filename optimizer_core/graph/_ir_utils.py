@@ -174,6 +174,41 @@ def static_shape(value: ir.Value | None) -> tuple[int, ...] | None:
     return tuple(int(x) for x in d)  # type: ignore[arg-type]
 
 
+# ops whose output has the shape of their first input
+_SHAPE_KEEPING = frozenset(
+    {"Relu", "LeakyRelu", "Sigmoid", "Tanh", "Erf", "Gelu", "Neg", "Abs", "Sqrt", "Exp", "Log",
+     "Reciprocal", "Cast", "Identity", "Softmax", "LogSoftmax", "Dropout", "Clip", "HardSigmoid",
+     "HardSwish", "Elu", "Selu", "Softplus", "Mish", "LayerNormalization", "RMSNormalization"}
+)  # fmt: skip
+_ELEMENTWISE = frozenset({"Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Sum"})
+
+
+def last_dim(value: ir.Value | None, depth: int = 0) -> int | None:
+    """The static size of ``value``'s last dim where its shape is unknown but its producers tell
+    (a MatMul by a constant weight, ops that keep or broadcast the shape); ``None`` if unknown.
+    A known last dim also says the rank is at least 1."""
+    if value is None or depth > 16:
+        return None
+    known = symbolic_dims(value)
+    if known is not None:
+        return known[-1] if known and isinstance(known[-1], int) else None
+    node = value.producer()
+    if node is None or not is_standard(node) or node.outputs[0] is not value:
+        return None
+    if node.op_type == "MatMul" and len(node.inputs) == 2:
+        weight = dims(node.inputs[1])
+        return weight[-1] if weight and len(weight) >= 2 and isinstance(weight[-1], int) else None
+    if node.op_type in _SHAPE_KEEPING:
+        return last_dim(node.inputs[0], depth + 1)
+    if node.op_type in _ELEMENTWISE:
+        # a valid broadcast makes the output's last dim the one operand dim that is not 1
+        for operand in node.inputs:
+            d = last_dim(operand, depth + 1)
+            if d is not None and d != 1:
+                return d
+    return None
+
+
 def rank(value: ir.Value | None) -> int | None:
     if value is None:
         return None

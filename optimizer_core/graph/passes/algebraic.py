@@ -42,6 +42,11 @@ def _broadcast_keeps_shape(x: ir.Value, c: ir.Value) -> bool:
     if c_arr.ndim == 0:
         return True
     x_dims = u.symbolic_dims(x)
+    if x_dims is None and c_arr.ndim == 1:
+        # a vector c (a bias, a normalization's weight) keeps the shape of any x whose last dim
+        # is c's length (or c has one element) and whose rank is at least 1
+        d = u.last_dim(x)
+        return d is not None and (c_arr.shape[0] == 1 or d == c_arr.shape[0])
     if x_dims is None or c_arr.ndim > len(x_dims):
         return False
     for cd, xd in zip(reversed(c_arr.shape), reversed(x_dims), strict=False):

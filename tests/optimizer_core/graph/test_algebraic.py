@@ -683,3 +683,31 @@ def test_a_reshape_reads_through_a_transpose_only_when_the_element_order_is_kept
         .astype(np.float32)
     )
     assert_equivalent(proto, out, inputs=[{"x": feed}])
+
+
+def test_a_zero_bias_goes_where_only_the_last_dim_is_known():
+    """x's rank is unknown (a computed Reshape), but a MatMul by a [4, 8] weight ends in 8: a
+    zero bias of 8 and a weight of ones of 8 keep the shape, so both go; a bias of 1 element
+    goes too."""
+    proto = parse(
+        """
+        <ir_version: 8, opset_import: ["" : 18]>
+        g (float[N, 4] x, int64[P] s) => (float[A, 8] y, float[B, 8] z)
+          <float[4, 8] w = {1, 2, 3, 4, 5, 6, 7, 8, 1, 2, 3, 4, 5, 6, 7, 8, 1, 2, 3, 4, 5, 6, 7, 8,
+                            1, 2, 3, 4, 5, 6, 7, 8},
+           float[8] zeros = {0, 0, 0, 0, 0, 0, 0, 0}, float[8] ones = {1, 1, 1, 1, 1, 1, 1, 1},
+           float[1] zero1 = {0}> {
+          r = Reshape(x, s)
+          m = MatMul(r, w)
+          a = Add(m, zeros)
+          b = Relu(a)
+          c = Mul(b, ones)
+          y = Add(c, zero1)
+          z = Relu(y)
+        }
+        """
+    )
+    out, _ = run_passes(proto, passes=["algebraic"])
+    assert op_types(out) == ["Reshape", "MatMul", "Relu", "Relu"]
+    feeds = [{"x": np.ones((3, 4), np.float32), "s": np.array([3, 4], np.int64)}]
+    assert_equivalent(proto, out, inputs=feeds)
