@@ -125,6 +125,34 @@ class AnchorWorker:
             self.proc = None
 
 
+def self_instability(src: Path, dims: dict[str, int]) -> float | None:
+    """The input's own max abs difference between onnxruntime without and with its graph
+    optimizations (same feeds): how far rounding alone moves this model's outputs."""
+    import onnxruntime as ort
+
+    from optimizer_core.verify import make_inputs
+
+    outs = []
+    try:
+        for level in (
+            ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
+            ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+        ):
+            so = ort.SessionOptions()
+            so.graph_optimization_level = level
+            so.log_severity_level = 3
+            sess = ort.InferenceSession(str(src), so, providers=["CPUExecutionProvider"])
+            specs = [(i.name, i.type, list(i.shape)) for i in sess.get_inputs()]
+            outs.append(sess.run(None, make_inputs(specs, seed=0, dim_values=dims)))
+    except Exception:
+        return None
+    worst = 0.0
+    for a, b in zip(*outs, strict=True):
+        if isinstance(a, np.ndarray) and a.dtype.kind == "f" and a.shape == b.shape and a.size:
+            worst = max(worst, float(np.nanmax(np.abs(a.astype(np.float64) - b))))
+    return worst
+
+
 def _wall(cmd: list[str], timeout: float) -> tuple[float, subprocess.CompletedProcess[str] | None]:
     env = dict(os.environ, PYTHONWARNINGS="ignore")
     t0 = time.perf_counter()
@@ -190,6 +218,9 @@ def sweep_model(
         gt.update(parity(src, dst, dims))
         if gt.get("parity_error") and "cannot" in gt["parity_error"]:
             gt["cannot_run"] = True  # --verify exits 2 here: the input itself does not run
+        elif not gt.get("parity_ok"):
+            # does rounding alone (onnxruntime's own fusions) move this model's outputs as far?
+            gt["input_unstable_abs"] = self_instability(src, dims)
     res["graphtrim"] = gt
     # 2. the anchors
     anchors: dict[str, Any] = {}
@@ -297,12 +328,24 @@ def render(results: list[dict[str, Any]]) -> str:
     # what did not hold, model by model
     crashes = [r for r in results if r["graphtrim"].get("exit") != 0]
     cannot_run = [r for r in results if r["graphtrim"].get("cannot_run")]
+
+    def unstable(r: dict[str, Any]) -> bool:
+        g = r["graphtrim"]
+        noise = g.get("input_unstable_abs")
+        return noise is not None and g.get("max_abs_diff", float("inf")) <= 1.5 * noise
+
     changed = [
         r
         for r in results
         if r["graphtrim"].get("ok")
         and not r["graphtrim"].get("parity_ok")
         and not r["graphtrim"].get("cannot_run")
+        and not unstable(r)
+    ]
+    unstable_inputs = [
+        r
+        for r in results
+        if r["graphtrim"].get("ok") and not r["graphtrim"].get("parity_ok") and unstable(r)
     ]
     losses = []
     for r in results:
@@ -318,10 +361,17 @@ def render(results: list[dict[str, Any]]) -> str:
     ]
     out += [
         "",
-        f"crashes: {len(crashes)}; changed results: {len(changed)}; inputs that cannot run (exit 2): {len(cannot_run)}; "
+        f"crashes: {len(crashes)}; changed results: {len(changed)}; unstable inputs (rounding alone moves them as far): {len(unstable_inputs)}; inputs that cannot run (exit 2): {len(cannot_run)}; "
         f"more nodes than the best anchor: {len(losses)}; slower than the input beyond {SLOWER}: {len(slow)}; "
         f"optimize slower than onnxslim's: {len(slower_wall)}",
     ]
+    for r in unstable_inputs:
+        g = r["graphtrim"]
+        out.append(
+            f"- {r['key']}: unstable input: graphtrim's output differs by {g['max_abs_diff']:.3g} "
+            f"(abs), the input itself by {g['input_unstable_abs']:.3g} between onnxruntime "
+            "without and with its own graph optimizations"
+        )
     for r in crashes + changed + cannot_run:
         if r["graphtrim"].get("parity_error"):
             out.append(f"- {r['key']}: {r['graphtrim']['parity_error']}")
