@@ -470,6 +470,14 @@ def main(argv: list[str] | None = None) -> int:
                 if cached.exists():
                     old = json.loads(cached.read_text())
                     kept = work / f"{entry['key']}.graphtrim.onnx"
+                    if (
+                        "latency_ratio" not in old
+                        and old["graphtrim"].get("ok")
+                        and not kept.exists()
+                    ):
+                        src = manifest.model_path(entry)
+                        cmd = [str(BIN / "graphtrim"), "optimize", str(src), "-o", str(kept), "-q"]
+                        _wall([*cmd, *_dim_args(old["dims"])], args.timeout)
                     if "latency_ratio" not in old and old["graphtrim"].get("ok") and kept.exists():
                         measure_latency(old, manifest.model_path(entry), kept, old["dims"], args)
                         cached.write_text(json.dumps(old, indent=1))
