@@ -4,18 +4,16 @@ fixed seeds, each with the dynamo and the TorchScript exporter) plus the models 
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import os
 import shutil
-import sys
-import tempfile
 import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import onnx
+
+from bench.corpus.torch_export import quiet_fd1 as _quiet_fd1
 
 log = logging.getLogger("bench")
 
@@ -206,21 +204,6 @@ def _export(name: str, path: Path, dynamo: bool) -> None:
                 output_names=["output"],
                 dynamic_axes={"input": axes, "output": {0: "batch"}},
             )
-
-
-@contextlib.contextmanager
-def _quiet_fd1():
-    """Silence file descriptor 1: the TorchScript exporter prints whole graphs from C++."""
-    sys.stdout.flush()
-    saved = os.dup(1)
-    with tempfile.TemporaryFile() as sink:
-        os.dup2(sink.fileno(), 1)
-        try:
-            yield
-        finally:
-            sys.stdout.flush()
-            os.dup2(saved, 1)
-            os.close(saved)
 
 
 def build_suite(cache: Path, names: list[str] | None = None) -> dict[str, Path]:

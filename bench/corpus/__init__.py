@@ -88,18 +88,9 @@ def describe(path: Path) -> dict[str, Any]:
     """Opset, node count (subgraphs included), bytes (with external data) and sha256 of a file."""
     import onnx
 
+    from bench.__main__ import count_nodes
+
     model = onnx.load(str(path), load_external_data=False)
-
-    def walk(g: onnx.GraphProto) -> int:
-        n = len(g.node)
-        for node in g.node:
-            for a in node.attribute:
-                if a.type == onnx.AttributeProto.GRAPH:
-                    n += walk(a.g)
-                elif a.type == onnx.AttributeProto.GRAPHS:
-                    n += sum(walk(s) for s in a.graphs)
-        return n
-
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
     size = path.stat().st_size
     digest = hashlib.sha256(path.read_bytes())
@@ -116,7 +107,7 @@ def describe(path: Path) -> dict[str, Any]:
     return {
         "opset": opset,
         "domains": domains,
-        "nodes": walk(model.graph),
+        "nodes": count_nodes(path),
         "bytes": size,
         "sha256": digest.hexdigest(),
         "external_data": bool(seen),
