@@ -342,8 +342,70 @@ def _read_validated(path: str | os.PathLike[str]) -> tuple[onnx.ModelProto, byte
         onnx.checker.check_model(str(p) if external else data)
     except onnx.checker.ValidationError as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        if "topologically sorted" in first and _sort_nodes(proto.graph):
+            # onnxruntime runs nodes in any order that respects their inputs (onnxruntime's own
+            # fp16 converter appends its input Casts last): read the nodes in such an order
+            data = proto.SerializeToString()
+            try:
+                onnx.checker.check_model(str(p) if external else data)
+                return proto, data, external
+            except onnx.checker.ValidationError:
+                pass
         raise InvalidModelError.at(p, f"invalid model: onnx's checker refuses it: {first}") from exc
     return proto, data, external
+
+
+def _outer_names(graph: onnx.GraphProto) -> set[str]:
+    """Names a subgraph reads from its enclosing scopes."""
+    defined = {i.name for i in graph.input} | {t.name for t in graph.initializer}
+    read: set[str] = set()
+    for node in graph.node:
+        read.update(n for n in node.input if n)
+        for attr in node.attribute:
+            for sub in [attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs):
+                read |= _outer_names(sub)
+        defined.update(node.output)
+    read.update(o.name for o in graph.output)
+    return read - defined
+
+
+def _sort_nodes(graph: onnx.GraphProto) -> bool:
+    """Order the main graph's nodes so that each comes after the producers of what it reads
+    (subgraphs' reads of outer values included); False when no such order exists (a cycle, or
+    a value nothing produces)."""
+    available = {i.name for i in graph.input} | {t.name for t in graph.initializer} | {""}
+    produced = {o for node in graph.node for o in node.output}
+    needs: list[set[str]] = []
+    for node in graph.node:
+        wanted = set(node.input)
+        for attr in node.attribute:
+            for sub in [attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs):
+                wanted |= _outer_names(sub) & produced
+        needs.append(wanted - available)
+    order: list[int] = []
+    ready = [i for i, n in enumerate(needs) if not n]
+    waiting = {i for i, n in enumerate(needs) if n}
+    readers: dict[str, list[int]] = {}
+    for i in waiting:
+        for name in needs[i]:
+            readers.setdefault(name, []).append(i)
+    while ready:
+        i = ready.pop(0)
+        order.append(i)
+        for out in graph.node[i].output:
+            for j in readers.pop(out, []):
+                needs[j].discard(out)
+                if not needs[j] and j in waiting:
+                    waiting.discard(j)
+                    ready.append(j)
+    if waiting:
+        return False
+    sorted_nodes = [onnx.NodeProto() for _ in order]
+    for target, i in zip(sorted_nodes, order, strict=True):
+        target.CopyFrom(graph.node[i])
+    del graph.node[:]
+    graph.node.extend(sorted_nodes)
+    return True
 
 
 # graph inputs and outputs whose type has a map in it (``ai.onnx.ml`` classifiers' ZipMap:

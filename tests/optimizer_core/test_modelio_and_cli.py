@@ -668,3 +668,38 @@ def test_cli_unverifiable_model_is_one_line_exit_2(flag, tmp_path, capsys):
     assert len(lines) == 1 and lines[0].startswith("graphtrim: error: cannot verify"), err
     assert "seq(tensor(float))" in lines[0]
     assert snapshot(tmp_path) == before
+
+
+def _listed_out_of_order(cycle: bool) -> onnx.ModelProto:
+    """y = Neg(Relu(x)) with the Neg listed first (onnxruntime's fp16 converter appends the
+    Casts of the inputs it keeps in float32 after the nodes that read them); with ``cycle`` the
+    Relu reads the Neg's output instead: no order exists."""
+    graph = oh.make_graph(
+        [
+            oh.make_node("Neg", ["r"], ["y"]),
+            oh.make_node("Relu", ["y" if cycle else "x"], ["r"]),
+        ],
+        "g",
+        [oh.make_tensor_value_info("x", FLOAT, ["N", 3])],
+        [oh.make_tensor_value_info("y", FLOAT, ["N", 3])],
+    )
+    return oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)], ir_version=8)
+
+
+def test_nodes_listed_out_of_order_are_read_in_order(tmp_path, capsys):
+    src = tmp_path / "m.onnx"
+    onnx.save(_listed_out_of_order(cycle=False), src)
+    before = src.read_bytes()
+    rc = main(["optimize", str(src), "-o", str(tmp_path / "o.onnx"), "--verify"])
+    assert rc == 0, capsys.readouterr().err
+    assert [n.op_type for n in onnx.load(str(tmp_path / "o.onnx")).graph.node] == ["Relu", "Neg"]
+    assert src.read_bytes() == before
+
+
+def test_a_cycle_is_still_refused(tmp_path, capsys):
+    src = tmp_path / "m.onnx"
+    onnx.save(_listed_out_of_order(cycle=True), src)
+    rc = main(["optimize", str(src), "-o", str(tmp_path / "o.onnx")])
+    err = capsys.readouterr().err
+    assert rc == 2 and "topologically sorted" in err
+    assert not (tmp_path / "o.onnx").exists()
