@@ -216,7 +216,7 @@ def sweep_model(
     if gt.get("exit") == 0 and dst.exists():
         gt.update(nodes=count_nodes(dst), bytes=model_bytes(dst), ok=True)
         gt.update(parity(src, dst, dims))
-        if gt.get("parity_error") and "cannot" in gt["parity_error"]:
+        if gt.get("parity_error") and "reference model" in gt["parity_error"]:
             gt["cannot_run"] = True  # --verify exits 2 here: the input itself does not run
         elif not gt.get("parity_ok"):
             # does rounding alone (onnxruntime's own fusions) move this model's outputs as far?
@@ -332,8 +332,14 @@ def render(results: list[dict[str, Any]]) -> str:
             grand, _totals_wlt = sums, wlt
     out += ["", "Σ nodes: " + ", ".join(f"{t} {grand[t]}" for t in tools)]
     # what did not hold, model by model
-    crashes = [r for r in results if r["graphtrim"].get("exit") != 0]
-    cannot_run = [r for r in results if r["graphtrim"].get("cannot_run")]
+    crashes = [r for r in results if r["graphtrim"].get("exit") not in (0, 2)]
+    refused = [r for r in results if r["graphtrim"].get("exit") == 2]
+    cannot_run = [
+        r
+        for r in results
+        if r["graphtrim"].get("cannot_run")
+        or "reference model" in (r["graphtrim"].get("parity_error") or "")
+    ]
 
     def unstable(r: dict[str, Any]) -> bool:
         g = r["graphtrim"]
@@ -345,7 +351,7 @@ def render(results: list[dict[str, Any]]) -> str:
         for r in results
         if r["graphtrim"].get("ok")
         and not r["graphtrim"].get("parity_ok")
-        and not r["graphtrim"].get("cannot_run")
+        and r not in cannot_run
         and not unstable(r)
     ]
     unstable_inputs = [
@@ -367,7 +373,7 @@ def render(results: list[dict[str, Any]]) -> str:
     ]
     out += [
         "",
-        f"crashes: {len(crashes)}; changed results: {len(changed)}; unstable inputs (rounding alone moves them as far): {len(unstable_inputs)}; inputs that cannot run (exit 2): {len(cannot_run)}; "
+        f"crashes: {len(crashes)}; changed results: {len(changed)}; unstable inputs (rounding alone moves them as far): {len(unstable_inputs)}; refused as invalid (exit 2): {len(refused)}; inputs that cannot run on random inputs: {len(cannot_run)}; "
         f"more nodes than the best anchor: {len(losses)}; slower than the input beyond {SLOWER}: {len(slow)}; "
         f"optimize slower than onnxslim's: {len(slower_wall)}",
     ]
@@ -378,7 +384,7 @@ def render(results: list[dict[str, Any]]) -> str:
             f"(abs), the input itself by {g['input_unstable_abs']:.3g} between onnxruntime "
             "without and with its own graph optimizations"
         )
-    for r in crashes + changed + cannot_run:
+    for r in crashes + refused + changed + cannot_run:
         if r["graphtrim"].get("parity_error"):
             out.append(f"- {r['key']}: {r['graphtrim']['parity_error']}")
             continue
