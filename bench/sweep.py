@@ -15,7 +15,8 @@ Per model:
   thread, interleaved runs, p50), measured again, longer, where the ratio is above 1.03.
 
 Results are kept per model under ``--out`` (a model already swept against the same input file and
-the same graphtrim source is not swept again) and rendered as per-family tables.
+the same graphtrim source is not swept again; the anchors' results for the same input file under
+the same anchor versions are reused unless ``--fresh-anchors``) and rendered as per-family tables.
 """
 
 from __future__ import annotations
@@ -169,9 +170,51 @@ def _dim_args(dims: dict[str, int]) -> list[str]:
     return [a for name, size in dims.items() for a in ("--dim", f"{name}={size}")]
 
 
-def sweep_model(
-    entry: dict[str, Any], src: Path, work: Path, worker: AnchorWorker, args: argparse.Namespace
+def anchor_versions() -> dict[str, str]:
+    """The anchors' package versions: their kept results are reused only under the same ones."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {}
+    for pkg in ("onnxsim", "onnxslim", "onnxoptimizer", "onnxruntime", "onnxscript", "onnx"):
+        try:
+            out[pkg] = version(pkg)
+        except PackageNotFoundError:
+            out[pkg] = "absent"
+    return out
+
+
+def run_anchors(
+    src: Path,
+    work: Path,
+    worker: AnchorWorker,
+    dims: dict[str, int],
+    args: argparse.Namespace,
+    key: str,
 ) -> dict[str, Any]:
+    """Each anchor on ``src`` in the worker; nodes, bytes and parity of each output."""
+    anchors: dict[str, Any] = {}
+    for tool in ANCHORS:
+        out = work / f"{key}.{tool}.onnx"
+        r = worker.run(tool, src, out, args.timeout)
+        if r.get("ok") and out.exists():
+            r.update(nodes=count_nodes(out), bytes=model_bytes(out))
+            r.update(parity(src, out, dims))
+        anchors[tool] = r
+        if not args.keep:
+            out.unlink(missing_ok=True)
+    return anchors
+
+
+def sweep_model(
+    entry: dict[str, Any],
+    src: Path,
+    work: Path,
+    worker: AnchorWorker,
+    args: argparse.Namespace,
+    kept_anchors: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """One model's results; ``kept_anchors`` (the anchors' results of an earlier sweep of the
+    same input under the same anchor versions) are reused instead of run again."""
     dims = dim_values(src, entry.get("shapes"))
     res: dict[str, Any] = {
         "key": entry["key"],
@@ -222,18 +265,12 @@ def sweep_model(
             # does rounding alone (onnxruntime's own fusions) move this model's outputs as far?
             gt["input_unstable_abs"] = self_instability(src, dims)
     res["graphtrim"] = gt
-    # 2. the anchors
-    anchors: dict[str, Any] = {}
-    for tool in ANCHORS:
-        out = work / f"{entry['key']}.{tool}.onnx"
-        r = worker.run(tool, src, out, args.timeout)
-        if r.get("ok") and out.exists():
-            r.update(nodes=count_nodes(out), bytes=model_bytes(out))
-            r.update(parity(src, out, dims))
-        anchors[tool] = r
-        if not args.keep:
-            out.unlink(missing_ok=True)
-    res["anchors"] = anchors
+    # 2. the anchors (they do not depend on graphtrim's source: kept results are reused)
+    res["anchors"] = (
+        kept_anchors
+        if kept_anchors is not None
+        else run_anchors(src, work, worker, dims, args, entry["key"])
+    )
     # 4. latency under ORT_ENABLE_ALL
     if not args.no_latency and gt.get("ok"):
         measure_latency(res, src, dst, dims, args)
@@ -439,6 +476,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--no-latency", action="store_true")
     ap.add_argument("--force", action="store_true", help="sweep again models already swept")
+    ap.add_argument(
+        "--fresh-anchors",
+        action="store_true",
+        help="run the anchors again even where an earlier sweep of the same input under the "
+        "same anchor versions kept their results",
+    )
     ap.add_argument("--keep", action="store_true", help="keep the anchors' outputs too")
     ap.add_argument(
         "--latency-only",
@@ -458,6 +501,7 @@ def main(argv: list[str] | None = None) -> int:
     work = args.out / "work"
     work.mkdir(exist_ok=True)
     digest = source_digest()
+    versions = anchor_versions()
     entries = sorted(
         (
             e
@@ -496,6 +540,7 @@ def main(argv: list[str] | None = None) -> int:
                         )
                     results.append(old)
                 continue
+            kept_anchors = None
             if cached.exists():
                 old = json.loads(cached.read_text())
                 if args.render or (
@@ -505,11 +550,19 @@ def main(argv: list[str] | None = None) -> int:
                 ):
                     results.append(old)
                     continue
+                if (
+                    not args.fresh_anchors
+                    and old.get("sha256") == entry["sha256"]
+                    and old.get("anchor_versions") == versions
+                    and set(old.get("anchors", {})) == set(ANCHORS)
+                ):
+                    kept_anchors = old["anchors"]
             if args.render:
                 continue
             t0 = time.monotonic()
-            res = sweep_model(entry, manifest.model_path(entry), work, worker, args)
+            res = sweep_model(entry, manifest.model_path(entry), work, worker, args, kept_anchors)
             res["graphtrim_source"] = digest
+            res["anchor_versions"] = versions
             tmp = cached.with_suffix(".tmp")
             tmp.write_text(json.dumps(res, indent=1))
             os.replace(tmp, cached)

@@ -145,6 +145,20 @@ def tune_residual_sum(
     return record
 
 
+def _flipped_residuals(path: Path) -> tuple[ir.Model | None, str]:
+    """The model at ``path`` with its residual sums in front of normalizations in the other
+    form, and the rewrite's name; ``None`` where there is none to rewrite. A model with both
+    forms gets its ``Add`` written as ``Sum``."""
+    from optimizer_core.graph.passes.residual import ResidualAdd, ResidualSum
+    from optimizer_core.modelio import load_model
+
+    for rewrite in (ResidualSum, ResidualAdd):
+        model = load_model(path)  # a copy, its weights mapped from the file's folder
+        if rewrite()(model).modified:
+            return model, rewrite.name
+    return None, ""
+
+
 def _fuse(src: Path, dst: Path, provider: str, target: str) -> None:
     """onnxruntime's offline fusions (extended level) of the model at ``src`` into ``dst``."""
     import onnxruntime as ort
@@ -174,11 +188,12 @@ def apply_ort_target(
     and the record of what was done.
 
     Candidates, timed interleaved on the target's provider: the portable model, onnxruntime's
-    fused model and, for ``ort-cpu`` where ``residual-sum`` fires, both again with that rewrite.
-    The fused model is taken when it is not slower than the portable one by more than the
-    noise margin (it also loads faster); a ``residual-sum`` form only when it is faster than the
-    portable one by more than the margin. Of the forms taken, the one furthest inside its
-    allowance is kept."""
+    fused model and, where the portable model has a residual sum in front of a normalization,
+    both again in the other form (``residual-add`` for the presets' ``Sum``, which lets the
+    provider fuse ``SkipLayerNormalization``; ``residual-sum`` for an ``Add``). The fused model is
+    taken when it is not slower than the portable one by more than the noise margin (it also
+    loads faster); a form of the other residual only when it is faster than the portable one by
+    more than the margin. Of the forms taken, the one furthest inside its allowance is kept."""
     from optimizer_core.modelio import load_model, save_model
 
     if target not in _PROVIDERS:
@@ -202,25 +217,20 @@ def apply_ort_target(
             "portable": (portable, 1.0),
             "fused": (fused_path, 1 + NOISE_MARGIN),
         }
-        summed = None
-        if target == "ort-cpu":
-            from optimizer_core.graph.passes.residual import ResidualSum
-
-            summed = load_model(portable)  # a copy, its weights mapped from the folder
-            if not ResidualSum()(summed).modified:
-                summed = None
-        if summed is not None:
-            summed_path = folder / "portable-sum.onnx"
-            save_model(summed, summed_path)
-            summed_fused = folder / "fused-sum.onnx"
-            _fuse(summed_path, summed_fused, provider, target)
-            forms["portable+residual-sum"] = (summed_path, 1 - NOISE_MARGIN)
-            forms["fused+residual-sum"] = (summed_fused, 1 - NOISE_MARGIN)
+        # the other residual form (Add <-> Sum in front of normalizations), where there is one
+        flipped, flip = _flipped_residuals(portable)
+        if flipped is not None:
+            flipped_path = folder / f"portable-{flip}.onnx"
+            save_model(flipped, flipped_path)
+            flipped_fused = folder / f"fused-{flip}.onnx"
+            _fuse(flipped_path, flipped_fused, provider, target)
+            forms[f"portable+{flip}"] = (flipped_path, 1 - NOISE_MARGIN)
+            forms[f"fused+{flip}"] = (flipped_fused, 1 - NOISE_MARGIN)
         names = list(forms)
         loads, p50 = _p50s([forms[n][0] for n in names], provider, runs, threads)
         timed = dict(zip(names, p50, strict=True))
         # each form's p50 against its allowance: the fused form wins ties within the margin,
-        # a residual-sum form must beat the portable one by the margin
+        # the other residual form must beat the portable one by the margin
         score = {n: timed[n] / forms[n][1] for n in names}
         kept = min((n for n in names if score[n] <= timed["portable"]), key=score.__getitem__)
         record: dict[str, Any] = {
@@ -243,9 +253,9 @@ def apply_ort_target(
             return model, record
         if kept == "fused":
             chosen = fused
-        elif kept == "portable+residual-sum":
-            assert summed is not None
-            chosen = summed
+        elif kept == f"portable+{flip}":
+            assert flipped is not None
+            chosen = flipped
         else:
             chosen = load_model(forms[kept][0])
         # the chosen model's weights live in the temporary folder: keep it as long as the model

@@ -82,6 +82,9 @@ class GraphtrimPass(ir.passes.InPlacePass):
     sweeps_dead: ClassVar[bool] = True
     # the pass's rule table (``optimizer_core.graph.rules.Rule``); ``hit`` takes only these names
     rules: ClassVar[Sequence[Any]] = ()
+    # a form chosen for the runtime rather than a simplification: it runs once, after the
+    # fixed point, so that no other pass loses the pattern it rewrites
+    finishing: ClassVar[bool] = False
 
     def __init__(self, options: OptimizeOptions | None = None):
         super().__init__()
@@ -235,7 +238,8 @@ class FixedPointDriver(GraphtrimPass):
     count as a change. ``repairs`` run after every pass that changed the model, so that what a
     rewrite made visible to a runtime's static checks still loads (see
     :mod:`optimizer_core.graph.passes.scalar_inputs`); their rewrites are credited to that pass
-    as rules ``<repair>:<rule>``.
+    as rules ``<repair>:<rule>``. ``finishing`` passes are left out of the loop and run once, in
+    their order, after it.
     """
 
     name = "fixed-point"
@@ -279,6 +283,7 @@ class FixedPointDriver(GraphtrimPass):
         modifications = 0  # modifying pass runs so far
         inferred_at = -1  # value of ``modifications`` when shape inference last ran
         clean_at: dict[int, int] = {}  # pass index -> ``modifications`` when it last found nothing
+        looped = [(i, p) for i, p in enumerate(self.passes, start=1) if not p.finishing]
         for iteration in range(1, self.options.max_iterations + 1):
             self.log.iterations = iteration
             if inferred_at != modifications:
@@ -286,60 +291,17 @@ class FixedPointDriver(GraphtrimPass):
                     helper(model)
                 inferred_at = modifications
             changed = False
-            for index, pass_ in enumerate(self.passes, start=1):
+            for index, pass_ in looped:
                 # passes are deterministic: one that found nothing on this very model would
                 # find nothing again, so it is skipped until another pass changes something
                 if clean_at.get(index) == modifications:
                     continue
-                if self.progress is not None:
-                    self.progress(
-                        f"iteration {iteration} pass {index}/{len(self.passes)} {pass_.name} "
-                        f"({_node_count(model)} nodes)"
-                    )
-                before = _node_count(model)
-                removed_before = u.removed_so_far()
-                t0 = time.perf_counter()
-                try:
-                    result = pass_(model)
-                except GraphtrimError:
-                    raise
-                except Exception as exc:
-                    raise PassFailure(pass_.name, history, exc) from exc
-                rules = dict(pass_.rule_counts)
-                if result.modified:
-                    rules.update(self._repair(model, [*history, pass_.name]))
-                seconds = time.perf_counter() - t0
-                after = _node_count(model)
-                removed = u.removed_so_far() - removed_before
-                record = PassRecord(
-                    iteration=iteration,
-                    pass_name=pass_.name,
-                    modified=result.modified,
-                    nodes_before=before,
-                    nodes_after=after,
-                    nodes_removed=removed,
-                    nodes_added=after - before + removed,
-                    rules=rules,
-                    seconds=seconds,
-                )
-                self.log.records.append(record)
-                history.append(pass_.name)
-                if result.modified:
+                if self._run(model, index, pass_, iteration, history):
                     changed = True
                     modifications += 1
                     clean_at.pop(index, None)
                 else:
                     clean_at[index] = modifications
-                if result.modified:
-                    logger.debug(
-                        "%s: -%d +%d nodes %s",
-                        pass_.name,
-                        record.nodes_removed,
-                        record.nodes_added,
-                        record.rules,
-                    )
-                for inst in self.instruments:
-                    inst.after_pass(model, record, self.log.records)
             any_change = any_change or changed
             if not changed:
                 converged = True
@@ -352,8 +314,61 @@ class FixedPointDriver(GraphtrimPass):
             )
             self.log.notes.append(msg)
             logger.warning(msg)
+        for index, pass_ in enumerate(self.passes, start=1):
+            if pass_.finishing and self._run(model, index, pass_, self.log.iterations, history):
+                any_change = True
         self.log.seconds = time.perf_counter() - start
         return any_change
+
+    def _run(
+        self, model: ir.Model, index: int, pass_: GraphtrimPass, iteration: int, history: list[str]
+    ) -> bool:
+        """Run one pass, record it in the change log and the instruments; whether it changed
+        the model."""
+        if self.progress is not None:
+            self.progress(
+                f"iteration {iteration} pass {index}/{len(self.passes)} {pass_.name} "
+                f"({_node_count(model)} nodes)"
+            )
+        before = _node_count(model)
+        removed_before = u.removed_so_far()
+        t0 = time.perf_counter()
+        try:
+            result = pass_(model)
+        except GraphtrimError:
+            raise
+        except Exception as exc:
+            raise PassFailure(pass_.name, history, exc) from exc
+        rules = dict(pass_.rule_counts)
+        if result.modified:
+            rules.update(self._repair(model, [*history, pass_.name]))
+        seconds = time.perf_counter() - t0
+        after = _node_count(model)
+        removed = u.removed_so_far() - removed_before
+        record = PassRecord(
+            iteration=iteration,
+            pass_name=pass_.name,
+            modified=result.modified,
+            nodes_before=before,
+            nodes_after=after,
+            nodes_removed=removed,
+            nodes_added=after - before + removed,
+            rules=rules,
+            seconds=seconds,
+        )
+        self.log.records.append(record)
+        history.append(pass_.name)
+        if result.modified:
+            logger.debug(
+                "%s: -%d +%d nodes %s",
+                pass_.name,
+                record.nodes_removed,
+                record.nodes_added,
+                record.rules,
+            )
+        for inst in self.instruments:
+            inst.after_pass(model, record, self.log.records)
+        return bool(result.modified)
 
     def _repair(self, model: ir.Model, history: Sequence[str]) -> dict[str, int]:
         rules: dict[str, int] = {}

@@ -567,7 +567,8 @@ def build_variant(
         pre_dir = stage / "pre"
         pre_dir.mkdir()
         pre = pre_dir / target.name
-        opt = optimize_file(source, pre, preset=cfg.preset, check=True)
+        # the residual form is left to the tuning below: the converters see the plain Add
+        opt = optimize_file(source, pre, preset=cfg.preset, skip=_TUNED_REWRITES, check=True)
 
         def finish(
             built: Path, attempts: list[Attempt], cleanup: dict[str, Any] | None
@@ -656,7 +657,9 @@ def build_variant(
                 clean = work / target.name
                 _say(progress, f"{variant}: cleaning up after the conversion")
                 try:
-                    cleaned = optimize_file(raw, clean, preset="safe", check=True)
+                    cleaned = optimize_file(
+                        raw, clean, preset="safe", skip=_TUNED_REWRITES, check=True
+                    )
                 except (VerificationError, PassFailure):
                     raise  # a pass changed results or crashed: graphtrim's fault, said as such
                 except GraphtrimError as exc:
@@ -749,6 +752,10 @@ def _probe(
     except InvalidModelError as exc:  # onnxruntime refused the candidate: this variant failed
         raise QuantizeError(f"the {variant} model cannot be served: {exc}") from exc
     return result
+
+
+# runtime-specific forms a variant gets only where ``tune_device`` times them faster (``_tune``)
+_TUNED_REWRITES = ("residual-sum",)
 
 
 def _tune(built: Path, device: str, feeds: Sequence[Feeds]) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""Residual additions in front of a normalization, written as ``Sum``.
+"""Residual additions in front of a normalization, written as ``Sum`` (and back).
 
 Rule ``residual-sum`` (exact: ``Sum`` of two tensors is their elementwise ``Add``, with the same
 multidirectional broadcasting from opset 8 on):
@@ -7,14 +7,18 @@ multidirectional broadcasting from opset 8 on):
   in front of ``RMSNormalization``, when every reader of the ``Add`` is such a normalization
   taking it as its data input and the ``Add`` is not a graph output.
 
+Rule ``residual-add`` is its inverse (``Sum`` of two tensors in front of normalizations alone
+-> ``Add``), for runtimes where the fused kernel pays off: it is in no preset, and the
+onnxruntime targets time it (:mod:`optimizer_core.ort_target`).
+
 Why: onnxruntime's CPU provider fuses ``Add`` + ``LayerNormalization`` into its contrib
-``SkipLayerNormalization`` when it loads a model. On onnxruntime 1.32's CPU provider that kernel
-measured 5-7x slower than the two ops it replaces ([1, 128, 384] float32: 215 us against 29 us,
-one thread; 120 us against 40 us with two), 22% of a dynamically quantized 6-layer BERT's time.
-The fusion matches ``Add`` only, so ``Sum`` keeps the two fast kernels. Other runtimes see a
-standard op with the same result. The pass is in no preset: the target profiles (``ort-cpu``)
-and variant builds tuned for a device apply it only where it measurably helps there (see
-``optimizer_core.ort_target.tune_residual_sum``).
+``SkipLayerNormalization`` when it loads a model (only where the sum has no other reader). On
+onnxruntime 1.32's CPU provider that kernel measured 2-4x slower than the two ops it replaces,
+one thread, float32: [1, 128, 384] 293 us against 70 us, [1, 197, 192] 227 against 63,
+[8, 128, 768] 4.7 ms against 1.4 ms, [1, 3136, 96] 1.8 ms against 0.4 ms. The fusion matches
+``Add`` only, so ``Sum`` keeps the two fast kernels. Other runtimes see a standard op with the
+same result. ``residual-sum`` is in the presets as a *finishing* pass: it runs once after the
+fixed point, so no other pass loses the ``Add`` it would have rewritten.
 """
 
 from __future__ import annotations
@@ -58,6 +62,16 @@ def _to_sum(node: ir.Node, match: bool, ctx: RuleContext) -> None:
     node.op_type = "Sum"
 
 
+def _summed(node: ir.Node, ctx: RuleContext) -> bool | str:
+    if u.node_opset(node, ctx.model) < 8:
+        return "opset < 8: Add and Sum broadcast differently"
+    return _residual(node, ctx)
+
+
+def _to_add(node: ir.Node, match: bool, ctx: RuleContext) -> None:
+    node.op_type = "Add"
+
+
 RULES: tuple[Rule, ...] = (
     Rule(
         "residual-sum",
@@ -70,11 +84,35 @@ RULES: tuple[Rule, ...] = (
     ),
 )
 
+ADD_RULES: tuple[Rule, ...] = (
+    Rule(
+        "residual-add",
+        "LayerNormalization(Sum(x, r)) -> LayerNormalization(Add(x, r)) (and RMSNormalization) "
+        "when every reader of the two-input Sum is such a normalization's data input and the "
+        "Sum is no graph output: the inverse of residual-sum (opset 8 on)",
+        ("Sum",),
+        _summed,
+        _to_add,
+    ),
+)
+
 
 class ResidualSum(RulePass):
     name = "residual-sum"
     summary = (
         "Add feeding LayerNormalization/RMSNormalization written as Sum "
-        "(keeps onnxruntime's CPU provider off its slow SkipLayerNormalization)"
+        "(keeps onnxruntime's CPU provider off its slow SkipLayerNormalization); runs once, "
+        "after the other passes"
     )
     rules = RULES
+    finishing = True
+
+
+class ResidualAdd(RulePass):
+    name = "residual-add"
+    summary = (
+        "two-input Sum feeding LayerNormalization/RMSNormalization written as Add (the inverse "
+        "of residual-sum, for runtimes whose fused Add + normalization kernel is faster)"
+    )
+    rules = ADD_RULES
+    finishing = True

@@ -1,5 +1,6 @@
-"""``residual-sum``: Add in front of a normalization written as Sum, and the measurement that
-decides where it is kept (the ``ort-cpu`` target, variant builds tuned for the CPU)."""
+"""``residual-sum``: Add in front of a normalization written as Sum (a finishing pass of the
+presets), its inverse ``residual-add``, and the measurements that decide where either is kept (the
+onnxruntime targets, variant builds tuned for a device)."""
 
 from __future__ import annotations
 
@@ -115,8 +116,66 @@ def test_integer_add_is_kept():
     assert rules_fired(result) == {}
 
 
-def test_residual_sum_is_in_no_preset():
-    assert all("residual-sum" not in names for names in PRESETS.values())
+def test_residual_sum_finishes_the_presets_and_residual_add_is_in_none():
+    for name in ("default", "compact", "safe"):
+        assert PRESETS[name][-1] == "residual-sum", name
+    assert all("residual-add" not in names for names in PRESETS.values())
+
+
+def test_residual_add_inverts_residual_sum():
+    proto = _residual_ln(2)
+    summed, _ = run_passes(proto, ["residual-sum"])
+    back, result = run_passes(summed, ["residual-add"])
+    assert rules_fired(result) == {"residual-add": 2}
+    assert op_types(back) == op_types(proto)
+    assert_equivalent(proto, back)
+
+
+def test_residual_add_leaves_other_sums():
+    # three inputs, or a reader besides the normalization: no Add to write
+    three = onnx.parser.parse_model(
+        """<ir_version: 10, opset_import: ["" : 17]>
+        g (float[2, 4] a, float[2, 4] b, float[2, 4] c) => (float[2, 4] y) {
+            s = Sum(a, b, c)
+            y = LayerNormalization<axis = -1>(s, a)
+        }"""
+    )
+    _out, result = run_passes(three, ["residual-add"])
+    assert rules_fired(result) == {}
+    shared = onnx.parser.parse_model(
+        """<ir_version: 10, opset_import: ["" : 17]>
+        g (float[2, 4] a, float[2, 4] b) => (float[2, 4] y, float[2, 4] r) {
+            s = Sum(a, b)
+            y = LayerNormalization<axis = -1>(s, a)
+            r = Relu(s)
+        }"""
+    )
+    _out, result = run_passes(shared, ["residual-add"])
+    assert rules_fired(result) == {}
+
+
+def test_the_default_preset_writes_the_sum_once_after_the_fixed_point():
+    """``x + zeros`` in front of a LayerNormalization, the zeros known only once folding has
+    run (iteration 1): the Add goes (x + 0 -> x, iteration 2), where a Sum written at the end of
+    iteration 1 would have hidden it."""
+    proto = onnx.parser.parse_model(
+        """<ir_version: 10, opset_import: ["" : 17]>
+        g (float[2, 8] x, float[2, 8] h) => (float[2, 8] y, float[2, 8] y2) {
+            shape = Shape(x)
+            zeros = ConstantOfShape<value = float[1] {0.0}>(shape)
+            s = Add(x, zeros)
+            y = LayerNormalization<axis = -1>(s, h)
+            t = Add(x, h)
+            y2 = LayerNormalization<axis = -1>(t, h)
+        }"""
+    )
+    out, result = run_passes(proto, PRESETS["default"])
+    records = result.log.records
+    assert [r.pass_name for r in records].count("residual-sum") == 1
+    assert records[-1].pass_name == "residual-sum"
+    assert records[-1].rules == {"residual-sum": 1}  # the residual x + h only
+    assert op_types(out).count("Sum") == 1 and "Add" not in op_types(out)
+    assert_equivalent(proto, out)
 
 
 def _kernels(path) -> list[str]:
@@ -187,27 +246,45 @@ def test_tuning_measures_on_onnxruntime(tmp_path):
     assert_equivalent(proto, tuned)
 
 
-def test_ort_cpu_target_times_the_residual_sum_forms(monkeypatch):
-    """With the rewrite measured faster, ``ort-cpu`` keeps it (here on top of onnxruntime's
-    fused model), and the record holds all four timings."""
+@pytest.mark.parametrize(
+    ("skip", "flip", "fused_op"),
+    [
+        # the presets write the Sum: the Add form lets the provider fuse SkipLayerNormalization
+        ((), "residual-add", "SkipLayerNormalization"),
+        # a run without the finishing pass keeps the Add: the Sum form is the one timed
+        (("residual-sum",), "residual-sum", "Sum"),
+    ],
+)
+def test_ort_targets_time_the_other_residual_form(monkeypatch, skip, flip, fused_op):
+    """With the other residual form measured faster, the target keeps it (here on top of
+    onnxruntime's fused model), and the record holds all four timings."""
     proto = _residual_ln(2)
 
     def timing(paths, *a):
-        fast = {"fused-sum.onnx": 0.5, "portable-sum.onnx": 0.6}
+        fast = {f"fused-{flip}.onnx": 0.5, f"portable-{flip}.onnx": 0.6}
         return [0.0] * len(paths), [fast.get(p.name, 1.0) for p in paths]
 
     monkeypatch.setattr(targets, "_p50s", timing)
     model = ir.serde.deserialize_model(copy.deepcopy(proto))
-    result = targets.apply_target(optimize_model(model, options=OptimizeOptions(target="ort-cpu")))
+    result = targets.apply_target(
+        optimize_model(model, skip=skip, options=OptimizeOptions(target="ort-cpu"))
+    )
     # onnxruntime wrote the fused weights beside its model: read them in before serializing
     out = ir.serde.serialize_model(ir.external_data.load_to_model(result.model))
     record = result.log.target
-    assert record["kept"] == "fused+residual-sum"
-    assert set(record["p50_ms"]) == {
-        "portable",
-        "fused",
-        "portable+residual-sum",
-        "fused+residual-sum",
-    }
-    assert "SkipLayerNormalization" not in op_types(out) and "Sum" in op_types(out)
+    assert record["kept"] == f"fused+{flip}"
+    assert set(record["p50_ms"]) == {"portable", "fused", f"portable+{flip}", f"fused+{flip}"}
+    assert fused_op in op_types(out)
     assert_equivalent(proto, out, rtol=1e-5, atol=1e-5)
+
+
+def test_ort_target_keeps_the_portable_form_unless_the_other_is_faster(monkeypatch):
+    proto = _residual_ln(2)
+    monkeypatch.setattr(
+        targets, "_p50s", lambda paths, *a: ([0.0] * len(paths), [1.0] * len(paths))
+    )
+    model = ir.serde.deserialize_model(copy.deepcopy(proto))
+    result = targets.apply_target(optimize_model(model, options=OptimizeOptions(target="ort-cpu")))
+    assert result.log.target["kept"] == "fused"  # equal timings: the fused model, Sum kept
+    out = ir.serde.serialize_model(ir.external_data.load_to_model(result.model))
+    assert "SkipLayerNormalization" not in op_types(out) and "Sum" in op_types(out)

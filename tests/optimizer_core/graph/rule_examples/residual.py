@@ -1,4 +1,5 @@
-"""Example of the ``residual-sum`` rule: a residual Add read by a LayerNormalization."""
+"""Examples of the ``residual-sum`` and ``residual-add`` rules: a residual Add (Sum) read by a
+LayerNormalization."""
 
 from __future__ import annotations
 
@@ -9,6 +10,12 @@ EXAMPLES: dict[tuple[str, str], Example] = {
     ("residual-sum", "residual-sum"): Example(
         model=model(
             "h = Relu(xin)\n s = Add(xin, h)\n y = LayerNormalization<axis = -1>(s, g)",
+            inits="float[4] g = {1.0, 0.5, 2.0, 1.5}",
+        ),
+    ),
+    ("residual-add", "residual-add"): Example(
+        model=model(
+            "h = Relu(xin)\n s = Sum(xin, h)\n y = LayerNormalization<axis = -1>(s, g)",
             inits="float[4] g = {1.0, 0.5, 2.0, 1.5}",
         ),
     ),
