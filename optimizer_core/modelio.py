@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import math
 import os
 import re
@@ -303,6 +304,25 @@ def read_proto(path: str | os.PathLike[str]) -> onnx.ModelProto:
     return _read_validated(path)[0]
 
 
+@dataclasses.dataclass
+class Validated:
+    """A model file read and validated once: its protobuf (external data not loaded), the file's
+    bytes and whether it has external data. :func:`load_model` takes it instead of reading the
+    file again, and releases the bytes once it has inferred the shapes."""
+
+    path: Path
+    proto: onnx.ModelProto
+    data: bytes
+    external: bool
+
+
+def read_validated(path: str | os.PathLike[str]) -> Validated:
+    """:func:`read_proto` that keeps what :func:`load_model` needs, so a caller that looks at
+    the protobuf before loading the model reads and checks the file once."""
+    proto, data, external = _read_validated(path)
+    return Validated(Path(path), proto, data, external)
+
+
 def _read_validated(path: str | os.PathLike[str]) -> tuple[onnx.ModelProto, bytes, bool]:
     """The parsed and validated model, the file's bytes and whether it has external data.
 
@@ -470,9 +490,16 @@ def restore_map_types(proto: onnx.ModelProto, saved: dict[str, onnx.TypeProto]) 
             vi.type.CopyFrom(saved[vi.name])
 
 
-def load_model(path: str | os.PathLike[str]) -> ir.Model:
-    """Load a validated model into ``onnx_ir``; external data stays memory-mapped."""
-    proto, data, external = _read_validated(path)
+def load_model(path: str | os.PathLike[str], validated: Validated | None = None) -> ir.Model:
+    """Load a validated model into ``onnx_ir``; external data stays memory-mapped.
+
+    ``validated``: the file as :func:`read_validated` read it (then the file is not read again;
+    its bytes are released here)."""
+    if validated is not None and validated.path == Path(path) and validated.data:
+        proto, data, external = validated.proto, validated.data, validated.external
+        validated.data = b""
+    else:
+        proto, data, external = _read_validated(path)
     # inferring on the protobuf (weights not loaded) is far cheaper than on the IR later;
     # it is an aid only: custom ops and odd models load without it
     inferred: dict[str, onnx.TypeProto] = {}

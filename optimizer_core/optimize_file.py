@@ -26,7 +26,7 @@ from optimizer_core.modelio import (
     deserialize,
     input_files,
     load_model,
-    read_proto,
+    read_validated,
     refuse_overwrite,
     save_model,
     staging_dir,
@@ -202,7 +202,8 @@ def optimize_file(
         GraphtrimError: other refusals (bad arguments, output would overwrite the input).
     """
     src_p, dst_p = Path(src), Path(dst)
-    proto = read_proto(src_p)
+    validated = read_validated(src_p)  # read and checked once: load_model takes it as it is
+    proto = validated.proto
     _check_paths(src_p, dst_p, proto)
     src_files = input_files(src_p, proto)  # with every external data file the model names
     reason = passthrough_reason(
@@ -225,7 +226,8 @@ def optimize_file(
         )
     del proto
     start = time.perf_counter()
-    model = load_model(src_p)
+    model = load_model(src_p, validated)
+    del validated
     before = ModelStats.of(model, src_files)
     instruments: list[Instrument] = []
     if check_each_pass:
