@@ -85,6 +85,9 @@ class GraphtrimPass(ir.passes.InPlacePass):
     # a form chosen for the runtime rather than a simplification: it runs once, after the
     # fixed point, so that no other pass loses the pattern it rewrites
     finishing: ClassVar[bool] = False
+    # turns shapes into constants and constants into shapes (symbolic dims, folding): after
+    # it changed the model, inference and these passes run again until they settle
+    resolves_shapes: ClassVar[bool] = False
 
     def __init__(self, options: OptimizeOptions | None = None):
         super().__init__()
@@ -227,6 +230,10 @@ class Instrument(Protocol):
 ProgressFn = Callable[[str], None]
 
 
+# rounds of inference and the shape-resolving passes after one of them changed the model
+SHAPE_ROUNDS = 64
+
+
 def _node_count(model: ir.Model) -> int:
     return sum(len(g) for g in u.all_graphs(model))
 
@@ -234,8 +241,10 @@ def _node_count(model: ir.Model) -> int:
 class FixedPointDriver(GraphtrimPass):
     """Runs ``passes`` in order until none modifies the model, at most ``max_iterations`` times.
 
-    ``per_iteration`` passes (shape inference) run at the start of each iteration and do not
-    count as a change. ``repairs`` run after every pass that changed the model, so that what a
+    ``per_iteration`` passes (shape inference) run at the start of each iteration after a change
+    and do not count as one (what they learn lets the passes run again). After a pass marked
+    ``resolves_shapes`` changed the model, inference and those passes run in turn until they
+    settle, before the iteration goes on. ``repairs`` run after every pass that changed the model, so that what a
     rewrite made visible to a runtime's static checks still loads (see
     :mod:`optimizer_core.graph.passes.scalar_inputs`); their rewrites are credited to that pass
     as rules ``<repair>:<rule>``. ``finishing`` passes are left out of the loop and run once, in
@@ -287,8 +296,8 @@ class FixedPointDriver(GraphtrimPass):
         for iteration in range(1, self.options.max_iterations + 1):
             self.log.iterations = iteration
             if inferred_at != modifications:
-                for helper in self.per_iteration:
-                    helper(model)
+                if self._infer(model):
+                    modifications += 1  # passes that found nothing may find something now
                 inferred_at = modifications
             changed = False
             for index, pass_ in looped:
@@ -296,12 +305,19 @@ class FixedPointDriver(GraphtrimPass):
                 # find nothing again, so it is skipped until another pass changes something
                 if clean_at.get(index) == modifications:
                     continue
-                if self._run(model, index, pass_, iteration, history):
-                    changed = True
-                    modifications += 1
-                    clean_at.pop(index, None)
-                else:
+                if not self._run(model, index, pass_, iteration, history):
                     clean_at[index] = modifications
+                    continue
+                changed = True
+                modifications += 1
+                clean_at.pop(index, None)
+                if pass_.resolves_shapes:
+                    # each shape made constant can let inference compute the next one (a
+                    # chain of computed reshapes): follow the chain now, not one whole
+                    # iteration per link
+                    modifications, inferred_at = self._settle_shapes(
+                        model, looped, iteration, history, modifications, clean_at
+                    )
             any_change = any_change or changed
             if not changed:
                 converged = True
@@ -319,6 +335,47 @@ class FixedPointDriver(GraphtrimPass):
                 any_change = True
         self.log.seconds = time.perf_counter() - start
         return any_change
+
+    def _infer(self, model: ir.Model) -> bool:
+        """Run the ``per_iteration`` helpers; whether one learned something (``learned``)."""
+        learned = False
+        for helper in self.per_iteration:
+            helper(model)
+            learned |= bool(getattr(helper, "learned", False))
+        return learned
+
+    def _settle_shapes(
+        self,
+        model: ir.Model,
+        looped: Sequence[tuple[int, GraphtrimPass]],
+        iteration: int,
+        history: list[str],
+        modifications: int,
+        clean_at: dict[int, int],
+    ) -> tuple[int, int]:
+        """Inference and the ``resolves_shapes`` passes in turn until they change nothing (at
+        most ``SHAPE_ROUNDS`` rounds). Returns the count of modifying pass runs afterwards and
+        that count when inference last ran."""
+        group = [(i, p) for i, p in looped if p.resolves_shapes]
+        inferred_at = -1
+        for _ in range(SHAPE_ROUNDS):
+            learned = self._infer(model)
+            if learned:
+                modifications += 1  # passes that found nothing may find something now
+            inferred_at = modifications
+            if not learned:
+                break  # nothing new to go on: the group already ran on these shapes
+            progressed = False
+            for index, pass_ in group:
+                if self._run(model, index, pass_, iteration, history):
+                    modifications += 1
+                    progressed = True
+                    clean_at.pop(index, None)
+                else:
+                    clean_at[index] = modifications
+            if not progressed:
+                break
+        return modifications, inferred_at
 
     def _run(
         self, model: ir.Model, index: int, pass_: GraphtrimPass, iteration: int, history: list[str]

@@ -87,8 +87,17 @@ def _adds(tp: onnx.TypeProto, old: ir.Shape | None) -> bool:
     return False
 
 
+def _unknown(dim: object) -> bool:
+    """A dim nobody could name, or one onnx's inference could only name ``unk__<n>`` (it names
+    every dim it cannot compute so: a later run may compute it)."""
+    if isinstance(dim, int):
+        return False
+    name = getattr(dim, "value", None)
+    return name is None or name.startswith("unk__")
+
+
 def unknown_shape_ids(model: ir.Model) -> set[int]:
-    """Ids of node outputs with no type, no shape, or a dim nobody could name."""
+    """Ids of node outputs with no type, no shape, or a dim nobody could compute."""
     out: set[int] = set()
     for graph in u.all_graphs(model):
         for node in graph:
@@ -96,53 +105,40 @@ def unknown_shape_ids(model: ir.Model) -> set[int]:
                 if (
                     value.type is None
                     or value.shape is None
-                    or any(not isinstance(d, int) and d.value is None for d in value.shape.dims)
+                    or any(_unknown(d) for d in value.shape.dims)
                 ):
                     out.add(id(value))
     return out
 
 
-def _output_ids(model: ir.Model) -> set[int]:
-    return {id(value) for graph in u.all_graphs(model) for node in graph for value in node.outputs}
-
-
 class ShapeInference(ir.passes.InPlacePass):
-    """Fills in unknown shapes and types; never counts as a change of the model.
+    """Fills in unknown shapes and types; never counts as a change of the model, but says in
+    ``learned`` whether its last call made some value's type or shape more specific.
 
-    With ``only_if_unknown`` it runs only when a value lacks shape information that inference
-    has not already failed to find: on a model inferred at load time and after most rewrites
-    (which reuse existing values) it is skipped, as it is the costliest step of an iteration.
+    With ``only_if_unknown`` it runs only where some value lacks shape information (no shape,
+    or a dim inference could not compute), and not on its first call when the loader has just
+    run the same inference (``SHAPES_INFERRED``). The driver calls it after the model changed:
+    a rewrite that replaced no value (a Pad fused into its Conv, a computed Reshape target made
+    constant) can make shapes downstream computable.
     """
 
     def __init__(self, only_if_unknown: bool = False) -> None:
         super().__init__()
         self.only_if_unknown = only_if_unknown
         self.runs = 0
+        self.learned = False
         self._first = True
-        # values still unknown after the last run: inference cannot find them, don't retry
-        self._hopeless: set[int] = set()
 
     def call(self, model: ir.Model) -> ir.passes.PassResult:
-        if self.only_if_unknown and self._first and model.meta.get(SHAPES_INFERRED):
-            # the loader has just run the same inference on the whole model
-            self._first = False
-            self._hopeless = unknown_shape_ids(model)
-            return ir.passes.PassResult(model, False)
-        self._first = False
+        self.learned = False
+        first, self._first = self._first, False
         if self.only_if_unknown:
-            unknown = unknown_shape_ids(model)
-            # a pass that learned a shape inference had not (a Reshape target made constant)
-            # may let it find the values after it: a value that was hopeless and still exists
-            # but is known now means inference runs again
-            learned = bool((self._hopeless - unknown) & _output_ids(model))
-            if unknown <= self._hopeless and not learned:
+            if first and model.meta.get(SHAPES_INFERRED):
+                return ir.passes.PassResult(model, False)  # the loader has just run it
+            if not unknown_shape_ids(model):
                 return ir.passes.PassResult(model, False)
         self.runs += 1
-        try:
-            return self._infer(model)
-        finally:
-            if self.only_if_unknown:
-                self._hopeless = unknown_shape_ids(model)
+        return self._infer(model)
 
     def _infer(self, model: ir.Model) -> ir.passes.PassResult:
         try:
@@ -168,6 +164,8 @@ class ShapeInference(ir.passes.InPlacePass):
                         continue
                     if value.type is None and vtype is not None:
                         value.type = vtype
+                        self.learned = True
                     if more_specific(shape, value.shape):
                         value.shape = shape
+                        self.learned = True
         return ir.passes.PassResult(model, False)

@@ -138,6 +138,7 @@ class ConstantFolding(RulePass):
     name = "constant-folding"
     summary = "evaluate constant subgraphs (shape arithmetic included) under a byte budget"
     rules = RULES
+    resolves_shapes = True
 
     def apply(self, model: ir.Model) -> bool:
         changed = False

@@ -88,6 +88,7 @@ class SymbolicShapes(GraphtrimPass):
     exact = True
     summary = "computed Reshape/Expand shapes made constant where symbolic dims prove the entries"
     rules = RULES
+    resolves_shapes = True
 
     # rounds of renaming and re-inference within one run (see ``apply``)
     max_rounds = 4

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import numpy as np
+import onnx
+from onnx import helper, numpy_helper
 
 from tests.helpers import assert_equivalent, op_types, parse, rules_fired, run_passes
 
@@ -378,3 +380,65 @@ def test_one_entry_nothing_proves_is_inferred_by_the_reshape():
     )
     out, _ = run_passes(two, passes=["symbolic-shapes", "dead-code"])
     assert "Shape" in op_types(out)
+
+
+def _same_padding_chain(links: int) -> onnx.ModelProto:
+    """``links`` blocks of TensorFlow-style "same" padding computed from the input's height and
+    width (Shape, Gather, Mod, Sub, Concat -> Pad), then a Conv: each block's padding
+    depends on the shape the block before it produced, which inference computes only once that
+    block's pads are constant."""
+    rng = np.random.default_rng(0)
+    nodes: list[onnx.NodeProto] = []
+    inits = [
+        numpy_helper.from_array(np.array(2, np.int64), "two"),
+        numpy_helper.from_array(np.array([2], np.int64), "i2"),
+        numpy_helper.from_array(np.array([3], np.int64), "i3"),
+        numpy_helper.from_array(np.zeros(2, np.int64), "zeros2"),
+        numpy_helper.from_array(np.zeros(4, np.int64), "zeros4"),
+    ]
+    y = "x"
+    for k in range(links):
+        w = rng.standard_normal((4, 4, 3, 3)).astype(np.float32) / 6
+        inits.append(numpy_helper.from_array(w, f"w{k}"))
+        nodes += [
+            helper.make_node("Shape", [y], [f"s{k}"]),
+            helper.make_node("Gather", [f"s{k}", "i2"], [f"h{k}"], axis=0),
+            helper.make_node("Gather", [f"s{k}", "i3"], [f"w{k}_"], axis=0),
+            # pad after = 2 - (size mod 2): an even size stays as it is through the 3x3 window
+            helper.make_node("Mod", [f"h{k}", "two"], [f"hm{k}"]),
+            helper.make_node("Mod", [f"w{k}_", "two"], [f"wm{k}"]),
+            helper.make_node("Sub", ["two", f"hm{k}"], [f"ph{k}"]),
+            helper.make_node("Sub", ["two", f"wm{k}"], [f"pw{k}"]),
+            helper.make_node(
+                "Concat", ["zeros2", "zeros4", f"ph{k}", f"pw{k}"], [f"pads{k}"], axis=0
+            ),
+            helper.make_node("Pad", [y, f"pads{k}"], [f"p{k}"]),
+            helper.make_node(
+                "Conv", [f"p{k}", f"w{k}"], [f"c{k}"], kernel_shape=[3, 3], strides=[1, 1]
+            ),
+        ]
+        y = f"c{k}"
+    nodes.append(helper.make_node("Relu", [y], ["y"]))
+    graph = helper.make_graph(
+        nodes,
+        "same-padding",
+        [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["batch", 4, 16, 16])],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, ["batch", 4, None, None])],
+        inits,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model, full_check=True)
+    return model
+
+
+def test_a_chain_of_computed_paddings_resolves_link_by_link_within_an_iteration():
+    """Each link's pads fold once inference knows the previous Conv's output, which it knows
+    only once that link's pads are constant: inference and the shape-resolving passes follow
+    the chain at once instead of one fixed-point iteration per link (12 links: the 10-iteration
+    cap would leave most of them)."""
+    proto = _same_padding_chain(12)
+    out, result = run_passes(proto)
+    assert op_types(out) == ["Conv"] * 12 + ["Relu"], op_types(out)
+    assert result.log.converged and result.log.iterations <= 3
+    assert_equivalent(proto, out, dim_values={"batch": 2})
