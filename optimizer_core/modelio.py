@@ -39,21 +39,39 @@ from optimizer_core.errors import GraphtrimError, InvalidModelError
 SHAPES_INFERRED = "graphtrim.shapes_inferred"
 
 
-def more_specific(new: ir.Shape | None, old: ir.Shape | None) -> bool:
-    if new is None:
+def unknown_dim(dim: object) -> bool:
+    """A dim nobody could name, or one onnx's inference could only name ``unk__<n>`` (its name
+    for every dim it could not compute: a later run may compute it)."""
+    if isinstance(dim, int):
         return False
+    name = getattr(dim, "value", dim)
+    return not name or (isinstance(name, str) and name.startswith("unk__"))
+
+
+def merged_shape(new: ir.Shape | None, old: ir.Shape | None) -> ir.Shape | None:
+    """``old`` with the dims ``new`` knows and ``old`` does not (a size, or a real name where
+    ``old`` has none or only an ``unk__`` one); ``None`` when ``new`` adds nothing. The dims
+    ``old`` knows stay, whatever ``new`` says of them: names the exporter gave are kept."""
+    if new is None:
+        return None
     if old is None:
-        return True
+        return new
     if len(new) != len(old):
-        return False  # conflicting ranks: trust what the value already carries
+        return None  # conflicting ranks: trust what the value already carries
+    dims: list[int | str | ir.SymbolicDim | None] = []
+    better = False
     for n, o in zip(new.dims, old.dims, strict=True):
-        if isinstance(o, int):
-            continue
-        if isinstance(n, int):
-            return True
-        if getattr(o, "value", None) is None and getattr(n, "value", None) is not None:
-            return True
-    return False
+        if unknown_dim(o) and not unknown_dim(n):
+            dims.append(n if isinstance(n, int) else getattr(n, "value", n))
+            better = True
+        else:
+            dims.append(o if isinstance(o, int) else getattr(o, "value", o))
+    return ir.Shape(dims) if better else None
+
+
+def more_specific(new: ir.Shape | None, old: ir.Shape | None) -> bool:
+    """Whether ``new`` knows a dim ``old`` does not (see :func:`merged_shape`)."""
+    return merged_shape(new, old) is not None
 
 
 # protobuf refuses messages over 2 GiB; keep a margin for the graph itself
@@ -587,8 +605,9 @@ def _apply_inferred_types(graph: ir.Graph, inferred: dict[str, onnx.TypeProto]) 
                     for d in tt.shape.dim
                 ]
             )
-            if more_specific(new, old):
-                out.shape = new
+            merged = merged_shape(new, old)
+            if merged is not None:
+                out.shape = merged
 
 
 def has_external_data(model: ir.Model) -> bool:

@@ -14,7 +14,7 @@ import onnx
 import onnx_ir as ir
 
 from optimizer_core.graph import _ir_utils as u
-from optimizer_core.modelio import SHAPES_INFERRED, more_specific
+from optimizer_core.modelio import SHAPES_INFERRED, merged_shape, unknown_dim
 
 logger = logging.getLogger("graphtrim.optimizer")
 
@@ -52,6 +52,40 @@ def _serialize_without_weights(model: ir.Model) -> onnx.ModelProto:
             graph.register_initializer(value)
 
 
+def _forget_unknown_dims(graph: onnx.GraphProto) -> None:
+    """Clear the ``unk__<n>`` names of dims in ``graph``'s value infos and outputs (subgraphs
+    too): onnx's inference keeps a dim name a value already carries, so a name it gave when it
+    could not compute the dim would hide what it can compute now."""
+    for vi in (*graph.value_info, *graph.output):
+        if vi.type.HasField("tensor_type") and vi.type.tensor_type.HasField("shape"):
+            for d in vi.type.tensor_type.shape.dim:
+                if d.HasField("dim_param") and d.dim_param.startswith("unk__"):
+                    d.ClearField("dim_param")
+    for node in graph.node:
+        for attr in node.attribute:
+            if attr.type == onnx.AttributeProto.GRAPH:
+                _forget_unknown_dims(attr.g)
+            elif attr.type == onnx.AttributeProto.GRAPHS:
+                for sub in attr.graphs:
+                    _forget_unknown_dims(sub)
+
+
+_RUN = "graphtrim.inference_run"  # in ``model.meta``: inference runs that named dims so far
+
+
+def _name_unknown_dims_apart(types: dict[str, onnx.TypeProto], run: int) -> None:
+    """Give the ``unk__<n>`` dims of one inference run names of that run alone
+    (``unk__<run>_<n>``). Within a run, one name on two dims means inference proved them equal;
+    across runs its counter starts again, and a value named in one run must not look equal to
+    another named in a later one."""
+    for tp in types.values():
+        if tp.WhichOneof("value") != "tensor_type" or not tp.tensor_type.HasField("shape"):
+            continue
+        for d in tp.tensor_type.shape.dim:
+            if d.HasField("dim_param") and d.dim_param.startswith("unk__"):
+                d.dim_param = f"unk__{run}_{d.dim_param[5:]}"
+
+
 def _collect_types(graph: onnx.GraphProto, out: dict[str, onnx.TypeProto]) -> None:
     for vi in (*graph.value_info, *graph.output):
         if vi.type.HasField("tensor_type") or vi.type.WhichOneof("value") is not None:
@@ -78,22 +112,13 @@ def _adds(tp: onnx.TypeProto, old: ir.Shape | None) -> bool:
     if len(dims) != len(old):
         return False  # conflicting ranks: ``more_specific`` keeps the old shape
     for n, o in zip(dims, old.dims, strict=True):
-        if isinstance(o, int):
+        if not unknown_dim(o):
             continue
-        if n.HasField("dim_value"):
-            return True
-        if o.value is None and n.HasField("dim_param"):
+        if n.HasField("dim_value") or (
+            n.HasField("dim_param") and not n.dim_param.startswith("unk__")
+        ):
             return True
     return False
-
-
-def _unknown(dim: object) -> bool:
-    """A dim nobody could name, or one onnx's inference could only name ``unk__<n>`` (it names
-    every dim it cannot compute so: a later run may compute it)."""
-    if isinstance(dim, int):
-        return False
-    name = getattr(dim, "value", None)
-    return name is None or name.startswith("unk__")
 
 
 def unknown_shape_ids(model: ir.Model) -> set[int]:
@@ -105,7 +130,7 @@ def unknown_shape_ids(model: ir.Model) -> set[int]:
                 if (
                     value.type is None
                     or value.shape is None
-                    or any(_unknown(d) for d in value.shape.dims)
+                    or any(unknown_dim(d) for d in value.shape.dims)
                 ):
                     out.add(id(value))
     return out
@@ -143,6 +168,7 @@ class ShapeInference(ir.passes.InPlacePass):
     def _infer(self, model: ir.Model) -> ir.passes.PassResult:
         try:
             proto = _serialize_without_weights(model)
+            _forget_unknown_dims(proto.graph)
             inferred = onnx.shape_inference.infer_shapes(
                 proto, check_type=False, strict_mode=False, data_prop=True
             )
@@ -151,6 +177,9 @@ class ShapeInference(ir.passes.InPlacePass):
             return ir.passes.PassResult(model, False)
         types: dict[str, onnx.TypeProto] = {}
         _collect_types(inferred.graph, types)
+        run = int(model.meta.get(_RUN, 0)) + 1
+        model.meta[_RUN] = run
+        _name_unknown_dims_apart(types, run)
         for graph in u.all_graphs(model):
             for node in graph:
                 for value in node.outputs:
@@ -165,7 +194,8 @@ class ShapeInference(ir.passes.InPlacePass):
                     if value.type is None and vtype is not None:
                         value.type = vtype
                         self.learned = True
-                    if more_specific(shape, value.shape):
-                        value.shape = shape
+                    merged = merged_shape(shape, value.shape)
+                    if merged is not None:
+                        value.shape = merged
                         self.learned = True
         return ir.passes.PassResult(model, False)
