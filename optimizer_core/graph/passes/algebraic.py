@@ -16,6 +16,7 @@ The rules that round differently (merging constant chains, ``Reciprocal`` pairs)
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -130,6 +131,120 @@ def _compose_transposes(node: ir.Node, match: tuple[ir.Value, list[int]], ctx: R
     node.attributes["perm"] = ir.AttrInt64s("perm", composed)
 
 
+@dataclasses.dataclass
+class _AroundUnsqueeze:
+    x: ir.Value
+    axes: list[int]  # of the new Unsqueeze of x
+    perm: list[int] | None  # of the Transpose after it; None: the identity (no Transpose)
+
+
+def _transposes_around_unsqueeze(node: ir.Node, ctx: RuleContext) -> _AroundUnsqueeze | str:
+    """Check: ``Transpose(Unsqueeze(Transpose(x, p), a), q)``, each inner result read once;
+    the match is ``x`` unsqueezed where the output has its unit dims, and the permutation that
+    is left (``None`` when the two Transposes cancel around the Unsqueeze)."""
+    z = node.inputs[0]
+    unsq = z.producer() if z is not None else None
+    if z is None or unsq is None or not u.is_op(unsq, "Unsqueeze") or not u.single_consumer(z):
+        return "the input is not an Unsqueeze read by this Transpose alone"
+    if u.node_opset(unsq, ctx.model) < 13 or len(unsq.inputs) < 2:
+        return "axes are attributes (opset < 13)"
+    y = unsq.inputs[0]
+    inner = y.producer() if y is not None else None
+    if y is None or inner is None or not u.is_op(inner, "Transpose") or not u.single_consumer(y):
+        return "the Unsqueeze does not read a Transpose that it alone reads"
+    x, r = inner.inputs[0], u.rank(y)
+    a = u.const_ints(unsq.inputs[1])
+    if x is None or r is None or a is None:
+        return "the rank or the axes are unknown"
+    p = inner.attributes.get_ints("perm", None)
+    p = list(p) if p is not None else list(reversed(range(r)))
+    axes = u.normalize_axes(a, r + len(a))
+    q = node.attributes.get_ints("perm", None)
+    q = list(q) if q is not None else list(reversed(range(r + len(a))))
+    if axes is None or len(set(axes)) != len(axes) or len(p) != r or len(q) != r + len(a):
+        return "axes out of range or permutations of other lengths"
+    # what each position of the Unsqueeze's output holds: None for a unit dim, else x's axis
+    rest = iter(p)
+    held: list[int | None] = [None if t in axes else int(next(rest)) for t in range(r + len(a))]
+    out = [held[j] for j in q]
+    new_axes = [j for j, h in enumerate(out) if h is None]
+    # Unsqueeze(x, new_axes) holds x's axes in order at the other positions
+    at = [j for j, h in enumerate(out) if h is not None]
+    perm = list(range(len(out)))
+    for j, h in zip(at, (h for h in out if h is not None), strict=True):
+        perm[j] = at[h]
+    if perm == list(range(len(out))):
+        refusal = reroute_refusal(node.outputs[0], unsq.outputs[0])
+        if refusal is not None:
+            return refusal
+        return _AroundUnsqueeze(x, new_axes, None)
+    return _AroundUnsqueeze(x, new_axes, perm)
+
+
+def _unsqueeze_then_transpose(node: ir.Node, m: _AroundUnsqueeze, ctx: RuleContext) -> None:
+    names = ctx.pass_.names(ctx.model)  # type: ignore[attr-defined]
+    axes = u.add_initializer(ctx.graph, np.array(m.axes, dtype=np.int64), names("unsqueeze_axes"))
+    unsq = ir.Node("", "Unsqueeze", [m.x, axes], name=names(f"{node.name or 'Unsqueeze'}_moved"))
+    ctx.graph.insert_before(node, unsq)
+    unsq.outputs[0].name = names(f"{m.x.name or 'x'}_unsqueezed")
+    unsq.outputs[0].type = node.outputs[0].type
+    if m.perm is None:
+        unsq.outputs[0].shape = node.outputs[0].shape
+        replace_output(node, unsq.outputs[0], ctx)
+        return
+    node.replace_input_with(0, unsq.outputs[0])
+    node.attributes["perm"] = ir.AttrInt64s("perm", m.perm)
+
+
+def _after_reshape(node: ir.Node, ctx: RuleContext) -> tuple[ir.Value, list[int]] | str:
+    """Check: ``Unsqueeze`` / ``Squeeze`` of a Reshape to a constant shape that copies no dim,
+    the Reshape's result read here alone; the match is the Reshape's input and the one shape
+    that does both (1s inserted at the axes, or the entries at the axes, each 1, dropped)."""
+    y = node.inputs[0]
+    reshape = y.producer() if y is not None else None
+    if y is None or reshape is None or not u.is_op(reshape, "Reshape") or not u.single_consumer(y):
+        return "the input is not a Reshape's result read here alone"
+    if u.node_opset(node, ctx.model) < 13 or len(node.inputs) < 2 or len(reshape.inputs) < 2:
+        return "axes are attributes (opset < 13), or no axes"
+    x, shape, a = reshape.inputs[0], u.const_ints(reshape.inputs[1]), u.const_ints(node.inputs[1])
+    if x is None or shape is None or a is None:
+        return "the shape or the axes are not constant"
+    if 0 in shape and not reshape.attributes.get_int("allowzero", 0):
+        return "the shape copies a dim (0 entry)"
+    if node.op_type == "Unsqueeze":
+        axes = u.normalize_axes(a, len(shape) + len(a))
+        if axes is None or len(set(axes)) != len(axes):
+            return "axes out of range"
+        rest = iter(shape)
+        return x, [1 if t in axes else next(rest) for t in range(len(shape) + len(a))]
+    axes = u.normalize_axes(a, len(shape))
+    if axes is None or any(shape[t] != 1 for t in axes):
+        return "axes out of range, or an entry at them that is not 1"
+    return x, [t for i, t in enumerate(shape) if i not in set(axes)]
+
+
+def _one_reshape(node: ir.Node, m: tuple[ir.Value, list[int]], ctx: RuleContext) -> None:
+    x, shape = m
+    names = ctx.pass_.names(ctx.model)  # type: ignore[attr-defined]
+    reshape = node.inputs[0].producer()  # type: ignore[union-attr]
+    assert reshape is not None
+    target = u.add_initializer(ctx.graph, np.array(shape, dtype=np.int64), names("shape"))
+    merged = ir.Node(
+        "",
+        "Reshape",
+        [x, target],
+        [ir.AttrInt64("allowzero", reshape.attributes.get_int("allowzero", 0))]
+        if "allowzero" in reshape.attributes
+        else [],
+        name=names(f"{node.name or 'Reshape'}_merged"),
+    )
+    ctx.graph.insert_before(node, merged)
+    merged.outputs[0].name = names(f"{node.outputs[0].name or 'reshaped'}_merged")
+    merged.outputs[0].type = node.outputs[0].type
+    merged.outputs[0].shape = node.outputs[0].shape
+    replace_output(node, merged.outputs[0], ctx)
+
+
 def _unsqueeze_pair(node: ir.Node, ctx: RuleContext) -> tuple[ir.Value, list[int]] | str:
     """Unsqueeze(Unsqueeze(x, a), b): ``x`` and the axes of both in the final tensor."""
     x = node.inputs[0]
@@ -177,6 +292,32 @@ def _reshape_of(op: str) -> Callable[[ir.Node, RuleContext], Any]:
         return inner.inputs[0]
 
     return check
+
+
+def _static_copies(node: ir.Node, ctx: RuleContext) -> list[int] | str:
+    """Check: a Reshape (allowzero 0) whose constant shape copies (0 entry) dims the input has
+    static; the match is the shape with those sizes written out."""
+    if node.attributes.get_int("allowzero", 0) or len(node.inputs) < 2:
+        return "allowzero, or no shape"
+    shape = u.const_ints(node.inputs[1])
+    if shape is None or 0 not in shape:
+        return "the shape is not constant or copies no dim"
+    dims = u.symbolic_dims(node.inputs[0])
+    if dims is None or len(dims) < len(shape):
+        return "the input's rank is unknown or below the shape's length"
+    out: list[int] = []
+    for j, t in enumerate(shape):
+        d = dims[j]
+        out.append(d if t == 0 and isinstance(d, int) and d > 0 else t)
+    if out == shape:
+        return "every dim it copies is symbolic"
+    return out
+
+
+def _write_copies(node: ir.Node, shape: list[int], ctx: RuleContext) -> None:
+    names = ctx.pass_.names(ctx.model)  # type: ignore[attr-defined]
+    target = u.add_initializer(ctx.graph, np.array(shape, dtype=np.int64), names("shape_static"))
+    node.replace_input_with(1, target)
 
 
 def _transpose_reshape(node: ir.Node, ctx: RuleContext) -> ir.Value | str:
@@ -283,12 +424,46 @@ RULES: tuple[Rule, ...] = (
         _compose_transposes,
     ),
     Rule(
+        "transpose-unsqueeze-transpose",
+        "Transpose(Unsqueeze(Transpose(x, p), a), q) -> Unsqueeze(x, a') (Transpose(.., q') "
+        "after it unless the permutations cancel): a' are the positions of the output's unit "
+        "dims, q' orders x's axes as p and q do; each inner result read once (opset 13+)",
+        ("Transpose",),
+        _transposes_around_unsqueeze,
+        _unsqueeze_then_transpose,
+    ),
+    *(
+        Rule(
+            f"reshape-{op.lower()}",
+            f"{op}(Reshape(x, s), a) -> Reshape(x, s') for a constant s that copies no dim: s' "
+            + (
+                "is s with 1s inserted at the axes"
+                if op == "Unsqueeze"
+                else "is s without its entries at the axes, each 1"
+            )
+            + "; the Reshape's result read there alone (opset 13+)",
+            (op,),
+            _after_reshape,
+            _one_reshape,
+        )
+        for op in ("Unsqueeze", "Squeeze")
+    ),
+    Rule(
         "unsqueeze-unsqueeze",
         "Unsqueeze(Unsqueeze(x, a), b) -> Unsqueeze(x, b + the positions of a among the axes "
         "b leaves), for constant axes (opset 13+)",
         ("Unsqueeze",),
         _unsqueeze_pair,
         _merge_unsqueezes,
+    ),
+    Rule(
+        "reshape-static-copy",
+        "Reshape(x, s) -> Reshape(x, s') where s (constant, allowzero 0) copies a dim of x that "
+        "is static: s' writes that size (the same shape), so the Reshape no longer depends on "
+        "how x was produced",
+        ("Reshape",),
+        _static_copies,
+        _write_copies,
     ),
     *(
         Rule(

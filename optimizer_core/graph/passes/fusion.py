@@ -10,6 +10,10 @@ With ``k = gamma / sqrt(var + eps)`` per output channel:
   reads ``W[g * C_in / group : (g + 1) * C_in / group, j]``, so that slice is scaled by ``k[o]``
 - ``BatchNormalization(x) * c`` -> BN with ``gamma * c``, ``beta * c``;
   ``BatchNormalization(x) + c`` -> BN with ``beta + c`` (per-channel ``c``)
+- ``Conv(x * c, W, B)`` -> ``Conv(x, W', B)`` for a scalar or per-input-channel constant ``c``
+  (rule ``mul-conv``): output channel ``o`` of group ``g = o // (C_out / group)`` reads input
+  channel ``g * (C_in / group) + j`` through ``W[o, j]``, so ``W'[o, j] = W[o, j] *
+  c[g * (C_in / group) + j]``; the zero padding stays zero (``0 * c = 0``)
 
 The new constants are computed in float64 and rounded once to the weight's dtype, so results
 differ from the unfused model by rounding only (relative error around 1e-7 in float32); the pass
@@ -155,6 +159,58 @@ def fold_into_conv(node: ir.Node, m: _IntoConv, ctx: RuleContext) -> None:
     _reroute(node, m.x, ctx)
 
 
+# ---------------------------------------------------------------- a scale in front of a Conv
+
+
+@dataclasses.dataclass
+class _ScaledInput:
+    x: ir.Value
+    w: Operand
+    w_scale: np.ndarray
+
+
+def check_scaled_input(node: ir.Node, ctx: RuleContext) -> _ScaledInput | str:
+    """``Conv(Mul(x, c), W, B)``: ``c`` a scalar or per-input-channel constant, the product read
+    by this Conv alone, the weight a constant float tensor read by this Conv alone."""
+    if len(node.inputs) < 2 or node.inputs[0] is None or node.inputs[1] is None:
+        return "no input or weight"
+    scaled = node.inputs[0]
+    mul = scaled.producer()
+    if mul is None or not u.is_op(mul, "Mul") or not u.single_consumer(scaled):
+        return "the input is not a product that this Conv alone reads"
+    x = affine_input(mul)
+    if x is None:
+        return "the product is not of a computed tensor and a constant"
+    w_val = node.inputs[1]
+    w = operand(w_val)
+    if w is None or w.dtype.kind != "f" or len(w.shape) < 3:
+        return "the weight is not a constant float tensor"
+    if not all(user is node for user, _ in w_val.uses()) or w_val.is_graph_output():
+        return "the weight has other readers"
+    group = node.attributes.get_int("group", 1)
+    c_out, c_in_g = w.shape[0], w.shape[1]
+    if group < 1 or c_out % group:
+        return "the group does not divide the output channels"
+    c = per_channel(other_operand(mul, x), c_in_g * group, len(w.shape))
+    if c is None or not np.all(np.isfinite(c)):
+        return "the constant is not a finite scalar or per-input-channel vector"
+    if u.const_array(other_operand(mul, x)).dtype != w.dtype:  # type: ignore[union-attr]
+        return "the constant and the weight differ in type"
+    groups = np.arange(c_out) // (c_out // group)
+    matrix = c[groups[:, None] * c_in_g + np.arange(c_in_g)[None, :]]
+    w_scale = matrix.reshape((c_out, c_in_g) + (1,) * (len(w.shape) - 2))
+    if not w.can_scale(w_scale, np.zeros(1)):
+        return "a uniform-fill weight under a per-channel scale would grow the model"
+    return _ScaledInput(x, w, w_scale)
+
+
+def fold_scaled_input(node: ir.Node, m: _ScaledInput, ctx: RuleContext) -> None:
+    new_w = m.w.scaled(m.w_scale, np.zeros(1), ctx.graph, node, _pass(ctx).namer(ctx))
+    assert new_w is not None  # checked by can_scale
+    node.replace_input_with(1, new_w)
+    node.replace_input_with(0, m.x)
+
+
 # ---------------------------------------------------------------- into BatchNormalization
 
 
@@ -251,6 +307,16 @@ RULES: tuple[Rule, ...] = (
         "W[g * C_in / group : (g + 1) * C_in / group, j]",
     ),
     Rule(
+        "mul-conv",
+        "Conv(x * c, W, B) -> Conv(x, W', B), W'[o, j] = W[o, j] * c[g * (C_in / group) + j] "
+        "with g = o // (C_out / group), for a scalar or per-input-channel constant c of the "
+        "weight's type; the product read by the Conv alone, the weight read by it alone (zero "
+        "padding stays zero)",
+        ("Conv",),
+        check_scaled_input,
+        fold_scaled_input,
+    ),
+    Rule(
         "bn-mul",
         "BatchNormalization(x, gamma, beta, ...) * c -> BatchNormalization(x, gamma * c, "
         "beta * c, ...) for a per-channel constant c (inference mode)",
@@ -274,7 +340,8 @@ class AffineFusion(RulePass):
     exact = False
     summary = (
         "fold BatchNormalization and per-channel Mul/Add into Conv and ConvTranspose; "
-        "Mul/Add into BatchNormalization"
+        "Mul/Add into BatchNormalization; a per-input-channel Mul in front of a Conv into its "
+        "weight"
     )
     rules = RULES
 

@@ -3,6 +3,8 @@ results are unchanged (within an ulp for reassociation), the checker passes."""
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import onnx
 import onnx.numpy_helper
@@ -385,7 +387,9 @@ def test_transpose_pair_with_shared_inner_keeps_the_inner():
         ("s1 = Constant<value = int64[2] {6, 4}>()\n a = Reshape(x, s1)", "reshape-reshape"),
         ("a = Flatten<axis = 2>(x)", "flatten-reshape"),
         ("ax = Constant<value = int64[1] {1}>()\n a = Unsqueeze(x, ax)", "unsqueeze-reshape"),
-        ("ax = Constant<value = int64[1] {0}>()\n a = Squeeze(x1, ax)", "squeeze-reshape"),
+        # the Squeeze merges into the Reshape before it (reshape-squeeze), which the outer one
+        # then takes (reshape-reshape)
+        ("ax = Constant<value = int64[1] {0}>()\n a = Squeeze(x1, ax)", "reshape-squeeze"),
     ],
     ids=["reshape", "flatten", "unsqueeze", "squeeze"],
 )
@@ -412,7 +416,27 @@ def test_reshape_chain_collapsed(inner, rule):
 
 
 def test_reshape_chain_with_zero_in_shape_kept():
-    # 0 copies a dim of the Reshape's input: the inner Reshape changes which dim that is
+    # 0 copies a dim of the Reshape's input: the inner Reshape changes which dim that is, and
+    # the dim is symbolic, so no size can be written for it
+    proto = parse(
+        """
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[N, 3, 4] x) => (float[N, 12] y) {
+          s1 = Constant<value = int64[3] {0, 12, 1}>()
+          a = Reshape(x, s1)
+          s = Constant<value = int64[2] {0, -1}>()
+          y = Reshape(a, s)
+        }
+        """
+    )
+    out, result = run_passes(proto, ALGEBRAIC)
+    assert not fired(result)
+    assert op_types(out) == ["Reshape", "Reshape"]
+    assert_equivalent(proto, out, dim_values={"N": 2})
+
+
+def test_reshape_chain_with_a_zero_over_a_static_dim_collapses():
+    # the copied dim is static (6): its size is written, and the chain is one Reshape
     proto = parse(
         """
         <ir_version: 8, opset_import: ["" : 17]>
@@ -425,8 +449,8 @@ def test_reshape_chain_with_zero_in_shape_kept():
         """
     )
     out, result = run_passes(proto, ALGEBRAIC)
-    assert not fired(result)
-    assert op_types(out) == ["Reshape", "Reshape"]
+    assert fired(result) == {"reshape-static-copy": 1, "reshape-reshape": 1}
+    assert op_types(out) == ["Reshape"]
     assert_equivalent(proto, out)
 
 
@@ -711,3 +735,83 @@ def test_a_zero_bias_goes_where_only_the_last_dim_is_known():
     assert op_types(out) == ["Reshape", "MatMul", "Relu", "Relu"]
     feeds = [{"x": np.ones((3, 4), np.float32), "s": np.array([3, 4], np.int64)}]
     assert_equivalent(proto, out, inputs=feeds)
+
+
+def _around_unsqueeze(p: list[int], axis: int, q: list[int]) -> onnx.ModelProto:
+    shape = [2, 3, 4]
+    mid = [shape[i] for i in p]
+    mid.insert(axis, 1)
+    out = [mid[j] for j in q]
+    return parse(
+        f"""
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[2, 3, 4] x) => (float[{", ".join(map(str, out))}] y) <int64[1] ax = {{{axis}}}> {{
+            t = Transpose<perm = {p}>(x)
+            a = Unsqueeze(t, ax)
+            y = Transpose<perm = {q}>(a)
+        }}
+        """
+    )
+
+
+_PERMS3 = [list(p) for p in itertools.permutations(range(3))]
+_PERMS4 = [list(p) for p in itertools.permutations(range(4))]
+
+
+@pytest.mark.parametrize("p", _PERMS3, ids=lambda p: "p" + "".join(map(str, p)))
+@pytest.mark.parametrize("axis", [0, 1, 3])
+def test_transposes_around_an_unsqueeze_become_at_most_one(p, axis):
+    """Every outer permutation: the result is the Unsqueeze of x, with one Transpose after it
+    where the two do not cancel, and computes the same."""
+    for q in _PERMS4[::5]:
+        proto = _around_unsqueeze(p, axis, q)
+        out, result = run_passes(proto, ["algebraic"])
+        assert rules_fired(result).get("transpose-unsqueeze-transpose") == 1, (p, axis, q)
+        ops = op_types(out)
+        assert ops in (["Unsqueeze"], ["Unsqueeze", "Transpose"]), (p, axis, q, ops)
+        onnx.checker.check_model(out, full_check=True)
+        assert_equivalent(proto, out)
+
+
+def test_transposes_around_an_unsqueeze_read_elsewhere_stay():
+    proto = parse(
+        """
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[2, 3, 4] x) => (float[2, 1, 3, 4] y, float[2, 4, 3] z) <int64[1] ax = {1}> {
+            z = Transpose<perm = [0, 2, 1]>(x)
+            a = Unsqueeze(z, ax)
+            y = Transpose<perm = [0, 1, 3, 2]>(a)
+        }
+        """
+    )
+    _out, result = run_passes(proto, ["algebraic"])
+    assert "transpose-unsqueeze-transpose" not in rules_fired(result)
+
+
+def test_a_squeeze_after_a_reshape_merges_only_over_unit_entries():
+    # the squeezed entry of the shape is -1 (a 1 only at run time): no single shape says it
+    proto = parse(
+        """
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[2, 4, 2] x) => (float[2, 8] y) <int64[3] s = {2, -1, 8}, int64[1] ax = {1}> {
+            a = Reshape(x, s)
+            y = Squeeze(a, ax)
+        }
+        """
+    )
+    _out, result = run_passes(proto, ["algebraic"])
+    assert "reshape-squeeze" not in rules_fired(result)
+
+
+def test_a_copied_symbolic_dim_stays_copied():
+    proto = parse(
+        """
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[N, 4, 2] x) => (float[N, 8] y) <int64[2] s = {0, 8}> {
+            a = Relu(x)
+            y = Reshape(a, s)
+        }
+        """
+    )
+    _out, result = run_passes(proto, ["algebraic"])
+    assert "reshape-static-copy" not in rules_fired(result)

@@ -323,3 +323,59 @@ def test_conv_transpose_fill_weight_needs_a_uniform_scale(uniform, fused):
     assert ("Mul" not in op_types(out)) == fused
     assert ("convtranspose-mul" in rules_fired(result)) == fused
     assert_equivalent(proto, out, rtol=1e-5, atol=1e-5, dim_values={"N": 2})
+
+
+def _scaled_input_conv(
+    c_shape: tuple[int, ...], *, group: int = 1, extra_reader: bool = False
+) -> onnx.ModelProto:
+    """x -> Relu -> Mul c -> Conv(W, B, group) -> y: a scale in front of a Conv (NF-ResNet's
+    scaled activations, a normalization folded into the next layer's input)."""
+    c_in, c_out = 4, 8
+    inits = [
+        _init("W", RNG.standard_normal((c_out, c_in // group, 3, 3))),
+        _init("B", RNG.standard_normal(c_out)),
+        _init("c", RNG.uniform(0.5, 2.0, c_shape)),
+    ]
+    nodes = [
+        helper.make_node("Relu", ["x"], ["r"]),
+        helper.make_node("Mul", ["r", "c"], ["s"]),
+        helper.make_node("Conv", ["s", "W", "B"], ["y"], pads=[1, 1, 1, 1], group=group),
+    ]
+    outputs = [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, ["N", c_out, 8, 8])]
+    if extra_reader:
+        nodes.append(helper.make_node("Neg", ["s"], ["z"]))
+        outputs.append(
+            helper.make_tensor_value_info("z", onnx.TensorProto.FLOAT, ["N", c_in, 8, 8])
+        )
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["N", c_in, 8, 8])],
+        outputs,
+        inits,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    onnx.checker.check_model(model, full_check=True)
+    return model
+
+
+@pytest.mark.parametrize(
+    ("c_shape", "group"),
+    [((), 1), ((1,), 1), ((4, 1, 1), 1), ((1, 4, 1, 1), 2), ((4, 1, 1), 4)],
+    ids=["scalar", "scalar-1d", "per-channel", "per-channel-groups", "per-channel-depthwise"],
+)
+def test_a_scale_in_front_of_a_conv_goes_into_its_weight(c_shape, group):
+    proto = _scaled_input_conv(c_shape, group=group)
+    out, result = run_passes(proto, ["fuse-affine"])
+    assert rules_fired(result) == {"mul-conv": 1}
+    assert op_types(out) == ["Relu", "Conv"]
+    onnx.checker.check_model(out, full_check=True)
+    assert_equivalent(proto, out, rtol=1e-5, atol=1e-5, dim_values={"N": 2})
+
+
+def test_a_scale_with_another_reader_or_over_space_stays():
+    _out, result = run_passes(_scaled_input_conv((4, 1, 1), extra_reader=True), ["fuse-affine"])
+    assert "mul-conv" not in rules_fired(result)
+    # a scale that varies over the width is no per-channel map
+    _out, result = run_passes(_scaled_input_conv((1, 1, 8)), ["fuse-affine"])
+    assert "mul-conv" not in rules_fired(result)

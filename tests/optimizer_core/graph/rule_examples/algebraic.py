@@ -96,3 +96,39 @@ EXAMPLES[("algebraic", "concat-concat")] = Example(
         sig="(float[2, 4] xin) => (float[2, 24] y)",
     )
 )
+
+# a Reshape copying a dim the input has static ([-1, 64, 0] on [N, 1, 64, 64] in MobileNetV4's
+# attention): the size is written out
+EXAMPLES[("algebraic", "reshape-static-copy")] = Example(
+    model=model(
+        "a = Relu(xin)\n y = Reshape(a, s)",
+        inits="int64[3] s = {-1, 4, 0}",
+        sig="(float[N, 1, 4, 4] xin) => (float[N, 4, 4] y)",
+    )
+)
+
+# keys moved [B, C, L] -> [B, L, C], given a heads axis, then moved back: one Unsqueeze
+EXAMPLES[("algebraic", "transpose-unsqueeze-transpose")] = Example(
+    model=model(
+        "t = Transpose<perm = [0, 2, 1]>(xin)\n a = Unsqueeze(t, ax)\n"
+        " y = Transpose<perm = [0, 1, 3, 2]>(a)",
+        inits="int64[1] ax = {1}",
+        sig="(float[2, 3, 4] xin) => (float[2, 1, 3, 4] y)",
+    )
+)
+
+EXAMPLES[("algebraic", "reshape-unsqueeze")] = Example(
+    model=model(
+        "a = Reshape(xin, s)\n y = Unsqueeze(a, ax)",
+        inits="int64[2] s = {-1, 8}, int64[1] ax = {1}",
+        sig="(float[2, 4, 2] xin) => (float[2, 1, 8] y)",
+    )
+)
+
+EXAMPLES[("algebraic", "reshape-squeeze")] = Example(
+    model=model(
+        "a = Reshape(xin, s)\n y = Squeeze(a, ax)",
+        inits="int64[3] s = {2, 1, -1}, int64[1] ax = {-2}",
+        sig="(float[2, 4, 2] xin) => (float[2, 8] y)",
+    )
+)

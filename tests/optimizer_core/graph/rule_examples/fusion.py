@@ -7,7 +7,12 @@ import onnx
 from onnx import helper
 
 from tests.optimizer_core.graph.rule_examples import Example
-from tests.optimizer_core.graph.test_fusion import _conv_model, _conv_transpose_model, _init
+from tests.optimizer_core.graph.test_fusion import (
+    _conv_model,
+    _conv_transpose_model,
+    _init,
+    _scaled_input_conv,
+)
 
 # new weights are computed in float64 and rounded once to float32
 _TOL = {"rtol": 1e-5, "atol": 1e-5}
@@ -51,6 +56,9 @@ EXAMPLES = {
     ),
     ("fuse-affine", "convtranspose-add"): Example(
         model=lambda: _conv_transpose_model(["Add"]), **_TOL
+    ),
+    ("fuse-affine", "mul-conv"): Example(
+        model=lambda: _scaled_input_conv((1, 4, 1, 1), group=2), **_TOL
     ),
     ("fuse-affine", "bn-mul"): Example(model=_bn_then("Mul"), **_TOL),
     ("fuse-affine", "bn-add"): Example(model=_bn_then("Add"), **_TOL),
