@@ -127,8 +127,36 @@ def const_nbytes(value: ir.Value) -> int:
     return 0 if arr is None else int(arr.nbytes)
 
 
+def fill_of(value: ir.Value | None) -> tuple[list[int], np.ndarray] | None:
+    """``(shape, element)`` of a ``ConstantOfShape`` fill with a constant shape; else ``None``."""
+    producer = value.producer() if value is not None else None
+    if producer is None or not is_op(producer, "ConstantOfShape") or not producer.inputs:
+        return None
+    shape = const_ints(producer.inputs[0])
+    if shape is None or any(d < 0 for d in shape):
+        return None
+    attr = producer.attributes.get("value")
+    element = attr.value.numpy().reshape(-1) if attr is not None else np.zeros(1, np.float32)
+    if element.size != 1:
+        return None
+    return shape, element
+
+
+def const_shape(value: ir.Value | None) -> tuple[int, ...] | None:
+    """The shape of a constant ``value`` (an initializer, a Constant or a fill)."""
+    arr = const_array(value)
+    if arr is not None:
+        return tuple(arr.shape)
+    fill = fill_of(value)
+    return tuple(fill[0]) if fill is not None else None
+
+
 def is_all(value: ir.Value | None, scalar: float) -> bool:
-    """True when ``value`` is a constant whose every element equals ``scalar``."""
+    """True when ``value`` is a constant (a fill too) whose every element equals ``scalar``."""
+    fill = fill_of(value)
+    if fill is not None:
+        shape, element = fill
+        return math.prod(shape) > 0 and element.dtype != object and bool(element[0] == scalar)
     arr = const_array(value)
     if arr is None or arr.size == 0 or arr.dtype == object:
         return False

@@ -37,20 +37,20 @@ __all__ = ["RULES", "AlgebraicSimplification"]
 
 def _broadcast_keeps_shape(x: ir.Value, c: ir.Value) -> bool:
     """Broadcasting ``x`` with constant ``c`` yields exactly the shape of ``x``."""
-    c_arr = u.const_array(c)
-    if c_arr is None:
+    c_shape = u.const_shape(c)
+    if c_shape is None:
         return False
-    if c_arr.ndim == 0:
+    if len(c_shape) == 0:
         return True
     x_dims = u.symbolic_dims(x)
-    if x_dims is None and c_arr.ndim == 1:
+    if x_dims is None and len(c_shape) == 1:
         # a vector c (a bias, a normalization's weight) keeps the shape of any x whose last dim
         # is c's length (or c has one element) and whose rank is at least 1
         d = u.last_dim(x)
-        return d is not None and (c_arr.shape[0] == 1 or d == c_arr.shape[0])
-    if x_dims is None or c_arr.ndim > len(x_dims):
+        return d is not None and (c_shape[0] == 1 or d == c_shape[0])
+    if x_dims is None or len(c_shape) > len(x_dims):
         return False
-    for cd, xd in zip(reversed(c_arr.shape), reversed(x_dims), strict=False):
+    for cd, xd in zip(reversed(c_shape), reversed(x_dims), strict=False):
         if cd != 1 and not (isinstance(xd, int) and xd == cd):
             return False
     return True
@@ -243,6 +243,57 @@ def _one_reshape(node: ir.Node, m: tuple[ir.Value, list[int]], ctx: RuleContext)
     merged.outputs[0].type = node.outputs[0].type
     merged.outputs[0].shape = node.outputs[0].shape
     replace_output(node, merged.outputs[0], ctx)
+
+
+def _slice_params(node: ir.Node, rank: int) -> list[list[int]] | None:
+    """``[starts, ends, axes, steps]`` of a Slice with constant parameters (opset 10+), axes
+    made non-negative; ``None`` when one is not constant."""
+    if len(node.inputs) < 3:
+        return None
+    starts, ends = u.const_ints(node.inputs[1]), u.const_ints(node.inputs[2])
+    if starts is None or ends is None or len(starts) != len(ends):
+        return None
+    axes_v = node.inputs[3] if len(node.inputs) > 3 else None
+    steps_v = node.inputs[4] if len(node.inputs) > 4 else None
+    axes = u.const_ints(axes_v) if axes_v is not None else list(range(len(starts)))
+    steps = u.const_ints(steps_v) if steps_v is not None else [1] * len(starts)
+    if axes is None or steps is None or len(axes) != len(starts) or len(steps) != len(starts):
+        return None
+    norm = u.normalize_axes(axes, rank)
+    return None if norm is None else [starts, ends, norm, steps]
+
+
+def _slice_pair(node: ir.Node, ctx: RuleContext) -> tuple[ir.Value, list[list[int]]] | str:
+    """Check: ``Slice(Slice(x, ...), ...)`` on other axes, both with constant parameters, the
+    inner result read here alone; the match is ``x`` and the merged parameters."""
+    y = node.inputs[0]
+    inner = y.producer() if y is not None else None
+    if y is None or inner is None or not u.is_op(inner, "Slice") or not u.single_consumer(y):
+        return "the input is not a Slice's result read here alone"
+    if u.node_opset(node, ctx.model) < 10 or inner.inputs[0] is None:
+        return "parameters are attributes (opset < 10)"
+    rank = u.rank(y)
+    if rank is None:
+        return "the rank is unknown"
+    outer_p, inner_p = _slice_params(node, rank), _slice_params(inner, rank)
+    if outer_p is None or inner_p is None:
+        return "parameters not constant or axes out of range"
+    if set(outer_p[2]) & set(inner_p[2]) or len(set(outer_p[2])) != len(outer_p[2]):
+        return "the Slices share an axis"
+    return inner.inputs[0], [a + b for a, b in zip(inner_p, outer_p, strict=True)]
+
+
+def _merge_slices(node: ir.Node, m: tuple[ir.Value, list[list[int]]], ctx: RuleContext) -> None:
+    x, params = m
+    names = ctx.pass_.names(ctx.model)  # type: ignore[attr-defined]
+    inputs = [
+        u.add_initializer(ctx.graph, np.array(vals, dtype=np.int64), names(f"slice_{what}"))
+        for what, vals in zip(("starts", "ends", "axes", "steps"), params, strict=True)
+    ]
+    node.resize_inputs(5)
+    node.replace_input_with(0, x)
+    for i, value in enumerate(inputs, start=1):
+        node.replace_input_with(i, value)
 
 
 def _unsqueeze_pair(node: ir.Node, ctx: RuleContext) -> tuple[ir.Value, list[int]] | str:
@@ -447,6 +498,15 @@ RULES: tuple[Rule, ...] = (
             _one_reshape,
         )
         for op in ("Unsqueeze", "Squeeze")
+    ),
+    Rule(
+        "slice-slice",
+        "Slice(Slice(x, s1, e1, a1, t1), s2, e2, a2, t2) -> Slice(x, s1+s2, e1+e2, a1+a2, "
+        "t1+t2) (lists joined) for constant parameters on disjoint axes: slicing one axis does "
+        "not move the others; the inner result read there alone (opset 10+)",
+        ("Slice",),
+        _slice_pair,
+        _merge_slices,
     ),
     Rule(
         "unsqueeze-unsqueeze",

@@ -6,7 +6,10 @@ a small model whose inputs are the constants it reads and whose outputs are the 
 rest of the graph (the frontier). Each frontier value is then materialized only if the model does
 not grow: its bytes must not exceed the bytes of the constants that become dead plus
 ``fold_max_growth_bytes`` (so ``ConstantOfShape``/``Tile``/``Expand`` blow-ups stay as nodes), and
-never more than ``fold_max_tensor_bytes``.
+never more than ``fold_max_tensor_bytes``. A value over that budget whose elements all come out
+equal (a gather from a zero-initialized bias table, a mask of ones) becomes a ``ConstantOfShape``
+fill instead, a few bytes whatever its size, when that replaces two nodes or more (values up to
+``_FILL_PROBE_BYTES`` are evaluated to find out; each value once).
 
 Shape arithmetic is folded without running anything: ``Shape(x)`` and ``Size(x)`` when the dims
 they read are static, and ``Gather(Shape(x), i)`` when the gathered dims are static even if
@@ -60,6 +63,10 @@ _NUMPY_DTYPES = frozenset(
         ir.DataType.BOOL,
     }
 )
+
+
+# over-budget values up to this size are evaluated to see whether they are a uniform fill
+_FILL_PROBE_BYTES = 16 * 1024 * 1024
 
 
 def _static_nbytes(value: ir.Value) -> int | None:
@@ -122,6 +129,12 @@ RULES: tuple[Rule, ...] = (
         "graph output stays; counted per value the rest of the graph reads",
     ),
     Rule(
+        "fill",
+        "f(c1, ..., cn) -> ConstantOfShape(shape, v) for a constant value over the growth budget "
+        "whose elements all equal v (static shape; two nodes or more replaced): the same tensor "
+        "in a few bytes",
+    ),
+    Rule(
         "skipped-over-budget",
         f"not folded (the nodes stay, results unchanged): a constant value whose {_BUDGET}",
     ),
@@ -139,6 +152,12 @@ class ConstantFolding(RulePass):
     summary = "evaluate constant subgraphs (shape arithmetic included) under a byte budget"
     rules = RULES
     resolves_shapes = True
+
+    def __init__(self, options: object = None) -> None:
+        super().__init__(options)
+        # values evaluated over budget that are no uniform fill: not evaluated again (the pass
+        # instance lives for one optimization)
+        self.not_fills: set[int] = set()
 
     def apply(self, model: ir.Model) -> bool:
         changed = False
@@ -213,7 +232,10 @@ class ConstantFolding(RulePass):
             if array is None:
                 continue
             if not self._within_budget(array, closure, const_inputs):
-                self.hit("skipped-over-budget")
+                if self._fill(graph, value, array, closure, namer):
+                    changed = True
+                else:
+                    self.hit("skipped-over-budget")
                 continue
             name = value.name or "folded"
             assert value.dtype is not None  # checked by _foldable
@@ -252,12 +274,63 @@ class ConstantFolding(RulePass):
         if estimate is not None and estimate > self.options.fold_max_tensor_bytes:
             return None
         # at most the constants read can become dead: a larger result would grow the model,
-        # so it is not even computed
+        # so it is not even computed, unless it may be a fill (computed once to find out)
         if estimate is not None and estimate > const_bytes + self.options.fold_max_growth_bytes:
-            self.hit("skipped-over-budget")
-            return None
+            if (
+                len(closure) < 2
+                or estimate > _FILL_PROBE_BYTES
+                or id(value) in self.not_fills
+                or u.static_shape(value) is None
+            ):
+                self.hit("skipped-over-budget")
+                return None
         nodes = sorted(closure.values(), key=lambda n: order.get(id(n), 0))
         return value, nodes, list(consts.values())
+
+    def _fill(
+        self,
+        graph: ir.Graph,
+        value: ir.Value,
+        array: np.ndarray,
+        closure: Sequence[ir.Node],
+        namer: u.NameGenerator,
+    ) -> bool:
+        """``value`` as a ``ConstantOfShape`` fill when every element of ``array`` is equal and
+        that replaces two nodes or more; remembers the values that are no fill."""
+        shape = u.static_shape(value)
+        flat = array.reshape(-1)
+        uniform = (
+            len(closure) >= 2
+            and shape is not None
+            and list(array.shape) == list(shape)
+            and flat.size > 0
+            and bool(np.all(flat == flat[0]))  # NaN is never equal: no NaN fill
+        )
+        if not uniform:
+            self.not_fills.add(id(value))
+            return False
+        assert value.dtype is not None and shape is not None
+        dims = u.add_initializer(graph, np.array(shape, dtype=np.int64), namer("fill_shape"))
+        element = ir.Tensor(flat[:1].astype(value.dtype.numpy(), copy=True))
+        node = ir.Node(
+            "",
+            "ConstantOfShape",
+            [dims],
+            [ir.AttrTensor("value", element)],
+            name=namer(f"{value.name or 'value'}_fill"),
+        )
+        graph.insert_before(closure[-1], node)
+        out = node.outputs[0]
+        out.name = namer(f"{value.name or 'value'}_fill")
+        out.shape = ir.Shape(shape)
+        out.type = ir.TensorType(value.dtype)
+        if not u.replace_value(value, out):
+            graph.remove(node)
+            graph.initializers.pop(dims.name or "")
+            self.not_fills.add(id(value))
+            return False
+        self.hit("fill")
+        return True
 
     def _within_budget(
         self, array: np.ndarray, closure: Sequence[ir.Node], consts: Sequence[ir.Value]

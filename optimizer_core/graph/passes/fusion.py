@@ -167,46 +167,76 @@ class _ScaledInput:
     x: ir.Value
     w: Operand
     w_scale: np.ndarray
+    key: tuple[int, str, int, bytes]
 
 
-def check_scaled_input(node: ir.Node, ctx: RuleContext) -> _ScaledInput | str:
-    """``Conv(Mul(x, c), W, B)``: ``c`` a scalar or per-input-channel constant, the product read
-    by this Conv alone, the weight a constant float tensor read by this Conv alone."""
-    if len(node.inputs) < 2 or node.inputs[0] is None or node.inputs[1] is None:
-        return "no input or weight"
-    scaled = node.inputs[0]
-    mul = scaled.producer()
-    if mul is None or not u.is_op(mul, "Mul") or not u.single_consumer(scaled):
+def _input_scale(conv: ir.Node, w: Operand) -> tuple[ir.Value, np.ndarray] | str:
+    """``(x, c)`` of a Conv reading ``Mul(x, c)`` (read by it alone) for a finite scalar or
+    per-input-channel constant ``c`` of the weight's type and rank."""
+    scaled = conv.inputs[0]
+    mul = scaled.producer() if scaled is not None else None
+    if scaled is None or mul is None or not u.is_op(mul, "Mul") or not u.single_consumer(scaled):
         return "the input is not a product that this Conv alone reads"
     x = affine_input(mul)
     if x is None:
         return "the product is not of a computed tensor and a constant"
+    const = other_operand(mul, x)
+    arr = u.const_array(const)
+    if arr is None or arr.dtype != w.dtype:
+        return "the constant and the weight differ in type"
+    group = conv.attributes.get_int("group", 1)
+    c = per_channel(const, w.shape[1] * group, len(w.shape))
+    if c is None or not np.all(np.isfinite(c)):
+        return "the constant is not a finite scalar or per-input-channel vector"
+    return x, c
+
+
+def check_scaled_input(node: ir.Node, ctx: RuleContext) -> _ScaledInput | str:
+    """``Conv(Mul(x, c), W, B)``: ``c`` a scalar or per-input-channel constant, the product read
+    by this Conv alone, the weight a constant float tensor that every reader scales alike."""
+    if len(node.inputs) < 2 or node.inputs[0] is None or node.inputs[1] is None:
+        return "no input or weight"
     w_val = node.inputs[1]
     w = operand(w_val)
-    if w is None or w.dtype.kind != "f" or len(w.shape) < 3:
+    if w is None or w.dtype.kind != "f" or len(w.shape) < 3 or w_val.is_graph_output():
         return "the weight is not a constant float tensor"
-    if not all(user is node for user, _ in w_val.uses()) or w_val.is_graph_output():
-        return "the weight has other readers"
+    found = _input_scale(node, w)
+    if isinstance(found, str):
+        return found
+    x, c = found
     group = node.attributes.get_int("group", 1)
     c_out, c_in_g = w.shape[0], w.shape[1]
     if group < 1 or c_out % group:
         return "the group does not divide the output channels"
-    c = per_channel(other_operand(mul, x), c_in_g * group, len(w.shape))
-    if c is None or not np.all(np.isfinite(c)):
-        return "the constant is not a finite scalar or per-input-channel vector"
-    if u.const_array(other_operand(mul, x)).dtype != w.dtype:  # type: ignore[union-attr]
-        return "the constant and the weight differ in type"
+    key = (id(w_val), "mul-conv", group, c.tobytes())
+    if key not in _pass(ctx).fused_weights:
+        # a weight shared by several Convs is rewritten once, for all, when each reads its
+        # input through the same scale (tied weights stay tied)
+        for user, index in w_val.uses():
+            if user is node:
+                continue
+            if index != 1 or not u.is_op(user, "Conv"):
+                return "the weight has readers other than Convs"
+            if user.attributes.get_int("group", 1) != group:
+                return "the weight is shared by Convs of another group"
+            other = _input_scale(user, w)
+            if isinstance(other, str) or not np.array_equal(other[1], c):
+                return "the weight is shared with readers scaled differently"
     groups = np.arange(c_out) // (c_out // group)
     matrix = c[groups[:, None] * c_in_g + np.arange(c_in_g)[None, :]]
     w_scale = matrix.reshape((c_out, c_in_g) + (1,) * (len(w.shape) - 2))
     if not w.can_scale(w_scale, np.zeros(1)):
         return "a uniform-fill weight under a per-channel scale would grow the model"
-    return _ScaledInput(x, w, w_scale)
+    return _ScaledInput(x, w, w_scale, key)
 
 
 def fold_scaled_input(node: ir.Node, m: _ScaledInput, ctx: RuleContext) -> None:
-    new_w = m.w.scaled(m.w_scale, np.zeros(1), ctx.graph, node, _pass(ctx).namer(ctx))
-    assert new_w is not None  # checked by can_scale
+    fusion = _pass(ctx)
+    new_w = fusion.fused_weights.get(m.key)
+    if new_w is None:
+        new_w = m.w.scaled(m.w_scale, np.zeros(1), ctx.graph, node, fusion.namer(ctx))
+        assert new_w is not None  # checked by can_scale
+        fusion.fused_weights[m.key] = new_w
     node.replace_input_with(1, new_w)
     node.replace_input_with(0, m.x)
 
@@ -310,8 +340,9 @@ RULES: tuple[Rule, ...] = (
         "mul-conv",
         "Conv(x * c, W, B) -> Conv(x, W', B), W'[o, j] = W[o, j] * c[g * (C_in / group) + j] "
         "with g = o // (C_out / group), for a scalar or per-input-channel constant c of the "
-        "weight's type; the product read by the Conv alone, the weight read by it alone (zero "
-        "padding stays zero)",
+        "weight's type; the product read by the Conv alone, a weight shared only with Convs "
+        "that read through the same scale (they keep sharing the rewritten weight; zero padding "
+        "stays zero)",
         ("Conv",),
         check_scaled_input,
         fold_scaled_input,

@@ -815,3 +815,18 @@ def test_a_copied_symbolic_dim_stays_copied():
     )
     _out, result = run_passes(proto, ["algebraic"])
     assert "reshape-static-copy" not in rules_fired(result)
+
+
+def test_slices_on_a_shared_axis_stay_two():
+    proto = parse(
+        """
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[2, 8] x) => (float[2, 2] y)
+          <int64[1] s1 = {1}, int64[1] e1 = {6}, int64[1] s2 = {1}, int64[1] e2 = {3}, int64[1] a = {1}> {
+            t = Slice(x, s1, e1, a)
+            y = Slice(t, s2, e2, a)
+        }
+        """
+    )
+    _out, result = run_passes(proto, ["algebraic"])
+    assert "slice-slice" not in rules_fired(result)

@@ -11,7 +11,7 @@ import onnx.parser
 import pytest
 
 from optimizer_core.graph.framework import OptimizeOptions
-from tests.helpers import assert_equivalent, op_types, parse, run_passes
+from tests.helpers import assert_equivalent, op_types, parse, rules_fired, run_passes
 
 PASSES = ["lift-constants", "constant-folding", "dead-code"]
 
@@ -416,3 +416,32 @@ def test_folding_inside_a_subgraph():
     for c in (True, False):
         feeds = [{"x": np.arange(4, dtype=np.float32), "c": np.array(c)}]
         assert_equivalent(proto, out, inputs=feeds)
+
+
+def test_a_uniform_value_over_the_budget_is_a_fill_and_its_zero_sum_goes():
+    """A gathered zero bias table is over the growth budget but all zeros: it becomes a fill,
+    and x + 0 then goes (default preset)."""
+    from tests.optimizer_core.graph.rule_examples.constant_folding import _uniform_gather
+
+    proto = _uniform_gather()
+    out, result = run_passes(proto)
+    fired = rules_fired(result)
+    assert fired.get("fill") == 1 and fired.get("x+0") == 1
+    assert op_types(out) == ["Softmax"]
+    assert sum(len(t.raw_data) for t in out.graph.initializer) < 1024  # nothing materialized
+    assert_equivalent(proto, out, dim_values={"N": 2})
+
+
+def test_a_value_over_the_budget_that_is_no_fill_stays_and_is_evaluated_once():
+    from tests.optimizer_core.graph.rule_examples.constant_folding import _uniform_gather
+
+    proto = _uniform_gather()
+    table = next(t for t in proto.graph.initializer if t.name == "table")
+    table.CopyFrom(
+        onnx.numpy_helper.from_array(np.arange(64, dtype=np.float32).reshape(16, 4), "table")
+    )
+    out, result = run_passes(proto)
+    assert "GatherND" in op_types(out) and "fill" not in rules_fired(result)
+    records = [r for r in result.log.records if r.pass_name == "constant-folding"]
+    assert sum(r.rules.get("skipped-over-budget", 0) for r in records) >= 1
+    assert_equivalent(proto, out, dim_values={"N": 2})

@@ -379,3 +379,34 @@ def test_a_scale_with_another_reader_or_over_space_stays():
     # a scale that varies over the width is no per-channel map
     _out, result = run_passes(_scaled_input_conv((1, 1, 8)), ["fuse-affine"])
     assert "mul-conv" not in rules_fired(result)
+
+
+@pytest.mark.parametrize("same", [True, False], ids=["same-scale", "other-scale"])
+def test_a_weight_shared_by_scaled_inputs_is_rewritten_once_or_not_at_all(same):
+    """Two Convs share W (CSE merges equal weights), each reading its input through a scale:
+    with the same scale both fold into one rewritten weight, still shared; with different
+    scales neither does (a private copy of W would grow the model)."""
+    w = RNG.standard_normal((4, 4, 1, 1))
+    nodes = [
+        helper.make_node("Relu", ["x"], ["r"]),
+        helper.make_node("Mul", ["r", "c1"], ["s1"]),
+        helper.make_node("Conv", ["s1", "W"], ["a"]),
+        helper.make_node("Sigmoid", ["a"], ["h"]),
+        helper.make_node("Mul", ["h", "c2"], ["s2"]),
+        helper.make_node("Conv", ["s2", "W"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2, 4, 3, 3])],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [2, 4, 3, 3])],
+        [_init("W", w), _init("c1", np.array(0.5)), _init("c2", np.array(0.5 if same else 2.0))],
+    )
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    out, result = run_passes(proto, ["fuse-affine", "dead-code"])
+    fired = rules_fired(result).get("mul-conv", 0)
+    assert fired == (2 if same else 0)
+    weights = [i for i in out.graph.initializer if len(i.dims) == 4]
+    assert len(weights) == 1  # tied weights stay tied; no copy
+    assert op_types(out).count("Mul") == (0 if same else 2)
+    assert_equivalent(proto, out, rtol=1e-5, atol=1e-5)

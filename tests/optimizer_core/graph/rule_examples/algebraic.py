@@ -132,3 +132,13 @@ EXAMPLES[("algebraic", "reshape-squeeze")] = Example(
         sig="(float[2, 4, 2] xin) => (float[2, 8] y)",
     )
 )
+
+# LeViT's attention: the query rows sliced on one axis, then the columns on another
+EXAMPLES[("algebraic", "slice-slice")] = Example(
+    model=model(
+        "a = Slice(xin, s1, e1, a1)\n y = Slice(a, s2, e2, a2)",
+        inits="int64[1] s1 = {0}, int64[1] e1 = {2}, int64[1] a1 = {1}, "
+        "int64[1] s2 = {1}, int64[1] e2 = {3}, int64[1] a2 = {-1}",
+        sig="(float[2, 4, 6] xin) => (float[2, 2, 2] y)",
+    )
+)

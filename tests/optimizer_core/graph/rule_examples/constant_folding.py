@@ -53,6 +53,29 @@ def _over_budget() -> onnx.ModelProto:
     )
 
 
+def _uniform_gather() -> onnx.ModelProto:
+    """A bias table of zeros (a zero-initialized relative-position bias) gathered by a 64x64
+    index table and transposed: the 64 KiB result is over the budget but all zeros, a fill."""
+    rng = np.random.default_rng(0)
+    idx = numpy_helper.from_array(rng.integers(0, 16, (64, 64, 1)).astype(np.int64), "idx")
+    table = numpy_helper.from_array(np.zeros((16, 4), np.float32), "table")
+    graph = helper.make_graph(
+        [
+            helper.make_node("GatherND", ["table", "idx"], ["g"]),
+            helper.make_node("Transpose", ["g"], ["t"], perm=[2, 0, 1]),
+            helper.make_node("Add", ["x", "t"], ["b"]),
+            helper.make_node("Softmax", ["b"], ["y"], axis=-1),
+        ],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4, 64, 64])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4, 64, 64])],
+        [table, idx],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
 def _unevaluable() -> onnx.ModelProto:
     """``Erf`` of a double constant: a valid model, but onnxruntime's CPU provider has no
     double Erf kernel, so neither folding nor the comparison can run it."""
@@ -83,5 +106,6 @@ EXAMPLES = {
     ),
     ("constant-folding", "fold"): Example(model=_constant_subgraph),
     ("constant-folding", "skipped-over-budget"): Example(model=_over_budget),
+    ("constant-folding", "fill"): Example(model=_uniform_gather),
     ("constant-folding", "skipped-unevaluable"): Example(model=_unevaluable, compare=False),
 }
