@@ -296,6 +296,53 @@ def _merge_slices(node: ir.Node, m: tuple[ir.Value, list[list[int]]], ctx: RuleC
         node.replace_input_with(i, value)
 
 
+def _unit_transpose(node: ir.Node, ctx: RuleContext) -> list[int] | str:
+    """Check: a Transpose that moves only dims of size 1 (the others keep their order), so it
+    keeps the element order; the match is a constant Reshape target for its output: static
+    sizes, 0 for a symbolic dim that stays in place, at most one -1."""
+    x = node.inputs[0]
+    dims = u.symbolic_dims(x) if x is not None else None
+    if x is None or dims is None:
+        return "the rank is unknown"
+    perm = node.attributes.get_ints("perm", None)
+    perm = list(perm) if perm is not None else list(reversed(range(len(dims))))
+    if len(perm) != len(dims):
+        return "the permutation's length is not the rank"
+    moved = [axis for axis in perm if dims[axis] != 1]
+    if moved != sorted(moved):
+        return "the Transpose reorders dims that may not be 1"
+    symbolic = sum(1 for d in dims if not isinstance(d, int))
+    target: list[int] = []
+    for j, axis in enumerate(perm):
+        d = dims[axis]
+        if isinstance(d, int):
+            target.append(d)
+        elif symbolic == 1:
+            target.append(-1)  # the one size the others do not fix (a Reshape chain merges)
+        elif axis == j:
+            target.append(0)  # a symbolic dim in place: copied
+        else:
+            return "two or more symbolic dims, one of them moved"
+    if 0 in dims and (0 in target or -1 in target):
+        return "a dim of size 0: a copied or inferred size would be ambiguous"
+    if all(t != 1 and axis == j for j, (t, axis) in enumerate(zip(target, perm, strict=True))):
+        return "nothing moves"
+    return target
+
+
+def _as_reshape(node: ir.Node, target: list[int], ctx: RuleContext) -> None:
+    names = ctx.pass_.names(ctx.model)  # type: ignore[attr-defined]
+    shape = u.add_initializer(ctx.graph, np.array(target, dtype=np.int64), names("shape"))
+    reshape = ir.Node(
+        "", "Reshape", [node.inputs[0], shape], name=names(f"{node.name or 'Transpose'}_reshape")
+    )
+    ctx.graph.insert_before(node, reshape)
+    reshape.outputs[0].name = names(f"{node.outputs[0].name or 'transposed'}_reshaped")
+    reshape.outputs[0].type = node.outputs[0].type
+    reshape.outputs[0].shape = node.outputs[0].shape
+    replace_output(node, reshape.outputs[0], ctx)
+
+
 def _unsqueeze_pair(node: ir.Node, ctx: RuleContext) -> tuple[ir.Value, list[int]] | str:
     """Unsqueeze(Unsqueeze(x, a), b): ``x`` and the axes of both in the final tensor."""
     x = node.inputs[0]
@@ -498,6 +545,15 @@ RULES: tuple[Rule, ...] = (
             _one_reshape,
         )
         for op in ("Unsqueeze", "Squeeze")
+    ),
+    Rule(
+        "transpose-unit-reshape",
+        "Transpose(x, p) -> Reshape(x, s) when p moves only dims of size 1 (the others keep "
+        "their order, so the element order is x's); s holds the static sizes, 0 for a symbolic "
+        "dim that stays in place and at most one -1 (a Reshape moves no data)",
+        ("Transpose",),
+        _unit_transpose,
+        _as_reshape,
     ),
     Rule(
         "slice-slice",

@@ -830,3 +830,32 @@ def test_slices_on_a_shared_axis_stay_two():
     )
     _out, result = run_passes(proto, ["algebraic"])
     assert "slice-slice" not in rules_fired(result)
+
+
+@pytest.mark.parametrize(
+    ("shape", "perm", "fires"),
+    [
+        ("[N, 1, 2, 4]", [0, 2, 1, 3], True),  # a unit dim moves: a Reshape
+        ("[N, M, 1, 4]", [0, 2, 1, 3], False),  # two symbolic dims, one of them moved
+        ("[N, M, 1, 4]", [0, 1, 3, 2], True),  # both symbolic dims stay in place: copied (0)
+        ("[2, 3, 4]", [1, 0, 2], False),  # reorders dims that are not 1
+    ],
+)
+def test_a_transpose_of_unit_dims_is_a_reshape(shape, perm, fires):
+    dims = [d.strip() for d in shape.strip("[]").split(",")]
+    out_dims = ", ".join(dims[i] for i in perm)
+    proto = parse(
+        f"""
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float{shape} x) => (float[{out_dims}] y) {{
+            a = Relu(x)
+            t = Transpose<perm = {perm}>(a)
+            y = Neg(t)
+        }}
+        """
+    )
+    out, result = run_passes(proto, ["algebraic"])
+    assert ("transpose-unit-reshape" in rules_fired(result)) == fires
+    assert ("Transpose" in op_types(out)) != fires
+    onnx.checker.check_model(out, full_check=True)
+    assert_equivalent(proto, out, dim_values={"N": 2, "M": 3})

@@ -79,12 +79,13 @@ EXAMPLES: dict[tuple[str, str], Example] = {
     ),
 }
 
-# a pooled [N, 1, 1, C] feature map moved to [N, C, 1, 1] and flattened (timm's ConvNeXt head)
+# a unit dim moved past a symbolic one, then flattened: the Transpose is no Reshape by itself
+# (two symbolic dims, one of them moved), but the Reshape after it reads through it
 EXAMPLES[("algebraic", "transpose-reshape")] = Example(
     model=model(
-        "t = Transpose<perm = [0, 3, 1, 2]>(xin)\n y = Reshape(t, s)",
-        inits="int64[2] s = {2, 4}",
-        sig="(float[2, 1, 1, 4] xin) => (float[2, 4] y)",
+        "t = Transpose<perm = [1, 0, 2]>(xin)\n y = Reshape(t, s)",
+        inits="int64[1] s = {-1}",
+        sig="(float[N, 1, M] xin) => (float[K] y)",
     )
 )
 
@@ -140,5 +141,13 @@ EXAMPLES[("algebraic", "slice-slice")] = Example(
         inits="int64[1] s1 = {0}, int64[1] e1 = {2}, int64[1] a1 = {1}, "
         "int64[1] s2 = {1}, int64[1] e2 = {3}, int64[1] a2 = {-1}",
         sig="(float[2, 4, 6] xin) => (float[2, 2, 2] y)",
+    )
+)
+
+# ResNeSt's split attention: [N, 1, 2, 64] -> [N, 2, 1, 64] moves a dim of size 1 only
+EXAMPLES[("algebraic", "transpose-unit-reshape")] = Example(
+    model=model(
+        "a = Relu(xin)\n t = Transpose<perm = [0, 2, 1, 3]>(a)\n y = Softmax<axis = 1>(t)",
+        sig="(float[N, 1, 2, 4] xin) => (float[N, 2, 1, 4] y)",
     )
 )
