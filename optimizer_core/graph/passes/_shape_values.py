@@ -106,3 +106,48 @@ def check_slice_shape(node: ir.Node, ctx: RuleContext) -> np.ndarray | str:
     if sel is None or any(x is None for x in sel):
         return "the arguments are not constants, or a selected dim is not static"
     return np.array(sel, dtype=np.int64)
+
+
+def check_equal_dims(node: ir.Node, ctx: RuleContext) -> np.ndarray | str:
+    """``Equal(s, c)`` of a shape ``s`` read entry by entry and a constant ``c`` (either order):
+    decided where each entry is constant, a static dim, or a dim compared with a negative
+    number (a dim is never negative: an ``expand(B, -1, -1)`` test for -1)."""
+    from optimizer_core.graph.passes._symbolic_dims import Dim, shape_entries
+
+    gate = _gate(node)
+    if gate is not None:
+        return gate
+    if len(node.inputs) != 2 or any(v is None for v in node.inputs):
+        return "not two inputs"
+    sides = [u.const_array(v) for v in node.inputs]
+    if sides[0] is not None and sides[1] is not None:
+        return "both constant: folding evaluates it"
+    k = 1 if sides[1] is not None else 0
+    c = sides[k]
+    if c is None or c.dtype != np.int64 or c.ndim > 1:
+        return "no int64 vector or scalar constant"
+    other = node.inputs[1 - k]
+    entries = shape_entries(other)
+    rank = u.rank(other)
+    if entries is None or rank is None or rank > 1:
+        return "the other side is no shape read entry by entry"
+    try:
+        out_shape = np.broadcast_shapes((len(entries),) if rank else (), c.shape)
+    except ValueError:
+        return "the shapes do not broadcast"
+    values = c.reshape(-1).tolist()
+    if len(values) == 1:
+        values = values * len(entries)
+    if len(values) != len(entries):
+        return "lengths differ"
+    out = []
+    for e, v in zip(entries, values, strict=True):
+        if isinstance(e, int):
+            out.append(e == v)
+        elif isinstance(e, Dim) and isinstance(e.value, int):
+            out.append(e.value == v)
+        elif isinstance(e, Dim) and v < 0:
+            out.append(False)
+        else:
+            return "an entry that is neither static nor compared with a negative number"
+    return np.array(out, dtype=bool).reshape(out_shape)

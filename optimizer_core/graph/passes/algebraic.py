@@ -386,7 +386,15 @@ def _reshape_of(op: str) -> Callable[[ir.Node, RuleContext], Any]:
         if shape is None:
             return "the shape is not constant"
         if 0 in shape and not node.attributes.get_int("allowzero", 0):
-            return "the shape copies a dim (0 entry)"
+            # a copied dim stays the same when the source has the very dim at that position
+            mid, src = u.symbolic_dims(x), u.symbolic_dims(inner.inputs[0])
+            for j, t in enumerate(shape):
+                if t != 0:
+                    continue
+                if mid is None or src is None or j >= len(mid) or j >= len(src):
+                    return "the shape copies a dim (0 entry) the source may not have"
+                if mid[j] is None or mid[j] != src[j] or mid[j] == 0:
+                    return "the shape copies a dim (0 entry) the source may not have"
         return inner.inputs[0]
 
     return check
@@ -585,7 +593,8 @@ RULES: tuple[Rule, ...] = (
         Rule(
             f"{op.lower()}-reshape",
             f"Reshape({op}(x), s) -> Reshape(x, s) when s is constant and copies no dim (no 0 "
-            f"entry, or allowzero=1): a Reshape reads only the element order, which {op} keeps",
+            f"entry, or allowzero=1) but ones x has at the same position (the same static size "
+            f"or name): a Reshape reads only the element order, which {op} keeps",
             ("Reshape",),
             _reshape_of(op),
             _read_source,

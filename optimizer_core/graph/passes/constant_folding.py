@@ -33,6 +33,7 @@ import onnx_ir as ir
 from optimizer_core.graph import _ir_utils as u
 from optimizer_core.graph.passes._fold_eval import Plan, run_numpy, run_onnxruntime
 from optimizer_core.graph.passes._shape_values import (
+    check_equal_dims,
     check_gather_shape,
     check_shape,
     check_size,
@@ -77,7 +78,7 @@ def _static_nbytes(value: ir.Value) -> int | None:
 
 
 def _materialize(node: ir.Node, value: np.ndarray, ctx: RuleContext) -> None:
-    """``node``'s output becomes the int64 initializer ``value``."""
+    """``node``'s output becomes the initializer ``value`` (int64 shape values, bool tests)."""
     out = node.outputs[0]
     namer = cast("ConstantFolding", ctx.pass_).namer
     assert namer is not None
@@ -119,6 +120,15 @@ RULES: tuple[Rule, ...] = (
         "dims[start:end][s:e] when those dims are static",
         ("Slice",),
         check_slice_shape,
+        _materialize,
+    ),
+    Rule(
+        "equal-dims",
+        "Equal(s, c) -> the constant it is, for a shape s read entry by entry and a constant "
+        "int64 c, where each entry is constant, a static dim, or a dim compared with a negative "
+        "number (dims are never negative)",
+        ("Equal",),
+        check_equal_dims,
         _materialize,
     ),
     Rule(

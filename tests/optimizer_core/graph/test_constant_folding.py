@@ -445,3 +445,31 @@ def test_a_value_over_the_budget_that_is_no_fill_stays_and_is_evaluated_once():
     records = [r for r in result.log.records if r.pass_name == "constant-folding"]
     assert sum(r.rules.get("skipped-over-budget", 0) for r in records) >= 1
     assert_equivalent(proto, out, dim_values={"N": 2})
+
+
+@pytest.mark.parametrize(
+    ("c", "decided"),
+    [("{-1, -1, -1}", True), ("{3, -1, -1}", False), ("{-1, 0, 5}", True)],
+    ids=["negative", "a-dim-against-a-size", "static-entries"],
+)
+def test_a_shape_compared_entry_by_entry_is_decided_only_where_provable(c, decided):
+    """``Equal`` of [B, 1, 5] (B read from x) with a constant: a dim is never negative, a
+    static entry is compared, and a dim against a non-negative size is left to run time."""
+    proto = parse(
+        f"""
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[B, 4] x) => (bool[3] y, float[B, 4] z)
+          <int64 i0 = {{0}}, int64[1] ax = {{0}}, int64[2] tail = {{1, 5}}, int64[3] c = {c}> {{
+          s = Shape(x)
+          b = Gather<axis = 0>(s, i0)
+          bu = Unsqueeze(b, ax)
+          t = Concat<axis = 0>(bu, tail)
+          e = Equal(t, c)
+          y = Not(e)
+          z = Relu(x)
+        }}
+        """
+    )
+    out, result = run_passes(proto, ["constant-folding"])
+    assert ("equal-dims" in rules_fired(result)) == decided
+    assert_equivalent(proto, out, dim_values={"B": 3})

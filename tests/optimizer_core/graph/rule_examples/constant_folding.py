@@ -76,6 +76,28 @@ def _uniform_gather() -> onnx.ModelProto:
     return model
 
 
+def _expand_test() -> onnx.ModelProto:
+    """``cls_token.expand(B, -1, -1)`` as the TorchScript exporter writes it: the target is
+    tested for -1 entry by entry; B is a dim, never -1."""
+    return parse(
+        """
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[B, 4, 8] x) => (float[B, 5, 8] y)
+          <float[1, 1, 8] cls = {1, 2, 3, 4, 5, 6, 7, 8}, int64 i0 = {0}, int64[1] ax = {0},
+           int64[1] m1 = {-1}, int64[3] neg = {-1, -1, -1}, int64[3] ones = {1, 1, 1}> {
+          s = Shape(x)
+          b = Gather<axis = 0>(s, i0)
+          bu = Unsqueeze(b, ax)
+          target = Concat<axis = 0>(bu, m1, m1)
+          is_neg = Equal(target, neg)
+          fixed = Where(is_neg, ones, target)
+          c = Expand(cls, fixed)
+          y = Concat<axis = 1>(c, x)
+        }
+        """
+    )
+
+
 def _unevaluable() -> onnx.ModelProto:
     """``Erf`` of a double constant: a valid model, but onnxruntime's CPU provider has no
     double Erf kernel, so neither folding nor the comparison can run it."""
@@ -107,5 +129,6 @@ EXAMPLES = {
     ("constant-folding", "fold"): Example(model=_constant_subgraph),
     ("constant-folding", "skipped-over-budget"): Example(model=_over_budget),
     ("constant-folding", "fill"): Example(model=_uniform_gather),
+    ("constant-folding", "equal-dims"): Example(model=_expand_test),
     ("constant-folding", "skipped-unevaluable"): Example(model=_unevaluable, compare=False),
 }
