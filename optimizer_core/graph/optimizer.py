@@ -47,6 +47,68 @@ def _normalize(model: ir.Model, log: ChangeLog) -> None:
         model.ir_version = 4
 
 
+def _free_output_names(model: ir.Model) -> list[ir.Shape | None]:
+    """The main graph's output shapes as declared, by position. Dim names that only outputs
+    declare (no graph input has them) are forgotten for the run, on the outputs and on every
+    value inference named after them, so inference names those dims from the graph: an
+    exporter names an output's dims after the output (``Concatpresent_key_0_dim_0`` is the
+    ``batch`` its inputs have, which nothing relates them to otherwise)."""
+    graph = model.graph
+    declared = [value.shape for value in graph.outputs]
+    inputs = {
+        d.value
+        for value in graph.inputs
+        if value.shape is not None
+        for d in value.shape.dims
+        if isinstance(d, ir.SymbolicDim) and d.value
+    }
+    only_out = {
+        d.value
+        for value in graph.outputs
+        if value.shape is not None and value.producer() is not None
+        for d in value.shape.dims
+        if isinstance(d, ir.SymbolicDim) and d.value and d.value not in inputs
+    }
+    if not only_out:
+        return declared
+    for g in u.all_graphs(model):
+        for node in g:
+            for value in node.outputs:
+                shape = value.shape
+                if shape is not None and any(
+                    isinstance(d, ir.SymbolicDim) and d.value in only_out for d in shape.dims
+                ):
+                    value.shape = ir.Shape(
+                        [
+                            None if isinstance(d, ir.SymbolicDim) and d.value in only_out else d
+                            for d in shape.dims
+                        ]
+                    )
+    ShapeInference()(model)
+    return declared
+
+
+def _restore_output_names(model: ir.Model, declared: Sequence[ir.Shape | None]) -> None:
+    """Give the outputs back the dim names they were declared with (the model's interface),
+    where the rank is the same and the optimized shape agrees on every static size."""
+    for value, shape in zip(model.graph.outputs, declared, strict=False):
+        if shape is None:
+            continue
+        now = value.shape
+        if now is None or len(now) != len(shape):
+            value.shape = shape
+            continue
+        dims: list[int | str | None] = []
+        for d, n in zip(shape.dims, now.dims, strict=True):
+            if isinstance(d, ir.SymbolicDim) and d.value:
+                dims.append(d.value)
+            elif isinstance(d, int):
+                dims.append(d)
+            else:
+                dims.append(n if isinstance(n, int) else getattr(n, "value", None))
+        value.shape = ir.Shape(dims)
+
+
 def optimize_model(
     model: ir.Model,
     *,
@@ -105,7 +167,9 @@ def optimize_model(
     _normalize(model, probe)
     notes.extend(probe.notes)
     with u.flat_model(model):
+        declared = _free_output_names(model)
         result = driver(model)
+        _restore_output_names(result.model, declared)
     driver.log.notes[:0] = notes
     out = result.model
     modified = result.modified or bool(notes)

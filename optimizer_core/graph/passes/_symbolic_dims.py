@@ -70,12 +70,72 @@ def shape_entries(value: ir.Value | None, depth: int = 0) -> list[Entry] | None:
             found = _picked(node, depth)
             if found is not None:
                 return found
+        if op == "Where" and len(node.inputs) == 3:
+            found = _chosen(node, depth)
+            if found is not None:
+                return found
+        if op in ("Add", "Sub", "Mul") and len(node.inputs) == 2:
+            found = _arithmetic(node, depth)
+            if found is not None:
+                return found
     shape = u.static_shape(value)
     if shape is not None and len(shape) == 1:
         return [None] * shape[0]
     if shape is not None and len(shape) == 0:
         return [None]
     return None
+
+
+def _arithmetic(node: ir.Node, depth: int) -> list[Entry] | None:
+    """``a + b``, ``a - b`` and ``a * k`` (``k`` constant) of shape entries, entry by entry: a
+    sum of dims and sizes is a dim named by its terms (:mod:`._dim_exprs`)."""
+    from optimizer_core.graph.passes import _dim_exprs as x
+
+    if u.rank(node.outputs[0]) not in (0, 1) or node.outputs[0].dtype != ir.DataType.INT64:
+        return None
+    a, b = shape_entries(node.inputs[0], depth + 1), shape_entries(node.inputs[1], depth + 1)
+    if a is None or b is None or (len(a) not in (1, len(b)) and len(b) != 1):
+        return None
+    n = max(len(a), len(b))
+    a, b = a * n if len(a) == 1 else a, b * n if len(b) == 1 else b
+    out: list[Entry] = []
+    for ea, eb in zip(a, b, strict=True):
+        va = ea.value if isinstance(ea, Dim) else ea
+        vb = eb.value if isinstance(eb, Dim) else eb
+        if va is None or vb is None:
+            out.append(None)
+            continue
+        if node.op_type == "Mul":
+            if isinstance(va, int) and isinstance(vb, int):
+                r: int | str = va * vb
+            elif isinstance(vb, int) and isinstance(ea, Dim) and not isinstance(eb, Dim):
+                r = x.scale(va, vb)
+            elif isinstance(va, int) and isinstance(eb, Dim) and not isinstance(ea, Dim):
+                r = x.scale(vb, va)
+            else:
+                out.append(None)  # a product of dims is no linear term
+                continue
+        else:
+            r = x.add(va, vb, 1 if node.op_type == "Add" else -1)
+        out.append(r if isinstance(r, int) else Dim(r))  # a sum whose names cancel is a size
+    return out
+
+
+def _chosen(node: ir.Node, depth: int) -> list[Entry] | None:
+    """``Where(c, a, b)`` of 1-D shapes under a constant condition (``expand(B, -1, -1)`` as
+    TorchScript writes it: -1 entries replaced by 1): each entry taken from ``a`` or ``b``."""
+    cond = u.const_array(node.inputs[0])
+    if cond is None or cond.dtype != np.bool_ or cond.ndim > 1:
+        return None
+    a, b = shape_entries(node.inputs[1], depth + 1), shape_entries(node.inputs[2], depth + 1)
+    if a is None or b is None:
+        return None
+    n = max(len(a), len(b), cond.size)
+    if any(len(side) not in (1, n) for side in (a, b)) or cond.size not in (1, n):
+        return None
+    flags = np.broadcast_to(cond.reshape(-1), (n,))
+    a, b = a * n if len(a) == 1 else a, b * n if len(b) == 1 else b
+    return [x if f else y for f, x, y in zip(flags.tolist(), a, b, strict=True)]
 
 
 def _picked(node: ir.Node, depth: int) -> list[Entry] | None:
@@ -151,8 +211,8 @@ def rename(out: ir.Value, dims: list[int | str], forgotten: list[ir.Value]) -> b
     ``forgotten``), so that the next inference names them too. False when there is nothing to
     do."""
     current = u.symbolic_dims(out)
-    if current == dims or out.is_graph_output():
-        return False
+    if current == dims:
+        return False  # a graph output too: the optimizer gives it back its declared names
     if current is not None and (
         len(current) != len(dims)
         or any(isinstance(c, int) and c != d for c, d in zip(current, dims, strict=True))
@@ -168,7 +228,7 @@ def rename(out: ir.Value, dims: list[int | str], forgotten: list[ir.Value]) -> b
                     continue
                 seen.add(id(o))
                 found = u.symbolic_dims(o)
-                if found is None or o.is_graph_output():
+                if found is None:
                     continue
                 if any(isinstance(d, str) and d.startswith("unk__") for d in found):
                     o.shape = None

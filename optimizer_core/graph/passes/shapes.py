@@ -65,6 +65,22 @@ RULES: tuple[Rule, ...] = (
     ),
     Rule("fill-dims", "ConstantOfShape(Shape(x)) has x's dims (entry by entry, as range-dim)"),
     Rule(
+        "concat-dims",
+        "Concat(x1, .., xn, axis) has the sum of the inputs' dims on the axis (named by its "
+        "terms, as (past+1)) and their common dim elsewhere (named as range-dim)",
+    ),
+    Rule(
+        "reshape-dims",
+        "Reshape(x, s) has s's dims entry by entry (sizes, dims read from tensors): 0 copies "
+        "x's, and -1 is x's dims over the other entries where that leaves one named dim or a "
+        "static size (named as range-dim)",
+    ),
+    Rule(
+        "expand-dims",
+        "Expand(x, s) has the broadcast of x's dims and s's entries (right-aligned), each "
+        "decided: an entry or a dim of 1 takes the other side (named as range-dim)",
+    ),
+    Rule(
         "reshape-transpose-reshape",
         "Reshape(Transpose(Reshape(x, [-1, *tail]), p), [*lead, *t]) -> Transpose(x, [0, .., "
         "k-1, k-1+p[1], ..]) when the first Reshape merges x's leading dims lead = x[:k], p keeps "
@@ -125,9 +141,18 @@ class SymbolicShapes(GraphtrimPass):
                     self.hit("range-dim" if node.op_type == "Range" else "fill-dims")
                     changed = True
                 continue
+            if node.op_type == "Concat":
+                if self._name_concat(node, forgotten):
+                    self.hit("concat-dims")
+                    changed = True
+                continue
             if node.op_type == "Reshape":
                 if self._reshape_transpose_reshape(node, graph):
                     self.hit("reshape-transpose-reshape")
+                    changed = True
+                    continue
+                if self._name_reshape(node, forgotten):
+                    self.hit("reshape-dims")
                     changed = True
                     continue
                 new = self._reshape(node)
@@ -135,6 +160,11 @@ class SymbolicShapes(GraphtrimPass):
             elif node.op_type == "Expand":
                 new = self._expand(node)
                 rule = "expand-keep-dims"
+                if new is None:
+                    if self._name_expand(node, forgotten):
+                        self.hit("expand-dims")
+                        changed = True
+                    continue
             else:
                 continue
             if new is None:
@@ -176,6 +206,121 @@ class SymbolicShapes(GraphtrimPass):
                 dims.append(e.value)
             elif isinstance(e, int) and e >= 0:
                 dims.append(e)
+            else:
+                return False
+        return rename(node.outputs[0], dims, forgotten)
+
+    @staticmethod
+    def _name_concat(node: ir.Node, forgotten: list[ir.Value]) -> bool:
+        """``Concat(x1, x2, .., axis)`` has the sum of their dims on the axis (a sum of names is
+        named by its terms: a KV cache's ``past`` and one new token make ``(past+1)``) and
+        their common dims elsewhere."""
+        from optimizer_core.graph.passes import _dim_exprs as x
+
+        parts = [named(v) for v in node.inputs]
+        if not parts or any(p is None for p in parts):
+            return False
+        rank = len(parts[0])  # type: ignore[arg-type]
+        if any(len(p) != rank for p in parts):  # type: ignore[arg-type]
+            return False
+        axis = node.attributes.get_int("axis", 0)
+        axis = axis + rank if axis < 0 else axis
+        if not 0 <= axis < rank:
+            return False
+        dims: list[int | str] = []
+        for j in range(rank):
+            column = [p[j] for p in parts]  # type: ignore[index]
+            if j == axis:
+                if any(d is None for d in column):
+                    return False
+                total: int | str = 0
+                for d in column:
+                    total = x.add(total, d)  # type: ignore[arg-type]
+                dims.append(total)
+            else:
+                known = {d for d in column if d is not None}
+                if len(known) != 1:
+                    return False  # unknown everywhere, or two names nothing relates
+                dims.append(known.pop())
+        return rename(node.outputs[0], dims, forgotten)
+
+    @staticmethod
+    def _name_reshape(node: ir.Node, forgotten: list[ir.Value]) -> bool:
+        """``Reshape(x, s)`` (allowzero 0) has the dims ``s`` says entry by entry: a size, a dim
+        read from a tensor, 0 copying x's dim, and a -1 that is what the element count leaves
+        (x's dims over the other entries, computed when that leaves one named dim or none and
+        a whole static factor)."""
+        allowzero = node.attributes.get_int("allowzero", 0)
+        if len(node.inputs) < 2 or node.inputs[1] is None or allowzero:
+            return False
+        target = u.const_ints(node.inputs[1])
+        entries: list[Entry] | None = list(target) if target is not None else None
+        if entries is None:
+            entries = shape_entries(node.inputs[1])
+        x_dims = named(node.inputs[0])
+        if entries is None or x_dims is None or entries.count(-1) > 1:
+            return False
+        dims: list[int | str | None] = []
+        left: dict[str, int] = {}  # named dims of x not yet accounted for
+        static = 1
+        for d in x_dims:
+            if d is None:
+                return False
+            if isinstance(d, int):
+                static *= d
+            else:
+                left[d] = left.get(d, 0) + 1
+        divisor = 1
+        for j, e in enumerate(entries):
+            t = e.value if isinstance(e, Dim) else e
+            if t is None or (isinstance(e, Dim) and t == 0):
+                return False  # unknown, or a size 0 read at run time (Reshape copies then)
+            if t == 0:
+                if j >= len(x_dims):
+                    return False
+                t = x_dims[j]
+            if t == -1:
+                dims.append(None)
+                continue
+            dims.append(t)
+            if isinstance(t, int):
+                divisor *= t
+            elif t is not None:
+                left[t] = left.get(t, 0) - 1
+        if None in dims:
+            names = [n for n, k in left.items() for _ in range(k)]
+            if any(k < 0 for k in left.values()) or divisor == 0 or static % divisor:
+                return False
+            ratio = static // divisor
+            if not names:
+                dims[dims.index(None)] = ratio
+            elif len(names) == 1 and ratio == 1:
+                dims[dims.index(None)] = names[0]
+            else:
+                return False
+        return rename(node.outputs[0], [d for d in dims if d is not None], forgotten)
+
+    @staticmethod
+    def _name_expand(node: ir.Node, forgotten: list[ir.Value]) -> bool:
+        """``Expand(x, s)`` has the broadcast of x's dims and the entries of ``s``, dim by dim
+        (right-aligned), where each is decided: an entry or dim of 1 takes the other side."""
+        entries = SymbolicShapes._computed(node)
+        x_dims = named(node.inputs[0])
+        if entries is None or x_dims is None or len(entries) < len(x_dims):
+            return False
+        offset = len(entries) - len(x_dims)
+        dims: list[int | str] = []
+        for j, e in enumerate(entries):
+            xd: int | str | None = x_dims[j - offset] if j >= offset else 1
+            ev = e.value if isinstance(e, Dim) else e
+            takes_entry = ev is not None and (
+                (xd == 1 and (not isinstance(ev, int) or ev >= 0)) or ev == xd
+            )
+            if ev == 1 and xd is not None:
+                dims.append(xd)
+            elif takes_entry:
+                assert ev is not None
+                dims.append(ev)
             else:
                 return False
         return rename(node.outputs[0], dims, forgotten)

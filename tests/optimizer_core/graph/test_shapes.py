@@ -505,3 +505,53 @@ def test_a_chain_of_computed_paddings_resolves_link_by_link_within_an_iteration(
     assert op_types(out) == ["Conv"] * 12 + ["Relu"], op_types(out)
     assert result.log.converged and result.log.iterations <= 3
     assert_equivalent(proto, out, dim_values={"batch": 2})
+
+
+def test_sums_of_dims_get_one_canonical_name():
+    from optimizer_core.graph.passes import _dim_exprs as x
+
+    assert x.add("past", 1) == "(past+1)"
+    assert x.add(1, "past") == x.add("past", 1)  # the same sum, the same name
+    assert x.add(x.add("past", 1), "seq") == "(past+seq+1)" == x.add(x.add("seq", "past"), 1)
+    assert x.add(x.add("past", 1), 1, -1) == "past"  # back to the plain name
+    assert x.add("past", "past", -1) == 0  # names that cancel leave a size
+    assert x.scale(x.add("h", -1), 2) == "(2*h+-2)"
+    assert x.terms("(a+b)") == {"a": 1, "b": 1} and x.terms("(not ours") == {"(not ours": 1}
+
+
+KV = """
+<ir_version: 8, opset_import: ["" : 17]>
+g (float[B, 4, P, 8] past, float[B, 4, 1, 8] cur) => (float[B, 4, T, 8] y, float[T] m)
+  <int64 i0 = {0}, int64 i2 = {2}, int64 one = {1}, int64 zero = {0}, int64[1] ax = {0},
+   int64[1] heads = {4}, int64[1] dim = {8}> {
+    k = Concat<axis = 2>(past, cur)
+    s = Shape(past)
+    p = Gather<axis = 0>(s, i2)
+    n = Add(p, one)
+    r = Range(zero, n, one)
+    m = Cast<to = 1>(r)
+    sk = Shape(k)
+    b = Gather<axis = 0>(sk, i0)
+    bu = Unsqueeze(b, ax)
+    nu = Unsqueeze(n, ax)
+    target = Concat<axis = 0>(bu, heads, nu, dim)
+    y = Reshape(k, target)
+}
+"""
+
+
+def test_a_kv_cache_length_is_named_past_plus_one_and_proves_the_reshape_a_no_op():
+    """The cache's length is past + 1, read once from the Concat and once from the past's
+    Shape plus one: both are named ``(P+1)``, so the Reshape that rebuilds the cache's own shape
+    proves a no-op and goes, with the arithmetic feeding it."""
+    proto = parse(KV)
+    out, result = run_passes(proto)
+    fired = rules_fired(result)
+    assert fired.get("concat-dims", 0) >= 1 and fired.get("range-dim", 0) >= 1
+    assert "Reshape" not in op_types(out), op_types(out)
+    # the outputs keep the names they were declared with
+    dims = [
+        [d.dim_param or d.dim_value for d in o.type.tensor_type.shape.dim] for o in out.graph.output
+    ]
+    assert dims == [["B", 4, "T", 8], ["T"]]
+    assert_equivalent(proto, out, dim_values={"B": 2, "P": 3})

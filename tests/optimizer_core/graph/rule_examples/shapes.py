@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from tests.helpers import parse
 from tests.optimizer_core.graph.rule_examples import Example
-from tests.optimizer_core.graph.test_shapes import HEADS, RTR, _relative_position_model
+from tests.optimizer_core.graph.test_shapes import HEADS, KV, RTR, _relative_position_model
 
 # a fill shaped like a Range over a dim: named in the same run that names the Range
 FILL = """
@@ -20,6 +20,33 @@ g (float[batch, seq] x) => (float[seq] y) {
     f = ConstantOfShape<value = float[1] {2.0}>(rs)
     rf = Cast<to = 1>(r)
     y = Mul(rf, f)
+}
+"""
+
+# cls_token.expand(B, -1, -1): the target picks B where it is not -1; the Expand's output is
+# named [B, 1, 8], so the Concat after it has x's batch
+EXPAND_DIMS = """
+<ir_version: 8, opset_import: ["" : 17]>
+g (float[B, 4, 8] x) => (float[B, 5, 8] y)
+  <float[1, 1, 8] cls = {1, 2, 3, 4, 5, 6, 7, 8}, int64 i0 = {0}, int64[1] ax = {0},
+   int64[1] m1 = {-1}, int64[3] ones = {1, 1, 1}, bool[3] pick = {0, 1, 1}> {
+    s = Shape(x)
+    b = Gather<axis = 0>(s, i0)
+    bu = Unsqueeze(b, ax)
+    target = Concat<axis = 0>(bu, m1, m1)
+    fixed = Where(pick, ones, target)
+    c = Expand(cls, fixed)
+    y = Concat<axis = 1>(c, x)
+}
+"""
+
+# a Reshape to [-1, 8] of [B, 2, 4]: -1 is B
+RESHAPE_DIMS = """
+<ir_version: 8, opset_import: ["" : 17]>
+g (float[B, 2, 4] x) => (float[B, 8] y) <int64[2] s = {-1, 8}> {
+    a = Relu(x)
+    r = Reshape(a, s)
+    y = Neg(r)
 }
 """
 
@@ -41,4 +68,7 @@ EXAMPLES: dict[tuple[str, str], Example] = {
     ),
     ("symbolic-shapes", "reshape-copy-dims"): Example(model=lambda: parse(HEADS)),
     ("symbolic-shapes", "expand-keep-dims"): Example(model=lambda: parse(EXPAND)),
+    ("symbolic-shapes", "expand-dims"): Example(model=lambda: parse(EXPAND_DIMS)),
+    ("symbolic-shapes", "reshape-dims"): Example(model=lambda: parse(RESHAPE_DIMS)),
+    ("symbolic-shapes", "concat-dims"): Example(model=lambda: parse(KV)),
 }
