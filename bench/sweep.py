@@ -183,6 +183,25 @@ def anchor_versions() -> dict[str, str]:
     return out
 
 
+def node_domains(path: Path) -> set[str]:
+    """The operator domains the model's nodes use (subgraphs included; '' is the standard one)."""
+    import onnx
+
+    def walk(g: onnx.GraphProto) -> set[str]:
+        out = set()
+        for node in g.node:
+            out.add(node.domain if node.domain != "ai.onnx" else "")
+            for a in node.attribute:
+                if a.type == onnx.AttributeProto.GRAPH:
+                    out |= walk(a.g)
+                elif a.type == onnx.AttributeProto.GRAPHS:
+                    for sub in a.graphs:
+                        out |= walk(sub)
+        return out
+
+    return walk(onnx.load(str(path), load_external_data=False).graph)
+
+
 def run_anchors(
     src: Path,
     work: Path,
@@ -191,13 +210,16 @@ def run_anchors(
     args: argparse.Namespace,
     key: str,
 ) -> dict[str, Any]:
-    """Each anchor on ``src`` in the worker; nodes, bytes and parity of each output."""
+    """Each anchor on ``src`` in the worker; nodes, bytes and parity of each output, and the
+    operator domains it adds (an output in onnxruntime's contrib ops is no portable model)."""
     anchors: dict[str, Any] = {}
+    before = node_domains(src)
     for tool in ANCHORS:
         out = work / f"{key}.{tool}.onnx"
         r = worker.run(tool, src, out, args.timeout)
         if r.get("ok") and out.exists():
             r.update(nodes=count_nodes(out), bytes=model_bytes(out))
+            r["domains_added"] = sorted(node_domains(out) - before)
             r.update(parity(src, out, dims))
         anchors[tool] = r
         if not args.keep:
@@ -312,8 +334,14 @@ def _geomean(values: list[float]) -> float | None:
 
 
 def best_anchor(r: dict[str, Any]) -> tuple[int | None, list[str], int | None]:
-    """(nodes, tools, bytes) of the anchors with the fewest nodes among those with parity."""
-    ok = {t: a for t, a in r["anchors"].items() if a.get("ok") and a.get("parity_ok")}
+    """(nodes, tools, bytes) of the anchors with the fewest nodes among those whose output kept
+    the results and stayed portable (no operator domain the input did not use: graphtrim's
+    default target is the portable one)."""
+    ok = {
+        t: a
+        for t, a in r["anchors"].items()
+        if a.get("ok") and a.get("parity_ok") and not a.get("domains_added")
+    }
     if not ok:
         return None, [], None
     best = min(a["nodes"] for a in ok.values())
@@ -436,6 +464,13 @@ def render(results: list[dict[str, Any]]) -> str:
             else ""
         )
         out.append(f"- {r['key']}: graphtrim {g['nodes']} > {'/'.join(names)} {best}{note}")
+    for r in results:
+        for t, a in r["anchors"].items():
+            if a.get("ok") and a.get("domains_added"):
+                out.append(
+                    f"- {r['key']}: {t}'s output ({a['nodes']} nodes) adds the operator domain "
+                    f"{', '.join(a['domains_added'])}: not portable, not counted as the best anchor"
+                )
     for r in slow:
         out.append(
             f"- {r['key']}: latency ratio {r['latency_ratio']:.3f} ({', '.join(f'{x:.3f}' for x in r['latency_ratios'])})"

@@ -45,6 +45,14 @@ def finite_nonneg_float(text: str) -> float:
     return value
 
 
+def fraction(text: str) -> float:
+    """argparse ``type=``: a number from 0 to 1 (a share of something)."""
+    value = finite_nonneg_float(text)
+    if value > 1:
+        raise argparse.ArgumentTypeError(f"must lie between 0 and 1, got {text!r}")
+    return value
+
+
 def positive_float(text: str) -> float:
     """argparse ``type=``: a finite number greater than 0 (a timeout, an interval)."""
     value = finite_nonneg_float(text)

@@ -15,6 +15,7 @@ from typing import Any
 from optimizer_core.cli.argtypes import csv as _csv
 from optimizer_core.cli.argtypes import (
     finite_nonneg_float,
+    fraction,
     lazy_choices,
     literal_names,
     nonneg_int,
@@ -142,6 +143,13 @@ def add_parsers(sub: Any) -> None:
         help="bytes constant folding may add per folded value beyond the constants it frees",
     )
     opt.add_argument(
+        "--fold-max-growth-ratio",
+        type=fraction,
+        default=0.01,
+        help="beyond --fold-max-growth, the folded values of the run may together grow the "
+        "model by this share of its weights' bytes (0 to 1; 0 turns it off)",
+    )
+    opt.add_argument(
         "--fold-max-tensor", type=_bytes, default="256MiB", help="largest tensor folding may create"
     )
     lazy_choices(
@@ -253,6 +261,7 @@ def cmd_optimize(args: argparse.Namespace) -> int:
     options = OptimizeOptions(
         max_iterations=args.max_iterations,
         fold_max_growth_bytes=args.fold_max_growth,
+        fold_max_growth_ratio=args.fold_max_growth_ratio,
         fold_max_tensor_bytes=args.fold_max_tensor,
         target=args.target,
         allow_lossy=args.allow_lossy,

@@ -34,6 +34,10 @@ class OptimizeOptions:
         max_iterations: cap of the fixed-point loop; a warning is logged when it is reached.
         fold_max_growth_bytes: constant folding may add at most this many bytes per folded value
             beyond the bytes of the constants it makes dead (shape tensors, small tables).
+        fold_max_growth_ratio: beyond that per-value allowance, the folded values of one run
+            may together grow the model by this fraction of its initializer bytes (a 110 MB
+            model may take on 1.1 MB of folded attention masks; a model of placeholder fills
+            takes on next to nothing); 0 turns the pool off.
         fold_max_tensor_bytes: never materialize a folded tensor larger than this.
         fold_max_input_bytes: skip folding subgraphs that read more constant bytes than this.
         dedup_max_bytes: initializers larger than this are not compared for deduplication.
@@ -50,6 +54,7 @@ class OptimizeOptions:
 
     max_iterations: int = 10
     fold_max_growth_bytes: int = 4096
+    fold_max_growth_ratio: float = 0.01
     fold_max_tensor_bytes: int = 256 * 1024 * 1024
     fold_max_input_bytes: int = 1024 * 1024 * 1024
     dedup_max_bytes: int = 4 * 1024 * 1024 * 1024
@@ -60,6 +65,10 @@ class OptimizeOptions:
     target_opset: int | None = None
 
     def __post_init__(self) -> None:
+        if not 0 <= self.fold_max_growth_ratio <= 1:
+            raise GraphtrimError(
+                f"fold_max_growth_ratio must lie in [0, 1], not {self.fold_max_growth_ratio}"
+            )
         if self.target not in TARGETS:
             raise GraphtrimError(
                 f"unknown target '{self.target}'; choose one of {', '.join(TARGETS)}"

@@ -443,6 +443,8 @@ def test_bad_verify_arguments_are_refused(command, arg, tmp_path, capsys):
         ["--fold-max-growth", "-1"],
         ["--fold-max-growth", "inf"],
         ["--fold-max-tensor", "inf"],
+        ["--fold-max-growth-ratio", "1.5"],
+        ["--fold-max-growth-ratio", "nan"],
     ],
     ids=" ".join,
 )

@@ -9,7 +9,10 @@ not grow: its bytes must not exceed the bytes of the constants that become dead 
 never more than ``fold_max_tensor_bytes``. A value over that budget whose elements all come out
 equal (a gather from a zero-initialized bias table, a mask of ones) becomes a ``ConstantOfShape``
 fill instead, a few bytes whatever its size, when that replaces two nodes or more (values up to
-``_FILL_PROBE_BYTES`` are evaluated to find out; each value once).
+``_FILL_PROBE_BYTES`` are evaluated to find out; each value once). Any other value over the budget
+may still draw its growth from the run's pool, ``fold_max_growth_ratio`` of the model's initializer
+bytes (the attention masks of a windowed transformer: a fraction of a percent of its weights),
+first come first served, until the pool is spent.
 
 Shape arithmetic is folded without running anything: ``Shape(x)`` and ``Size(x)`` when the dims
 they read are static, and ``Gather(Shape(x), i)`` when the gathered dims are static even if
@@ -145,6 +148,12 @@ RULES: tuple[Rule, ...] = (
         "in a few bytes",
     ),
     Rule(
+        "fold-pooled",
+        "f(c1, ..., cn) -> the constant it evaluates to, for a value over the per-value growth "
+        "budget (and no uniform fill) whose growth the run's pool still holds "
+        "(fold_max_growth_ratio of the model's initializer bytes); counted per value",
+    ),
+    Rule(
         "skipped-over-budget",
         f"not folded (the nodes stay, results unchanged): a constant value whose {_BUDGET}",
     ),
@@ -168,9 +177,16 @@ class ConstantFolding(RulePass):
         # values evaluated over budget that are no uniform fill: not evaluated again (the pass
         # instance lives for one optimization)
         self.not_fills: set[int] = set()
+        # bytes the folds of this run may still grow the model by beyond the per-value budget
+        self.pool: int | None = None
 
     def apply(self, model: ir.Model) -> bool:
         changed = False
+        if self.pool is None:
+            weights = sum(
+                u.const_nbytes(v) for g in u.all_graphs(model) for v in g.initializers.values()
+            )
+            self.pool = int(weights * self.options.fold_max_growth_ratio)
         self.namer: u.NameGenerator | None = None
         for graph in u.all_graphs(model):
             if self.namer is None:
@@ -241,19 +257,27 @@ class ConstantFolding(RulePass):
         for (value, closure, const_inputs), array in zip(plans, results, strict=True):
             if array is None:
                 continue
-            if not self._within_budget(array, closure, const_inputs):
+            growth = self._growth(array, closure, const_inputs)
+            pooled = False
+            if growth is None or growth > self.options.fold_max_growth_bytes:
                 if self._fill(graph, value, array, closure, namer):
                     changed = True
-                else:
+                    continue
+                if growth is None or growth > (self.pool or 0):
                     self.hit("skipped-over-budget")
-                continue
+                    continue
+                pooled = True
             name = value.name or "folded"
             assert value.dtype is not None  # checked by _foldable
             const = u.add_initializer(
                 graph, array.astype(value.dtype.numpy(), copy=False), namer(f"{name}_folded")
             )
             if u.replace_value(value, const):
-                self.hit("fold")
+                if pooled:
+                    assert growth is not None and self.pool is not None
+                    self.pool -= growth
+                    logger.debug("folded %s from the growth pool: %d bytes", name, growth)
+                self.hit("fold-pooled" if pooled else "fold")
                 changed = True
             else:
                 graph.initializers.pop(const.name or "")
@@ -285,7 +309,8 @@ class ConstantFolding(RulePass):
             return None
         # at most the constants read can become dead: a larger result would grow the model,
         # so it is not even computed, unless it may be a fill (computed once to find out)
-        if estimate is not None and estimate > const_bytes + self.options.fold_max_growth_bytes:
+        allowance = self.options.fold_max_growth_bytes + (self.pool or 0)
+        if estimate is not None and estimate > const_bytes + allowance:
             if (
                 len(closure) < 2
                 or estimate > _FILL_PROBE_BYTES
@@ -342,11 +367,13 @@ class ConstantFolding(RulePass):
         self.hit("fill")
         return True
 
-    def _within_budget(
+    def _growth(
         self, array: np.ndarray, closure: Sequence[ir.Node], consts: Sequence[ir.Value]
-    ) -> bool:
+    ) -> int | None:
+        """The bytes folding ``array`` adds to the model (those of the constants it makes dead
+        subtracted); ``None`` when it is over ``fold_max_tensor_bytes``."""
         if array.nbytes > self.options.fold_max_tensor_bytes:
-            return False
+            return None
         members = {id(n) for n in closure}
         freed = 0
         for c in consts:
@@ -354,7 +381,7 @@ class ConstantFolding(RulePass):
                 continue
             if all(id(user) in members for user, _ in c.uses()):
                 freed += u.const_nbytes(c)
-        return array.nbytes <= freed + self.options.fold_max_growth_bytes
+        return int(array.nbytes) - freed
 
     def _evaluate(self, model: ir.Model, plans: Sequence[Plan]) -> list[np.ndarray | None]:
         """Evaluate every planned value: in numpy when every op is one it computes exactly,

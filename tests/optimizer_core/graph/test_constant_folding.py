@@ -10,8 +10,10 @@ import onnx.numpy_helper
 import onnx.parser
 import pytest
 
+from optimizer_core.errors import GraphtrimError
 from optimizer_core.graph.framework import OptimizeOptions
 from tests.helpers import assert_equivalent, op_types, parse, rules_fired, run_passes
+from tests.optimizer_core.graph.rule_examples.constant_folding import pooled as pooled_model
 
 PASSES = ["lift-constants", "constant-folding", "dead-code"]
 
@@ -473,3 +475,30 @@ def test_a_shape_compared_entry_by_entry_is_decided_only_where_provable(c, decid
     out, result = run_passes(proto, ["constant-folding"])
     assert ("equal-dims" in rules_fired(result)) == decided
     assert_equivalent(proto, out, dim_values={"B": 3})
+
+
+# ---------------------------------------------------------------- the run's growth pool
+
+
+@pytest.mark.parametrize(
+    ("ratio", "pooled"), [(0.0, 0), (0.01, 1), (0.02, 2)], ids=["off", "one", "both"]
+)
+def test_growth_pool_is_shared_by_the_run(ratio, pooled):
+    # two 8 KiB tilings beside 1 MiB of weights: 1% holds one of them, 2% both
+    proto = pooled_model(tiles=2)
+    out, result = run_passes(proto, PASSES, options=OptimizeOptions(fold_max_growth_ratio=ratio))
+    rules = fired(result)
+    assert rules.get("fold-pooled", 0) == pooled
+    assert op_types(out).count("Tile") == 2 - pooled
+    if pooled < 2:
+        assert rules["skipped-over-budget"] >= 1
+    grown = sum(v.nbytes for v in _inits(out).values()) - sum(
+        v.nbytes for v in _inits(proto).values()
+    )
+    assert grown <= ratio * 1024 * 1024
+    assert_equivalent(proto, out)
+
+
+def test_growth_pool_ratio_out_of_range_is_refused():
+    with pytest.raises(GraphtrimError, match="fold_max_growth_ratio"):
+        OptimizeOptions(fold_max_growth_ratio=1.5)

@@ -53,6 +53,36 @@ def _over_budget() -> onnx.ModelProto:
     )
 
 
+def pooled(tiles: int = 1) -> onnx.ModelProto:
+    """``tiles`` constants tiled to 8 KiB each (over the 4 KiB per-value budget, not uniform)
+    beside 1 MiB of weights, whose 1% growth pool holds one of them."""
+    rng = np.random.default_rng(0)
+    nodes = [helper.make_node("MatMul", ["m", "w"], ["z"])]
+    inits = [
+        numpy_helper.from_array(rng.standard_normal((256, 1024)).astype(np.float32), "w"),
+        numpy_helper.from_array(np.array([512], np.int64), "r"),
+    ]
+    outputs = [helper.make_tensor_value_info("z", TensorProto.FLOAT, [1, 1024])]
+    for i in range(tiles):
+        inits.append(numpy_helper.from_array(np.arange(4, dtype=np.float32) + i, f"c{i}"))
+        nodes.append(helper.make_node("Tile", [f"c{i}", "r"], [f"t{i}"]))
+        nodes.append(helper.make_node("Add", ["x", f"t{i}"], [f"y{i}"]))
+        outputs.append(helper.make_tensor_value_info(f"y{i}", TensorProto.FLOAT, [2048]))
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, [2048]),
+            helper.make_tensor_value_info("m", TensorProto.FLOAT, [1, 256]),
+        ],
+        outputs,
+        inits,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
 def _uniform_gather() -> onnx.ModelProto:
     """A bias table of zeros (a zero-initialized relative-position bias) gathered by a 64x64
     index table and transposed: the 64 KiB result is over the budget but all zeros, a fill."""
@@ -128,6 +158,7 @@ EXAMPLES = {
     ),
     ("constant-folding", "fold"): Example(model=_constant_subgraph),
     ("constant-folding", "skipped-over-budget"): Example(model=_over_budget),
+    ("constant-folding", "fold-pooled"): Example(model=pooled),
     ("constant-folding", "fill"): Example(model=_uniform_gather),
     ("constant-folding", "equal-dims"): Example(model=_expand_test),
     ("constant-folding", "skipped-unevaluable"): Example(model=_unevaluable, compare=False),
