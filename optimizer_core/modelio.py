@@ -28,6 +28,7 @@ import socket
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import onnx
 import onnx_ir as ir
@@ -523,8 +524,12 @@ def load_model(path: str | os.PathLike[str], validated: Validated | None = None)
     inferred: dict[str, onnx.TypeProto] = {}
     ran = False
     with contextlib.suppress(Exception):
+        light = _without_weights(proto)
         result = onnx.shape_inference.infer_shapes(
-            data, check_type=False, strict_mode=False, data_prop=True
+            data if light is None else light.SerializeToString(),
+            check_type=False,
+            strict_mode=False,
+            data_prop=True,
         )
         inferred = {vi.name: vi.type for vi in result.graph.value_info}
         ran = True
@@ -538,6 +543,76 @@ def load_model(path: str | os.PathLike[str], validated: Validated | None = None)
     if external:
         ir.external_data.set_base_dir(model.graph, os.path.dirname(os.path.abspath(path)))
     return model
+
+
+def _inference_reads(tensor: onnx.TensorProto) -> bool:
+    """Whether onnx's inference may need this initializer's values: small ones, and integer
+    ones up to 64 KiB (shapes, indices, axes). Weights only lend it their type."""
+    size = math.prod(tensor.dims) * _ITEMSIZE.get(tensor.data_type, 8)
+    if size <= 1024:
+        return True
+    return tensor.data_type in _INTEGER_TYPES and size <= 64 * 1024
+
+
+_ITEMSIZE = {
+    onnx.TensorProto.FLOAT: 4,
+    onnx.TensorProto.DOUBLE: 8,
+    onnx.TensorProto.FLOAT16: 2,
+    onnx.TensorProto.BFLOAT16: 2,
+    onnx.TensorProto.INT8: 1,
+    onnx.TensorProto.UINT8: 1,
+    onnx.TensorProto.INT16: 2,
+    onnx.TensorProto.UINT16: 2,
+    onnx.TensorProto.INT32: 4,
+    onnx.TensorProto.UINT32: 4,
+    onnx.TensorProto.INT64: 8,
+    onnx.TensorProto.UINT64: 8,
+    onnx.TensorProto.BOOL: 1,
+}
+_INTEGER_TYPES = {
+    onnx.TensorProto.INT8,
+    onnx.TensorProto.UINT8,
+    onnx.TensorProto.INT16,
+    onnx.TensorProto.UINT16,
+    onnx.TensorProto.INT32,
+    onnx.TensorProto.UINT32,
+    onnx.TensorProto.INT64,
+    onnx.TensorProto.UINT64,
+}
+
+
+def _copy_fields(src: Any, dst: Any, skip: str) -> None:
+    for field, value in src.ListFields():
+        if field.name == skip:
+            continue
+        if field.is_repeated:
+            getattr(dst, field.name).extend(value)
+        elif field.message_type is not None:
+            getattr(dst, field.name).CopyFrom(value)
+        else:
+            setattr(dst, field.name, value)
+
+
+def _without_weights(proto: onnx.ModelProto) -> onnx.ModelProto | None:
+    """``proto`` for onnx's inference without the bytes of its weights: each initializer that
+    inference only needs the type of becomes a graph input of that type (the main graph's; a
+    model of hundreds of MB is then not copied into inference and out again). ``None`` when
+    there is none to leave out (or the model keeps sparse initializers)."""
+    graph = proto.graph
+    if graph.sparse_initializer or all(_inference_reads(t) for t in graph.initializer):
+        return None
+    light = onnx.ModelProto()
+    _copy_fields(proto, light, skip="graph")
+    _copy_fields(graph, light.graph, skip="initializer")
+    inputs = {i.name for i in graph.input}
+    for tensor in graph.initializer:
+        if _inference_reads(tensor):
+            light.graph.initializer.append(tensor)
+        elif tensor.name not in inputs:
+            light.graph.input.append(
+                onnx.helper.make_tensor_value_info(tensor.name, tensor.data_type, tensor.dims)
+            )
+    return light
 
 
 def _has_subgraphs(graph: onnx.GraphProto) -> bool:

@@ -703,3 +703,42 @@ def test_a_cycle_is_still_refused(tmp_path, capsys):
     err = capsys.readouterr().err
     assert rc == 2 and "topologically sorted" in err
     assert not (tmp_path / "o.onnx").exists()
+
+
+def test_inference_at_load_leaves_weights_out_and_finds_the_same_types(tmp_path):
+    # a 16 KiB weight and a 2 KiB int64 index table: inference needs the weight's type only,
+    # the index table's values too (it fixes the Gather's output shape)
+    from optimizer_core.modelio import _without_weights
+
+    rng = np.random.default_rng(0)
+    graph = oh.make_graph(
+        [
+            oh.make_node("MatMul", ["x", "w"], ["h"]),
+            oh.make_node("Gather", ["h", "idx"], ["g"], axis=1),
+            oh.make_node("Shape", ["g"], ["s"]),
+            oh.make_node("Reshape", ["g", "s"], ["y"]),
+        ],
+        "g",
+        [oh.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["N", 64])],
+        [oh.make_tensor_value_info("y", onnx.TensorProto.FLOAT, ["N", 256])],
+        [
+            onh.from_array(rng.standard_normal((64, 64)).astype(np.float32), "w"),
+            onh.from_array(rng.integers(0, 64, (256,)).astype(np.int64), "idx"),
+        ],
+    )
+    proto = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)])
+    proto.ir_version = 8
+    light = _without_weights(proto)
+    assert light is not None
+    assert [t.name for t in light.graph.initializer] == ["idx"]
+    assert [i.name for i in light.graph.input] == ["x", "w"]
+    full = onnx.shape_inference.infer_shapes(proto, data_prop=True)
+    path = tmp_path / "m.onnx"
+    onnx.save(proto, path)
+    model = load_model(path)
+    values = {v.name: v for n in model.graph for v in n.outputs}
+    for vi in full.graph.value_info:
+        dims = [d.dim_value or d.dim_param for d in vi.type.tensor_type.shape.dim]
+        assert [d if isinstance(d, int) else str(d) for d in values[vi.name].shape] == dims
+    assert list(values["g"].shape)[1] == 256
+    assert len(model.graph.initializers) == 2  # the weights themselves are all there

@@ -12,6 +12,7 @@ import hashlib
 from collections import defaultdict
 from typing import Any
 
+import numpy as np
 import onnx_ir as ir
 
 from optimizer_core.graph import _ir_utils as u
@@ -97,6 +98,7 @@ class CommonSubexpressionElimination(GraphtrimPass):
         super().__init__(options)
         # id(tensor) -> (tensor, digest); the tensor is kept so its id cannot be reused
         self._digests: dict[int, tuple[Any, bytes]] = {}
+        self._samples: dict[int, tuple[Any, bytes]] = {}
 
     def apply(self, model: ir.Model) -> bool:
         changed = False
@@ -125,24 +127,55 @@ class CommonSubexpressionElimination(GraphtrimPass):
                 continue
             groups[(int(tensor.dtype), tuple(tensor.shape.numpy()))].append(value)
         changed = False
-        for members in groups.values():
-            if len(members) < 2:
+        for same_type in groups.values():
+            if len(same_type) < 2:
                 continue
-            seen: dict[bytes, ir.Value] = {}
-            for value in members:
+            # a few elements spread over the tensor first: weights of one shape nearly always
+            # differ there, and hashing all of their bytes (a large model's every layer) is not
+            # needed to tell them apart
+            by_sample: dict[bytes, list[ir.Value]] = defaultdict(list)
+            for value in same_type:
                 assert value.const_value is not None
-                digest = self._digest(value.const_value)
-                first = seen.get(digest)
-                if first is None:
-                    seen[digest] = value
-                    continue
-                assert first.const_value is not None
-                # equal digests: compare the bytes themselves (a collision keeps both)
-                if first.const_value.tobytes() != value.const_value.tobytes():
-                    continue
-                value.replace_all_uses_with(first)
-                self.hit("duplicate-initializer")
-                changed = True
+                by_sample[self._sample(value.const_value)].append(value)
+            for members in by_sample.values():
+                if len(members) >= 2:
+                    changed |= self._merge_equal(members)
+        return changed
+
+    def _sample(self, tensor: Any) -> bytes:
+        """Bytes of up to 64 elements at even strides through ``tensor`` (b"" where numpy cannot
+        hold them: such tensors are told apart by their digest alone); once per tensor."""
+        cached = self._samples.get(id(tensor))
+        if cached is not None and cached[0] is tensor:
+            return cached[1]
+        try:
+            flat = tensor.numpy().reshape(-1)
+            if flat.size > 64:
+                flat = flat[np.linspace(0, flat.size - 1, 64).astype(np.int64)]
+            sample = bytes(flat.tobytes())
+        except Exception:
+            sample = b""
+        self._samples[id(tensor)] = (tensor, sample)
+        return sample
+
+    def _merge_equal(self, members: list[ir.Value]) -> bool:
+        """Point every use of a tensor in ``members`` equal to an earlier one at that one."""
+        changed = False
+        seen: dict[bytes, ir.Value] = {}
+        for value in members:
+            assert value.const_value is not None
+            digest = self._digest(value.const_value)
+            first = seen.get(digest)
+            if first is None:
+                seen[digest] = value
+                continue
+            assert first.const_value is not None
+            # equal digests: compare the bytes themselves (a collision keeps both)
+            if first.const_value.tobytes() != value.const_value.tobytes():
+                continue
+            value.replace_all_uses_with(first)
+            self.hit("duplicate-initializer")
+            changed = True
         return changed
 
     def _dedup_nodes(self, graph: ir.Graph) -> bool:

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import numpy as np
 import onnx
+import onnx.helper
+import onnx.numpy_helper
 import pytest
 
 from tests.helpers import assert_equivalent, op_types, parse, run_passes
@@ -96,6 +99,40 @@ def test_duplicate_initializers_merged():
     assert sorted(i.name for i in out.graph.initializer) == ["w1", "w3"]
     assert op_types(out) == ["Mul", "Mul", "Add", "Add"]
     assert_equivalent(proto, out, dim_values={"N": 3})
+
+
+@pytest.mark.parametrize("differ_at", [None, 1], ids=["equal", "off-sample"])
+def test_large_initializers_told_apart_beyond_the_sampled_elements(differ_at):
+    # 1000 elements: the sample reads 64 of them; element 1 is not among them
+    base = np.random.default_rng(0).standard_normal(1000).astype(np.float32)
+    other = base.copy()
+    if differ_at is not None:
+        other[differ_at] += 1.0
+    graph = onnx.helper.make_graph(
+        [
+            onnx.helper.make_node("Mul", ["x", "w1"], ["a"]),
+            onnx.helper.make_node("Mul", ["x", "w2"], ["b"]),
+            onnx.helper.make_node("Add", ["a", "b"], ["y"]),
+        ],
+        "g",
+        [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1000])],
+        [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1000])],
+        [
+            onnx.numpy_helper.from_array(base, "w1"),
+            onnx.numpy_helper.from_array(other, "w2"),
+        ],
+    )
+    proto = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 17)])
+    proto.ir_version = 8
+    out, result = run_passes(proto, PASSES)
+    names = sorted(i.name for i in out.graph.initializer)
+    if differ_at is None:
+        assert fired(result) == {"duplicate-initializer": 1, "duplicate-node": 1}
+        assert names == ["w1"]
+    else:
+        assert not fired(result)
+        assert names == ["w1", "w2"]
+    assert_equivalent(proto, out)
 
 
 @pytest.mark.parametrize(
