@@ -265,22 +265,32 @@ def _slice_params(node: ir.Node, rank: int) -> list[list[int]] | None:
 
 def _slice_pair(node: ir.Node, ctx: RuleContext) -> tuple[ir.Value, list[list[int]]] | str:
     """Check: ``Slice(Slice(x, ...), ...)`` on other axes, both with constant parameters, the
-    inner result read here alone; the match is ``x`` and the merged parameters."""
+    inner result read by such Slices alone (each merges, then the inner one is dead: the
+    strided quarters of a patch merging read x directly); the match is ``x`` and the merged
+    parameters."""
     y = node.inputs[0]
     inner = y.producer() if y is not None else None
-    if y is None or inner is None or not u.is_op(inner, "Slice") or not u.single_consumer(y):
-        return "the input is not a Slice's result read here alone"
+    if y is None or inner is None or not u.is_op(inner, "Slice") or y.is_graph_output():
+        return "the input is not a Slice's result"
     if u.node_opset(node, ctx.model) < 10 or inner.inputs[0] is None:
         return "parameters are attributes (opset < 10)"
     rank = u.rank(y)
     if rank is None:
         return "the rank is unknown"
-    outer_p, inner_p = _slice_params(node, rank), _slice_params(inner, rank)
-    if outer_p is None or inner_p is None:
+    inner_p = _slice_params(inner, rank)
+    if inner_p is None:
         return "parameters not constant or axes out of range"
-    if set(outer_p[2]) & set(inner_p[2]) or len(set(outer_p[2])) != len(outer_p[2]):
-        return "the Slices share an axis"
-    return inner.inputs[0], [a + b for a, b in zip(inner_p, outer_p, strict=True)]
+    merged = None
+    for user, index in y.uses():
+        outer_p = _slice_params(user, rank) if u.is_op(user, "Slice") and index == 0 else None
+        if outer_p is None:
+            return "the inner result is read elsewhere than as the data of Slices with constant parameters"
+        if set(outer_p[2]) & set(inner_p[2]) or len(set(outer_p[2])) != len(outer_p[2]):
+            return "the Slices share an axis"
+        if user is node:
+            merged = [a + b for a, b in zip(inner_p, outer_p, strict=True)]
+    assert merged is not None
+    return inner.inputs[0], merged
 
 
 def _merge_slices(node: ir.Node, m: tuple[ir.Value, list[list[int]]], ctx: RuleContext) -> None:
@@ -567,7 +577,7 @@ RULES: tuple[Rule, ...] = (
         "slice-slice",
         "Slice(Slice(x, s1, e1, a1, t1), s2, e2, a2, t2) -> Slice(x, s1+s2, e1+e2, a1+a2, "
         "t1+t2) (lists joined) for constant parameters on disjoint axes: slicing one axis does "
-        "not move the others; the inner result read there alone (opset 10+)",
+        "not move the others; the inner result read by such Slices alone, each merged (opset 10+)",
         ("Slice",),
         _slice_pair,
         _merge_slices,

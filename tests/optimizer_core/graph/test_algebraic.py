@@ -878,3 +878,45 @@ def test_a_transpose_of_unit_dims_is_a_reshape(shape, perm, fires):
     assert ("Transpose" in op_types(out)) != fires
     onnx.checker.check_model(out, full_check=True)
     assert_equivalent(proto, out, dim_values={"N": 2, "M": 3})
+
+
+def test_the_quarters_of_a_patch_merging_read_x_directly():
+    # x[:, 0::2] and x[:, 1::2], each sliced again on axis 2 twice: four two-axis Slices
+    proto = parse(
+        """
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[N, 8, 8, 3] x) => (float[N, 4, 4, 12] y)
+          <int64[1] z = {0}, int64[1] o = {1}, int64[1] big = {9223372036854775807},
+           int64[1] a1 = {1}, int64[1] a2 = {2}, int64[1] two = {2}> {
+            r0 = Slice(x, z, big, a1, two)
+            r1 = Slice(x, o, big, a1, two)
+            q0 = Slice(r0, z, big, a2, two)
+            q1 = Slice(r1, z, big, a2, two)
+            q2 = Slice(r0, o, big, a2, two)
+            q3 = Slice(r1, o, big, a2, two)
+            y = Concat<axis = -1>(q0, q1, q2, q3)
+        }
+        """
+    )
+    out, result = run_passes(proto, ["algebraic", "dead-code"])
+    assert rules_fired(result)["slice-slice"] == 4
+    assert op_types(out) == ["Slice", "Slice", "Slice", "Slice", "Concat"]
+    assert all(n.input[0] == "x" for n in out.graph.node if n.op_type == "Slice")
+    assert_equivalent(proto, out, dim_values={"N": 2})
+
+
+def test_a_slice_read_by_another_op_too_stays():
+    proto = parse(
+        """
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[2, 8, 8] x) => (float[2, 4, 4] y, float[2, 4, 8] r)
+          <int64[1] z = {0}, int64[1] big = {9223372036854775807},
+           int64[1] a1 = {1}, int64[1] a2 = {2}, int64[1] two = {2}> {
+            t = Slice(x, z, big, a1, two)
+            y = Slice(t, z, big, a2, two)
+            r = Relu(t)
+        }
+        """
+    )
+    _out, result = run_passes(proto, ["algebraic"])
+    assert "slice-slice" not in rules_fired(result)
