@@ -145,7 +145,7 @@ def add_parsers(sub: Any) -> None:
     opt.add_argument(
         "--fold-max-growth-ratio",
         type=fraction,
-        default=0.01,
+        default=0.05,
         help="beyond --fold-max-growth, the folded values of the run may together grow the "
         "model by this share of its weights' bytes (0 to 1; 0 turns it off)",
     )

@@ -36,7 +36,7 @@ class OptimizeOptions:
             beyond the bytes of the constants it makes dead (shape tensors, small tables).
         fold_max_growth_ratio: beyond that per-value allowance, the folded values of one run
             may together grow the model by this fraction of its initializer bytes (a 110 MB
-            model may take on 1.1 MB of folded attention masks; a model of placeholder fills
+            model may take on 5.5 MB of folded attention masks; a model of placeholder fills
             takes on next to nothing); 0 turns the pool off.
         fold_max_tensor_bytes: never materialize a folded tensor larger than this.
         fold_max_input_bytes: skip folding subgraphs that read more constant bytes than this.
@@ -54,7 +54,7 @@ class OptimizeOptions:
 
     max_iterations: int = 10
     fold_max_growth_bytes: int = 4096
-    fold_max_growth_ratio: float = 0.01
+    fold_max_growth_ratio: float = 0.05
     fold_max_tensor_bytes: int = 256 * 1024 * 1024
     fold_max_input_bytes: int = 1024 * 1024 * 1024
     dedup_max_bytes: int = 4 * 1024 * 1024 * 1024

@@ -55,7 +55,7 @@ def _over_budget() -> onnx.ModelProto:
 
 def pooled(tiles: int = 1) -> onnx.ModelProto:
     """``tiles`` constants tiled to 8 KiB each (over the 4 KiB per-value budget, not uniform)
-    beside 1 MiB of weights, whose 1% growth pool holds one of them."""
+    beside 1 MiB of weights: a growth pool of 1% of those holds one of them."""
     rng = np.random.default_rng(0)
     nodes = [helper.make_node("MatMul", ["m", "w"], ["z"])]
     inits = [
