@@ -180,6 +180,8 @@ def _input_scale(conv: ir.Node, w: Operand) -> tuple[ir.Value, np.ndarray] | str
     x = affine_input(mul)
     if x is None:
         return "the product is not of a computed tensor and a constant"
+    if _completes_gelu(x):
+        return "the scale is the 0.5 of a Gelu (x * (1 + erf(x / sqrt 2)) * 0.5): onnxruntime fuses it as it stands"
     const = other_operand(mul, x)
     arr = u.const_array(const)
     if arr is None or arr.dtype != w.dtype:
@@ -189,6 +191,22 @@ def _input_scale(conv: ir.Node, w: Operand) -> tuple[ir.Value, np.ndarray] | str
     if c is None or not np.all(np.isfinite(c)):
         return "the constant is not a finite scalar or per-input-channel vector"
     return x, c
+
+
+def _completes_gelu(x: ir.Value) -> bool:
+    """Whether ``x`` is ``a * (1 + Erf(..))`` or ``a * (1 + Tanh(..))``: the rest of a Gelu
+    whose last factor is the scale (TorchScript's order)."""
+    prod = x.producer()
+    if prod is None or not u.is_op(prod, "Mul"):
+        return False
+    for v in prod.inputs:
+        add = v.producer() if v is not None else None
+        if add is not None and u.is_op(add, "Add"):
+            for w in add.inputs:
+                act = w.producer() if w is not None else None
+                if act is not None and (u.is_op(act, "Erf") or u.is_op(act, "Tanh")):
+                    return True
+    return False
 
 
 def check_scaled_input(node: ir.Node, ctx: RuleContext) -> _ScaledInput | str:

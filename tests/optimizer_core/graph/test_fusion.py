@@ -373,6 +373,37 @@ def test_a_scale_in_front_of_a_conv_goes_into_its_weight(c_shape, group):
     assert_equivalent(proto, out, rtol=1e-5, atol=1e-5, dim_values={"N": 2})
 
 
+def test_the_half_of_a_gelu_stays_in_front_of_a_conv():
+    # TorchScript's Gelu: x * (1 + erf(x / sqrt 2)) * 0.5, the 0.5 last: onnxruntime fuses the
+    # pattern only as it stands, so the scale is not moved into the next Conv's weight
+    graph = helper.make_graph(
+        [
+            helper.make_node("Div", ["x", "sqrt2"], ["d"]),
+            helper.make_node("Erf", ["d"], ["e"]),
+            helper.make_node("Add", ["e", "one"], ["a"]),
+            helper.make_node("Mul", ["x", "a"], ["m"]),
+            helper.make_node("Mul", ["m", "half"], ["g"]),
+            helper.make_node("Conv", ["g", "W", "B"], ["y"], pads=[1, 1, 1, 1]),
+        ],
+        "g",
+        [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["N", 4, 8, 8])],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, ["N", 8, 8, 8])],
+        [
+            _init("sqrt2", np.array(1.4142135)),
+            _init("one", np.array(1.0)),
+            _init("half", np.array(0.5)),
+            _init("W", RNG.standard_normal((8, 4, 3, 3))),
+            _init("B", RNG.standard_normal(8)),
+        ],
+    )
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    _out, result = run_passes(proto, ["fuse-affine"])
+    assert "mul-conv" not in rules_fired(result)
+    # the same scale after a Relu does go into the weight
+    _out, result = run_passes(_scaled_input_conv(()), ["fuse-affine"])
+    assert rules_fired(result) == {"mul-conv": 1}
+
+
 def test_a_scale_with_another_reader_or_over_space_stays():
     _out, result = run_passes(_scaled_input_conv((4, 1, 1), extra_reader=True), ["fuse-affine"])
     assert "mul-conv" not in rules_fired(result)
