@@ -76,6 +76,12 @@ RULES: tuple[Rule, ...] = (
         "static size (named as range-dim)",
     ),
     Rule(
+        "slice-dims",
+        "Slice(x, starts, ends, axes, steps) has x's dims on the axes it does not slice (its "
+        "parameters may be computed; the axes constant) and, on a sliced axis, the size the "
+        "constant parameters leave of a static dim or x's dim for [0:INT_MAX:1]",
+    ),
+    Rule(
         "expand-dims",
         "Expand(x, s) has the broadcast of x's dims and s's entries (right-aligned), each "
         "decided: an entry or a dim of 1 takes the other side (named as range-dim)",
@@ -144,6 +150,11 @@ class SymbolicShapes(GraphtrimPass):
             if node.op_type == "Concat":
                 if self._name_concat(node, forgotten):
                     self.hit("concat-dims")
+                    changed = True
+                continue
+            if node.op_type == "Slice":
+                if self._name_slice(node, forgotten, u.node_opset(node, model)):
+                    self.hit("slice-dims")
                     changed = True
                 continue
             if node.op_type == "Reshape":
@@ -242,6 +253,54 @@ class SymbolicShapes(GraphtrimPass):
                 if len(known) != 1:
                     return False  # unknown everywhere, or two names nothing relates
                 dims.append(known.pop())
+        return rename(node.outputs[0], dims, forgotten)
+
+    @staticmethod
+    def _name_slice(node: ir.Node, forgotten: list[ir.Value], opset: int) -> bool:
+        """``Slice(x, starts, ends, axes, steps)`` keeps x's dims on the axes it does not slice
+        (onnx's inference gives none when a parameter is computed, as position ids sliced to
+        the sequence length are); on a sliced axis, constant parameters leave a computable
+        size of a static dim, and ``[0:INT_MAX:1]`` keeps the dim. A dim neither proves keeps
+        the name inference gave it, if any."""
+        if opset < 10 or len(node.inputs) < 3 or node.inputs[0] is None:
+            return False
+        x_dims = named(node.inputs[0])
+        if x_dims is None:
+            return False
+        rank = len(x_dims)
+        axes_v = node.inputs[3] if len(node.inputs) > 3 else None
+        if axes_v is not None:
+            axes = u.const_ints(axes_v)
+        else:
+            count = u.static_shape(node.inputs[1])
+            axes = list(range(count[0])) if count is not None and len(count) == 1 else None
+        norm = u.normalize_axes(axes, rank) if axes is not None else None
+        if norm is None or len(set(norm)) != len(norm):
+            return False
+        starts, ends = u.const_ints(node.inputs[1]), u.const_ints(node.inputs[2])
+        steps_v = node.inputs[4] if len(node.inputs) > 4 else None
+        steps = u.const_ints(steps_v) if steps_v is not None else [1] * len(norm)
+        current = named(node.outputs[0])
+        if current is not None and len(current) != rank:
+            return False
+        dims: list[int | str] = []
+        for j in range(rank):
+            d = x_dims[j]
+            size: int | str | None = None
+            if j not in norm:
+                size = d
+            else:
+                k = norm.index(j)
+                whole = starts is not None and ends is not None and steps is not None
+                if whole and isinstance(d, int):
+                    size = len(range(*slice(starts[k], ends[k], steps[k]).indices(d)))  # type: ignore[index]
+                elif whole and starts[k] == 0 and steps[k] == 1 and ends[k] >= 2**31 - 1:  # type: ignore[index]
+                    size = d
+            if size is None and current is not None:
+                size = current[j]
+            if size is None:
+                return False
+            dims.append(size)
         return rename(node.outputs[0], dims, forgotten)
 
     @staticmethod

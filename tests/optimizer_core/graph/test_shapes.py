@@ -555,3 +555,38 @@ def test_a_kv_cache_length_is_named_past_plus_one_and_proves_the_reshape_a_no_op
     ]
     assert dims == [["B", 4, "T", 8], ["T"]]
     assert_equivalent(proto, out, dim_values={"B": 2, "P": 3})
+
+
+def test_a_slice_keeps_the_dims_it_does_not_slice():
+    from tests.optimizer_core.graph.rule_examples.shapes import SLICE_DIMS
+
+    proto = parse(SLICE_DIMS)
+    out, result = run_passes(proto)
+    assert rules_fired(result)["slice-dims"] >= 1
+    # the batch read back from the sliced table is its constant 1: Shape, Gather, Cast and Mul
+    # of it are gone
+    assert op_types(out) == ["Shape", "Gather", "Unsqueeze", "Slice", "Add"]
+    assert_equivalent(proto, out, dim_values={"B": 2, "S": 8})
+
+
+def test_a_sliced_axis_of_unknown_length_stays_unknown():
+    # the axis sliced to a computed end has no size the rule can prove: it stays unnamed
+    proto = parse(
+        """
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[B, S] x, int64[1] e) => (float[B, S] y)
+          <float[4, 16] t = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15,
+                             0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15,
+                             0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15,
+                             0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15},
+           int64[1] z = {0}, int64[1] one = {1}, int64 i1 = {1}> {
+            p = Slice(t, z, e, one)
+            ps = Shape(p)
+            n = Gather<axis = 0>(ps, i1)
+            nf = Cast<to = 1>(n)
+            y = Mul(x, nf)
+        }
+        """
+    )
+    out, _ = run_passes(proto)
+    assert "Cast" in op_types(out)  # dim 1 of the slice is not known: nothing folds

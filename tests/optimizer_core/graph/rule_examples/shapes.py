@@ -50,6 +50,25 @@ g (float[B, 2, 4] x) => (float[B, 8] y) <int64[2] s = {-1, 8}> {
 }
 """
 
+# position ids sliced to the sequence length (BERT's buffered table): the sliced output keeps
+# the table's dim 0, so the batch read back from it is the constant 1
+SLICE_DIMS = """
+<ir_version: 8, opset_import: ["" : 17]>
+g (float[B, S] x) => (float[B, S] y)
+  <float[1, 16] table = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15},
+   int64[1] z = {0}, int64[1] one = {1}, int64 i1 = {1}, int64 i0 = {0}> {
+    s = Shape(x)
+    n = Gather<axis = 0>(s, i1)
+    nu = Unsqueeze(n, z)
+    p = Slice(table, z, nu, one)
+    ps = Shape(p)
+    b = Gather<axis = 0>(ps, i0)
+    bf = Cast<to = 1>(b)
+    q = Mul(p, bf)
+    y = Add(x, q)
+}
+"""
+
 EXPAND = """
 <ir_version: 8, opset_import: ["" : 17]>
 g (float[batch, 1, seq] x, float[batch, 4, seq] z) => (float[batch, 4, seq] y) {
@@ -71,4 +90,5 @@ EXAMPLES: dict[tuple[str, str], Example] = {
     ("symbolic-shapes", "expand-dims"): Example(model=lambda: parse(EXPAND_DIMS)),
     ("symbolic-shapes", "reshape-dims"): Example(model=lambda: parse(RESHAPE_DIMS)),
     ("symbolic-shapes", "concat-dims"): Example(model=lambda: parse(KV)),
+    ("symbolic-shapes", "slice-dims"): Example(model=lambda: parse(SLICE_DIMS)),
 }
