@@ -353,6 +353,102 @@ def _as_reshape(node: ir.Node, target: list[int], ctx: RuleContext) -> None:
     replace_output(node, reshape.outputs[0], ctx)
 
 
+def _split_groups(y: list[int], z: list[int]) -> list[list[int]] | None:
+    """The axes of ``z`` each axis of ``y`` splits into, when ``z`` only splits ``y``'s axes
+    (in order, never merging two); a unit dim may go with either neighbour (it moves no
+    element), a unit axis of ``y`` may vanish."""
+    groups: list[list[int]] = []
+    k = 0
+    for size in y:
+        group: list[int] = []
+        if size == 1:
+            while k < len(z) and z[k] == 1:
+                group.append(k)
+                k += 1
+        else:
+            product = 1
+            while k < len(z) and product < size:
+                group.append(k)
+                product *= z[k]
+                k += 1
+            if product != size:
+                return None
+        groups.append(group)
+    if not groups:
+        return None
+    while k < len(z) and z[k] == 1:
+        groups[-1].append(k)
+        k += 1
+    return groups if k == len(z) else None
+
+
+def _transpose_split_transpose(
+    node: ir.Node, ctx: RuleContext
+) -> tuple[ir.Value, list[int], list[int]] | str:
+    """Check: ``Transpose(Reshape(Transpose(x, p1), s), p2)`` where the Reshape only splits
+    axes (static shapes, each intermediate read once): the split moves in front of the first
+    Transpose and the two permutations become one; the match is ``x``, x's shape split alike
+    and the combined permutation."""
+    mid = node.inputs[0]
+    reshape = mid.producer() if mid is not None else None
+    if mid is None or reshape is None or not u.is_op(reshape, "Reshape"):
+        return "the input is not a Reshape's result"
+    t_out = reshape.inputs[0]
+    first = t_out.producer() if t_out is not None else None
+    if t_out is None or first is None or not u.is_op(first, "Transpose"):
+        return "the Reshape's input is not a Transpose's result"
+    if not u.single_consumer(mid) or not u.single_consumer(t_out) or mid.is_graph_output():
+        return "an intermediate result is read elsewhere"
+    x = first.inputs[0]
+    if x is None:
+        return "the Transpose has no input"
+    xs, ys, zs = u.static_shape(x), u.static_shape(t_out), u.static_shape(mid)
+    if xs is None or ys is None or zs is None or 0 in xs or 0 in zs:
+        return "the shapes are not static (or hold a zero)"
+    r = len(xs)
+    p1 = first.attributes.get_ints("perm", None)
+    p1 = list(p1) if p1 is not None else list(reversed(range(r)))
+    p2 = node.attributes.get_ints("perm", None)
+    p2 = list(p2) if p2 is not None else list(reversed(range(len(zs))))
+    if sorted(p1) != list(range(r)) or sorted(p2) != list(range(len(zs))):
+        return "a permutation is invalid"
+    groups = _split_groups(list(ys), list(zs))
+    if groups is None:
+        return "the Reshape does not only split axes"
+    # x split alike, in x's own axis order: x's axis p1[i] is y's axis i
+    inv = [0] * r
+    for i, a in enumerate(p1):
+        inv[a] = i
+    split: list[int] = []
+    where: dict[int, int] = {}  # axis of z -> its position in the split x
+    for a in range(r):
+        for zax in groups[inv[a]]:
+            where[zax] = len(split)
+            split.append(zs[zax])
+    q = [where[zax] for zax in range(len(zs))]  # z = Transpose(split x, q)
+    return x, split, [q[k] for k in p2]
+
+
+def _split_before_transpose(
+    node: ir.Node, m: tuple[ir.Value, list[int], list[int]], ctx: RuleContext
+) -> None:
+    x, split, perm = m
+    names = ctx.pass_.names(ctx.model)  # type: ignore[attr-defined]
+    shape = u.add_initializer(ctx.graph, np.array(split, dtype=np.int64), names("shape"))
+    reshape = ir.Node("", "Reshape", [x, shape], name=names(f"{node.name or 'Transpose'}_split"))
+    ctx.graph.insert_before(node, reshape)
+    out = reshape.outputs[0]
+    out.name = names(f"{node.outputs[0].name or 'transposed'}_split")
+    out.type = node.outputs[0].type
+    out.shape = ir.Shape(split)
+    if perm == sorted(perm):
+        out.shape = node.outputs[0].shape
+        replace_output(node, out, ctx)
+        return
+    node.replace_input_with(0, out)
+    node.attributes["perm"] = ir.AttrInt64s("perm", perm)
+
+
 def _unsqueeze_pair(node: ir.Node, ctx: RuleContext) -> tuple[ir.Value, list[int]] | str:
     """Unsqueeze(Unsqueeze(x, a), b): ``x`` and the axes of both in the final tensor."""
     x = node.inputs[0]
@@ -572,6 +668,16 @@ RULES: tuple[Rule, ...] = (
         ("Transpose",),
         _unit_transpose,
         _as_reshape,
+    ),
+    Rule(
+        "transpose-split-transpose",
+        "Transpose(Reshape(Transpose(x, p1), s), p2) -> Transpose(Reshape(x, s'), p) where the "
+        "Reshape only splits axes (static shapes): s' splits x's axes alike, p is p1 and p2 "
+        "composed over the split axes; the Transpose goes too when p keeps the order "
+        "(flatten, transpose, view into heads, permute: a single view)",
+        ("Transpose",),
+        _transpose_split_transpose,
+        _split_before_transpose,
     ),
     Rule(
         "slice-slice",

@@ -920,3 +920,61 @@ def test_a_slice_read_by_another_op_too_stays():
     )
     _out, result = run_passes(proto, ["algebraic"])
     assert "slice-slice" not in rules_fired(result)
+
+
+@pytest.mark.parametrize(
+    ("p2", "ops"),
+    [
+        ([0, 2, 3, 1], ["Reshape"]),  # the permutations cancel: one view
+        ([0, 2, 1, 3], ["Reshape", "Transpose"]),  # one Transpose of the split x is left
+    ],
+    ids=["view", "one-transpose"],
+)
+def test_a_split_between_two_transposes_moves_in_front(p2, ops):
+    out_shape = {"[0, 2, 3, 1]": "[1, 2, 6, 4]", "[0, 2, 1, 3]": "[1, 2, 4, 6]"}[str(p2)]
+    proto = parse(
+        f"""
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[1, 12, 4] x) => (float{out_shape} y) <int64[4] heads = {{1, 4, 2, 6}}> {{
+            t = Transpose<perm = [0, 2, 1]>(x)
+            v = Reshape(t, heads)
+            y = Transpose<perm = {p2}>(v)
+        }}
+        """
+    )
+    out, result = run_passes(proto, ["algebraic", "dead-code"])
+    assert rules_fired(result)["transpose-split-transpose"] == 1
+    assert op_types(out) == ops
+    assert_equivalent(proto, out)
+
+
+def test_a_reshape_that_merges_axes_between_transposes_stays():
+    # [1, 4, 6] -> [1, 24]: a merge, which the transposes do not commute with
+    proto = parse(
+        """
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[1, 6, 4] x) => (float[24, 1] y) <int64[2] s = {1, 24}> {
+            t = Transpose<perm = [0, 2, 1]>(x)
+            v = Reshape(t, s)
+            y = Transpose<perm = [1, 0]>(v)
+        }
+        """
+    )
+    _out, result = run_passes(proto, ["algebraic"])
+    assert "transpose-split-transpose" not in rules_fired(result)
+
+
+@pytest.mark.parametrize(
+    ("y", "z", "groups"),
+    [
+        ([6, 4], [2, 3, 4], [[0, 1], [2]]),
+        ([6, 4], [4, 6], None),
+        ([1, 6], [6], [[], [0]]),
+        ([6], [1, 6, 1], [[0, 1, 2]]),
+        ([2, 3], [2, 1, 3], [[0], [1, 2]]),
+    ],
+)
+def test_split_groups(y, z, groups):
+    from optimizer_core.graph.passes.algebraic import _split_groups
+
+    assert _split_groups(y, z) == groups

@@ -151,3 +151,14 @@ EXAMPLES[("algebraic", "transpose-unit-reshape")] = Example(
         sig="(float[N, 1, 2, 4] xin) => (float[N, 2, 1, 4] y)",
     )
 )
+
+# YOLO12's area attention: qkv.flatten(2).transpose(1, 2).view(B, N, heads, 3 * d)
+# .permute(0, 2, 3, 1) is one view of the convolution's output
+EXAMPLES[("algebraic", "transpose-split-transpose")] = Example(
+    model=model(
+        "f = Reshape(xin, flat)\n t = Transpose<perm = [0, 2, 1]>(f)\n"
+        " v = Reshape(t, heads)\n y = Transpose<perm = [0, 2, 3, 1]>(v)",
+        inits="int64[3] flat = {1, 12, 4}, int64[4] heads = {1, 4, 2, 6}",
+        sig="(float[1, 12, 2, 2] xin) => (float[1, 2, 6, 4] y)",
+    )
+)
