@@ -791,7 +791,7 @@ def save_model(
         if external_data:
             ir.save(model, tmp_model, external_data=data_name, size_threshold_bytes=1024)
         else:
-            ir.save(model, tmp_model)
+            _save_inline(model, tmp_model)
         written = [target]
         tmp_data = tmpdir / data_name
         if tmp_data.exists() and tmp_data.stat().st_size > 0:
@@ -808,6 +808,96 @@ def save_model(
         return written
     finally:
         shutil.rmtree(tmpdir, ignore_errors=True)
+
+
+_STREAMED_BYTES = 64 * 1024  # initializers larger than this are written by _save_inline itself
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte, n = n & 0x7F, n >> 7
+        out.append(byte | (0x80 if n else 0))
+        if not n:
+            return bytes(out)
+
+
+def _len_field(number: int, length: int) -> bytes:
+    """The key and length of a length-delimited protobuf field."""
+    return _varint(number << 3 | 2) + _varint(length)
+
+
+# protobuf field numbers (onnx.proto): ModelProto.graph, GraphProto.initializer,
+# TensorProto.raw_data
+_MODEL_GRAPH, _GRAPH_INITIALIZER, _TENSOR_RAW_DATA = 7, 5, 9
+
+
+def _save_inline(model: ir.Model, path: Path) -> None:
+    """``model`` as one protobuf file, its large weights written straight from their buffers.
+
+    Serializing a model of hundreds of MB through protobuf copies every weight twice and costs
+    seconds; here the model is serialized without its large main-graph initializers and each
+    of them is appended as a ``GraphProto.initializer`` field by hand (protobuf fields may come
+    in any order, repeated ones are appended), its bytes written from the tensor's own
+    buffer. Strings and tensors onnx_ir does not hold as raw bytes go the usual way."""
+    graph = model.graph
+    kept = list(graph.initializers.items())
+    big = [
+        v
+        for _, v in kept
+        if v.const_value is not None
+        and v.const_value.dtype != ir.DataType.STRING
+        and v.const_value.nbytes > _STREAMED_BYTES
+        and not isinstance(v.const_value, ir.ExternalTensor)
+    ]
+    if not big:
+        ir.save(model, path)
+        return
+    tensors = {id(v): v.const_value for v in big}
+    for v in big:
+        graph.initializers.pop(v.name or "")
+    try:
+        proto = ir.serde.serialize_model(model)
+    finally:
+        graph.initializers.clear()
+        for _, v in kept:
+            graph.initializers[v.name or ""] = v
+    # the skeleton's initializers are there already; the large ones follow
+    pieces: list[tuple[bytes, Any]] = []
+    for v in big:
+        tensor = tensors[id(v)]
+        assert tensor is not None
+        meta = onnx.TensorProto(
+            name=v.name or "",
+            dims=list(tensor.shape.numpy()),
+            data_type=int(tensor.dtype),
+        )
+        if tensor.doc_string:
+            meta.doc_string = tensor.doc_string
+        for key, value in tensor.metadata_props.items():
+            meta.metadata_props.add(key=key, value=value)
+        raw = tensor.tobytes()
+        head = meta.SerializeToString() + _len_field(_TENSOR_RAW_DATA, len(raw))
+        pieces.append((head, raw))
+    # the value infos serde gives initializers (their type and shape), as it would have
+    inputs = {v.name for v in graph.inputs}
+    for v in big:
+        described = v.shape is not None or v.type is not None or v.metadata_props or v.doc_string
+        if described and v.name not in inputs:
+            proto.graph.value_info.append(ir.serde.serialize_value(v))
+    graph_bytes = proto.graph.SerializeToString()
+    proto.ClearField("graph")
+    graph_len = len(graph_bytes) + sum(
+        len(_len_field(_GRAPH_INITIALIZER, len(h) + len(r))) + len(h) + len(r) for h, r in pieces
+    )
+    with open(path, "wb") as f:
+        f.write(proto.SerializeToString())
+        f.write(_len_field(_MODEL_GRAPH, graph_len))
+        f.write(graph_bytes)
+        for head, raw in pieces:
+            f.write(_len_field(_GRAPH_INITIALIZER, len(head) + len(raw)))
+            f.write(head)
+            f.write(raw)
 
 
 def input_files(path: str | os.PathLike[str], proto: onnx.ModelProto | None = None) -> list[Path]:

@@ -742,3 +742,51 @@ def test_inference_at_load_leaves_weights_out_and_finds_the_same_types(tmp_path)
         assert [d if isinstance(d, int) else str(d) for d in values[vi.name].shape] == dims
     assert list(values["g"].shape)[1] == 256
     assert len(model.graph.initializers) == 2  # the weights themselves are all there
+
+
+def test_large_weights_are_written_from_their_buffers_and_read_back_the_same(tmp_path):
+    import onnx_ir as ir
+
+    from optimizer_core.modelio import save_model
+
+    rng = np.random.default_rng(0)
+    big = rng.standard_normal((128, 256)).astype(np.float32)  # 128 KiB: written by hand
+    half = rng.standard_normal((256, 128)).astype(np.float16)  # 64 KiB: serialized
+    graph = oh.make_graph(
+        [
+            oh.make_node("MatMul", ["x", "w"], ["h"]),
+            oh.make_node("Cast", ["h"], ["hc"], to=onnx.TensorProto.FLOAT16),
+            oh.make_node("MatMul", ["hc", "v"], ["m"]),
+            oh.make_node("Cast", ["m"], ["mc"], to=onnx.TensorProto.FLOAT),
+            oh.make_node("Add", ["mc", "b"], ["y"]),
+        ],
+        "g",
+        [oh.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["N", 128])],
+        [oh.make_tensor_value_info("y", onnx.TensorProto.FLOAT, ["N", 128])],
+        [
+            onh.from_array(big, "w"),
+            onh.from_array(half, "v"),
+            onh.from_array(np.ones(128, np.float32), "b"),
+        ],
+    )
+    proto = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)])
+    proto.ir_version = 8
+    src = tmp_path / "m.onnx"
+    onnx.save(proto, src)
+    model = load_model(src)
+    order = list(model.graph.initializers)
+    save_model(model, tmp_path / "out.onnx")
+    assert list(model.graph.initializers) == order  # the model in memory is as it was
+    ir.save(model, tmp_path / "ref.onnx")
+    ours, ref = onnx.load(tmp_path / "out.onnx"), onnx.load(tmp_path / "ref.onnx")
+    onnx.checker.check_model(ours, full_check=True)
+    by_name = lambda t: t.name  # noqa: E731
+    assert sorted(ours.graph.initializer, key=by_name) == sorted(ref.graph.initializer, key=by_name)
+    assert sorted(ours.graph.value_info, key=by_name) == sorted(ref.graph.value_info, key=by_name)
+    np.testing.assert_array_equal(
+        onh.to_array(next(t for t in ours.graph.initializer if t.name == "w")), big
+    )
+    for p in (ours, ref):
+        p.graph.ClearField("initializer")
+        p.graph.ClearField("value_info")
+    assert ours == ref
