@@ -455,9 +455,16 @@ def _unsqueeze_pair(node: ir.Node, ctx: RuleContext) -> tuple[ir.Value, list[int
     inner = x.producer() if x is not None else None
     if inner is None or not u.is_op(inner, "Unsqueeze") or inner.inputs[0] is None:
         return "the input is not produced by Unsqueeze"
-    if u.node_opset(node, ctx.model) < 13 or len(node.inputs) < 2 or len(inner.inputs) < 2:
-        return "axes are attributes (opset < 13)"
-    outer_axes, inner_axes = u.const_ints(node.inputs[1]), u.const_ints(inner.inputs[1])
+    if u.node_opset(node, ctx.model) < 13:
+        # axes are attributes
+        outer_attr = node.attributes.get_ints("axes", None)
+        inner_attr = inner.attributes.get_ints("axes", None)
+        outer_axes = list(outer_attr) if outer_attr is not None else None
+        inner_axes = list(inner_attr) if inner_attr is not None else None
+    elif len(node.inputs) < 2 or len(inner.inputs) < 2:
+        return "an Unsqueeze has no axes"
+    else:
+        outer_axes, inner_axes = u.const_ints(node.inputs[1]), u.const_ints(inner.inputs[1])
     out_rank = u.rank(node.outputs[0])
     if outer_axes is None or inner_axes is None or out_rank is None:
         return "axes not constant or rank unknown"
@@ -472,6 +479,10 @@ def _unsqueeze_pair(node: ir.Node, ctx: RuleContext) -> tuple[ir.Value, list[int
 
 def _merge_unsqueezes(node: ir.Node, match: tuple[ir.Value, list[int]], ctx: RuleContext) -> None:
     src, combined = match
+    if u.node_opset(node, ctx.model) < 13:
+        node.replace_input_with(0, src)
+        node.attributes["axes"] = ir.AttrInt64s("axes", combined)
+        return
     namer = u.NameGenerator(ctx.model)
     axes = u.add_initializer(ctx.graph, np.array(combined, dtype=np.int64), namer("unsqueeze_axes"))
     node.replace_input_with(0, src)
@@ -691,7 +702,7 @@ RULES: tuple[Rule, ...] = (
     Rule(
         "unsqueeze-unsqueeze",
         "Unsqueeze(Unsqueeze(x, a), b) -> Unsqueeze(x, b + the positions of a among the axes "
-        "b leaves), for constant axes (opset 13+)",
+        "b leaves), for constant axes (inputs from opset 13, attributes before)",
         ("Unsqueeze",),
         _unsqueeze_pair,
         _merge_unsqueezes,

@@ -86,7 +86,36 @@ RULES: tuple[Rule, ...] = (
         "same inputs is replaced by the earlier (deterministic ops without subgraphs)",
     ),
     Rule("duplicate-constant", "Constant(t) twice -> once: duplicate-node for a Constant node"),
+    Rule(
+        "same-dim-read",
+        "Gather(Shape(y), i) -> an earlier Gather(Shape(x), j) of the same form when x's dim j "
+        "and y's dim i carry one name: one symbolic dim read once (the batch and sequence "
+        "length read from input_ids and again from each layer's activations)",
+    ),
 )
+
+
+def _dim_read(node: ir.Node) -> tuple[str, bool] | None:
+    """``(dim name, scalar index)`` of ``Gather(Shape(x), i, axis=0)`` (a constant ``i``, no
+    start/end on the Shape) when x's dim i is named; else ``None``."""
+    if node.op_type != "Gather" or len(node.inputs) != 2 or node.attributes.get_int("axis", 0) != 0:
+        return None
+    shape_v, index_v = node.inputs
+    shape = shape_v.producer() if shape_v is not None else None
+    if shape is None or not u.is_op(shape, "Shape") or shape.attributes:
+        return None
+    index = u.const_ints(index_v)
+    dims = u.symbolic_dims(shape.inputs[0])
+    if index is None or len(index) != 1 or dims is None or index_v is None:
+        return None
+    i = index[0] + len(dims) if index[0] < 0 else index[0]
+    if not 0 <= i < len(dims):
+        return None
+    dim = dims[i]
+    if not isinstance(dim, str) or not dim:
+        return None
+    scalar = index_v.shape is not None and len(index_v.shape) == 0
+    return dim, scalar
 
 
 class CommonSubexpressionElimination(GraphtrimPass):
@@ -180,6 +209,7 @@ class CommonSubexpressionElimination(GraphtrimPass):
 
     def _dedup_nodes(self, graph: ir.Graph) -> bool:
         seen: dict[Any, ir.Node] = {}
+        reads: dict[tuple[str, bool], ir.Node] = {}
         changed = False
         for node in u.nodes_in_order(graph):
             if (
@@ -189,6 +219,13 @@ class CommonSubexpressionElimination(GraphtrimPass):
                 or not node.outputs
             ):
                 continue
+            read = _dim_read(node)
+            if read is not None:
+                earlier = reads.setdefault(read, node)
+                if earlier is not node and u.replace_value(node.outputs[0], earlier.outputs[0]):
+                    self.hit("same-dim-read")
+                    changed = True
+                    continue
             try:
                 key = _node_key(node)
                 first = seen.get(key)  # hashes the key

@@ -978,3 +978,22 @@ def test_split_groups(y, z, groups):
     from optimizer_core.graph.passes.algebraic import _split_groups
 
     assert _split_groups(y, z) == groups
+
+
+def test_unsqueezes_with_attribute_axes_merge_too():
+    # opset 11: the axes are attributes (TorchScript's older exports of attention masks)
+    proto = parse(
+        """
+        <ir_version: 7, opset_import: ["" : 11]>
+        g (int64[S] r) => (int64[1, S, 1, 1] y) {
+            a = Unsqueeze<axes = [0]>(r)
+            b = Unsqueeze<axes = [2]>(a)
+            y = Unsqueeze<axes = [3]>(b)
+        }
+        """
+    )
+    out, result = run_passes(proto, ["algebraic", "dead-code"])
+    assert rules_fired(result)["unsqueeze-unsqueeze"] == 2
+    assert op_types(out) == ["Unsqueeze"]
+    assert list(out.graph.node[0].attribute[0].ints) == [0, 2, 3]
+    assert_equivalent(proto, out, dim_values={"S": 5})

@@ -339,3 +339,18 @@ def test_custom_domain_nodes_never_merged():
     assert not fired(result)
     assert [n.op_type for n in out.graph.node] == ["MyOp", "MyOp", "Add"]
     onnx.checker.check_model(out, full_check=False)
+
+
+@pytest.mark.parametrize(("dims", "merged"), [("B, S, 4", True), ("B, T, 4", False)])
+def test_one_named_dim_is_read_once(dims, merged):
+    from tests.optimizer_core.graph.rule_examples.cse import SAME_DIM
+
+    proto = parse(
+        SAME_DIM.replace("float[B, S, 4] h", f"float[{dims}] h").replace(
+            "float[B, S, 4] y", f"float[{dims}] y"
+        )
+    )
+    out, result = run_passes(proto, PASSES)
+    assert fired(result).get("same-dim-read", 0) == (1 if merged else 0)
+    assert op_types(out).count("Shape") == (1 if merged else 2)
+    assert_equivalent(proto, out, dim_values={"B": 2, "S": 3, "T": 3})
