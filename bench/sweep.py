@@ -27,6 +27,7 @@ import logging
 import os
 import re
 import select
+import shutil
 import statistics
 import subprocess
 import sys
@@ -45,6 +46,31 @@ BIN = Path(sys.executable).parent
 ANCHORS = ("onnxsim", "onnxslim", "onnxoptimizer", "ort-basic", "onnxscript")
 SLOWER = 1.03
 log = logging.getLogger("bench.sweep")
+
+
+def _child_env() -> dict[str, str]:
+    """The environment of a tool run by the sweep: bench importable from anywhere."""
+    path = os.environ.get("PYTHONPATH")
+    return dict(
+        os.environ,
+        PYTHONWARNINGS="ignore",
+        PYTHONPATH=f"{REPO}{os.pathsep}{path}" if path else str(REPO),
+    )
+
+
+def _scratch() -> Path:
+    """The working directory of the tools run by the sweep: some write scratch files into it
+    (onnxruntime's symbolic shape inference leaves ``sym_shape_infer_temp.onnx`` and its
+    external data there when it gives up), which must not land in the checkout."""
+    import tempfile
+
+    global _SCRATCH
+    if _SCRATCH is None or not _SCRATCH.is_dir():
+        _SCRATCH = Path(tempfile.mkdtemp(prefix="graphtrim-sweep-"))
+    return _SCRATCH
+
+
+_SCRATCH: Path | None = None
 
 
 def source_digest() -> str:
@@ -83,15 +109,14 @@ class AnchorWorker:
         self.proc: subprocess.Popen[str] | None = None
 
     def _start(self) -> subprocess.Popen[str]:
-        env = dict(os.environ, PYTHONWARNINGS="ignore")
         return subprocess.Popen(
             [sys.executable, "-m", "bench.worker", "--serve"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
             text=True,
-            cwd=REPO,
-            env=env,
+            cwd=_scratch(),
+            env=_child_env(),
         )
 
     def run(self, tool: str, src: Path, dst: Path, timeout: float) -> dict[str, Any]:
@@ -155,11 +180,10 @@ def self_instability(src: Path, dims: dict[str, int]) -> float | None:
 
 
 def _wall(cmd: list[str], timeout: float) -> tuple[float, subprocess.CompletedProcess[str] | None]:
-    env = dict(os.environ, PYTHONWARNINGS="ignore")
     t0 = time.perf_counter()
     try:
         proc = subprocess.run(
-            cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=REPO
+            cmd, capture_output=True, text=True, timeout=timeout, env=_child_env(), cwd=_scratch()
         )
     except subprocess.TimeoutExpired:
         return timeout, None
@@ -546,6 +570,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="sweep: %(message)s")
+    # the tools run in a scratch directory: every path handed to them is absolute
+    args.corpus, args.out = args.corpus.resolve(), args.out.resolve()
 
     manifest = Manifest(args.corpus)
     per_model = args.out / "models"
@@ -646,6 +672,8 @@ def main(argv: list[str] | None = None) -> int:
             )
     finally:
         worker.close()
+        if _SCRATCH is not None:
+            shutil.rmtree(_SCRATCH, ignore_errors=True)
     text = render(results)
     (args.out / "sweep.md").write_text(text + "\n")
     print(text)

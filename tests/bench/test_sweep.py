@@ -54,3 +54,20 @@ def test_node_domains_reads_subgraphs(tmp_path):
     path = tmp_path / "m.onnx"
     onnx.save(oh.make_model(graph), path)
     assert node_domains(path) == {"", "com.microsoft"}
+
+
+def test_tools_run_outside_the_checkout_with_bench_importable(tmp_path, monkeypatch):
+    import sys
+
+    from bench import sweep
+
+    monkeypatch.setattr(sweep, "_SCRATCH", tmp_path / "scratch")
+    (tmp_path / "scratch").mkdir()
+
+    script = "import os, bench; open('scratch.onnx', 'w').write(os.getcwd())"
+    _, proc = sweep._wall([sys.executable, "-c", script], timeout=60)
+    assert proc is not None and proc.returncode == 0, proc and proc.stderr
+    scratch = sweep._scratch()
+    assert (scratch / "scratch.onnx").read_text() == str(scratch)
+    assert not (sweep.REPO / "scratch.onnx").exists()
+    assert sweep.REPO not in scratch.parents
