@@ -77,9 +77,10 @@ RULES: tuple[Rule, ...] = (
     ),
     Rule(
         "slice-dims",
-        "Slice(x, starts, ends, axes, steps) has x's dims on the axes it does not slice (its "
-        "parameters may be computed; the axes constant) and, on a sliced axis, the size the "
-        "constant parameters leave of a static dim or x's dim for [0:INT_MAX:1]",
+        "Slice(c, starts, ends, axes, steps) of a constant table c (position ids, masks) has "
+        "c's dims on the axes it does not slice (its parameters may be computed; the axes "
+        "constant) and, on a sliced axis, the size the constant parameters leave or c's dim "
+        "for [0:INT_MAX:1]",
     ),
     Rule(
         "expand-dims",
@@ -261,8 +262,11 @@ class SymbolicShapes(GraphtrimPass):
         (onnx's inference gives none when a parameter is computed, as position ids sliced to
         the sequence length are); on a sliced axis, constant parameters leave a computable
         size of a static dim, and ``[0:INT_MAX:1]`` keeps the dim. A dim neither proves keeps
-        the name inference gave it, if any."""
-        if opset < 10 or len(node.inputs) < 3 or node.inputs[0] is None:
+        the name inference gave it, if any.
+
+        Only a constant table is named: a slice of a computed tensor (a channel split) already
+        has the dims onnx's inference gives, and each renaming costs another round of it."""
+        if opset < 10 or len(node.inputs) < 3 or not u.is_constant(node.inputs[0]):
             return False
         x_dims = named(node.inputs[0])
         if x_dims is None:

@@ -590,3 +590,28 @@ def test_a_sliced_axis_of_unknown_length_stays_unknown():
     )
     out, _ = run_passes(proto)
     assert "Cast" in op_types(out)  # dim 1 of the slice is not known: nothing folds
+
+
+def test_a_slice_of_a_computed_tensor_is_not_renamed():
+    """A channel split of an activation (TorchScript's chunk: the half read from its Shape) has
+    the dims inference gives it: renaming it would only cost another inference round."""
+    proto = parse(
+        """
+<ir_version: 8, opset_import: ["" : 17]>
+g (float[B, 3, H, W] x, float[8, 3, 3, 3] w) => (float[B, 4, H, W] y) {
+    r = Conv<pads = [1, 1, 1, 1]>(x, w)
+    s = Shape(r)
+    i1 = Constant<value = int64[1] {1}>()
+    two = Constant<value = int64[1] {2}>()
+    lo = Constant<value = int64[1] {0}>()
+    c = Gather<axis = 0>(s, i1)
+    c1 = Add(c, i1)
+    half = Div(c1, two)
+    y = Slice(r, lo, half, i1)
+}
+"""
+    )
+    out, result = run_passes(proto)
+    assert "slice-dims" not in rules_fired(result)
+    assert op_types(out) == ["Conv", "Slice"]
+    assert_equivalent(proto, out, dim_values={"B": 2, "H": 3, "W": 3})
