@@ -62,7 +62,12 @@ def _add_pipeline_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="cpu", choices=("cpu", "gpu"), help="where gates measure")
     p.add_argument("--tensorrt", action="store_true", help="with --device gpu: TensorRT first")
     policy = p.add_mutually_exclusive_group()
-    policy.add_argument("--policy", metavar="GATES.yaml", help="gate and promotion policy file")
+    policy.add_argument(
+        "--policy",
+        metavar="GATES.yaml",
+        help="gate and promotion policy file (default: the file $GRAPHTRIM_POLICY names, else "
+        "the built-in policy)",
+    )
     policy.add_argument(
         "--policy-json", metavar="JSON", help="the same policy as a JSON document (orchestrators)"
     )

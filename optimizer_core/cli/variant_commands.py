@@ -90,7 +90,11 @@ def _add_data_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--batch-size", type=positive_int, default=32, help="batch size for dynamic batch dims"
     )
-    p.add_argument("--policy", metavar="P.yaml", help="gate policy (default: built-in thresholds)")
+    p.add_argument(
+        "--policy",
+        metavar="P.yaml",
+        help="gate policy (default: the file $GRAPHTRIM_POLICY names, else built-in thresholds)",
+    )
     p.add_argument(
         "--device",
         choices=("cpu", "gpu"),

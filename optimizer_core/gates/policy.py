@@ -10,11 +10,17 @@ variants:                 # override per variant, key by key
   int8-static: {accuracy: {max_metric_drop: 0.01}, size: {max_ratio: 0.3}}
 ```
 
-Unknown keys are errors: a misspelt threshold must not silently pass everything. ``null``
+Unknown keys are errors, variant names under ``variants`` and ``promotion.eligible`` included:
+a misspelt threshold or variant (``int8_static``) must not silently pass everything. ``null``
 switches a threshold off. A section set to ``false`` disables that gate for the variant (in
 ``defaults``: for every variant the file does not switch it on for). The latency measurement
 settings (``runs``, ``warmup``, ``blocks``, ``threads``) are read from ``defaults`` only: all
 variants are timed in one interleaved run.
+
+Where a command or a DAG run names no policy, the file in the environment variable
+``GRAPHTRIM_POLICY`` is used (a deployment's policy, mounted from a ConfigMap), else the built-in
+one; a pipeline run embeds the document it used in its config, so every stage and worker judges
+by the same thresholds and the config hash covers them.
 """
 
 from __future__ import annotations
@@ -34,6 +40,25 @@ from optimizer_core.quantize.kinds import KINDS, PROMOTION_ORDER
 
 class PolicyError(GraphtrimError):
     """A gate policy file that cannot be used."""
+
+
+ENV_VAR = "GRAPHTRIM_POLICY"
+
+_VARIANT_NAMES = tuple(k.name for k in KINDS)
+
+
+def _check_variant_names(where: str, names: Any) -> None:
+    unknown = [n for n in names if n not in _VARIANT_NAMES]
+    if unknown:
+        raise PolicyError(
+            f"{where}: unknown variant(s) {', '.join(map(repr, unknown))} "
+            f"(known: {', '.join(_VARIANT_NAMES)})"
+        )
+
+
+def environment_policy_path() -> str | None:
+    """The policy file named by ``GRAPHTRIM_POLICY`` (``None`` when unset or empty)."""
+    return os.environ.get(ENV_VAR) or None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -204,6 +229,7 @@ def _promotion(body: Any, source: str) -> PromotionPolicy:
         eligible = kw["eligible"]
         if not isinstance(eligible, list) or not all(isinstance(v, str) for v in eligible):
             raise PolicyError(f"{source}: promotion.eligible: a list of variant names")
+        _check_variant_names(f"{source}: promotion.eligible", eligible)
         kw["eligible"] = tuple(eligible)
     alias = kw.get("champion_alias", "champion")
     if alias is not None and (not isinstance(alias, str) or not alias):
@@ -228,6 +254,7 @@ class GatePolicy:
         _check_entry(f"{source}: defaults", defaults)
         if not isinstance(variants, Mapping):
             raise PolicyError(f"{source}: 'variants' must be a mapping")
+        _check_variant_names(f"{source}: variants", variants)
         for name, entry in variants.items():
             _check_entry(f"{source}: variants.{name}", entry)
         self.source = source
@@ -242,8 +269,12 @@ class GatePolicy:
 
     @classmethod
     def load(cls, path: str | os.PathLike[str] | None) -> GatePolicy:
+        """The policy in the YAML file ``path``; with none, the file ``GRAPHTRIM_POLICY``
+        names, else the built-in policy."""
         if path is None:
-            return cls()
+            path = environment_policy_path()
+            if path is None:
+                return cls()
         import yaml
 
         p = Path(path)

@@ -74,7 +74,16 @@ class PipelineConfig:
         object.__setattr__(self, "variants", tuple(self.variants))
         # parsed here, once per document: a bad policy is refused before any work, and the
         # copies of this config (resolved, read back from a record) share the parsed policy
-        object.__setattr__(self, "_gate_policy", parse_policy(self.policy))
+        parsed = None
+        if self.policy is None:
+            # a deployment's policy (GRAPHTRIM_POLICY), embedded: every stage of the run, on
+            # whatever worker, judges by this document, and the config hash covers it
+            from optimizer_core.gates.policy import GatePolicy, environment_policy_path
+
+            if environment_policy_path() is not None:
+                parsed = GatePolicy.load(None)
+                object.__setattr__(self, "policy", parsed.document)
+        object.__setattr__(self, "_gate_policy", parse_policy(self.policy, parsed=parsed))
 
     def gate_policy(self) -> GatePolicy:
         """The gate policy, parsed when this config was made."""

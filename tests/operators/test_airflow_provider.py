@@ -344,3 +344,27 @@ def test_optimize_dag_through_airflow_with_mlflow_server_and_s3(
     out = capfd.readouterr()
     assert f"models:/digits-airflow/{variant} is a graphtrim variant" in out.out + out.err
     assert len(client.search_model_versions("name='digits-airflow'")) == before
+
+
+def test_a_dag_run_without_a_policy_takes_the_workers_deployment_policy(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The Helm overlay mounts the gate policy and sets GRAPHTRIM_POLICY on the workers: a DAG
+    run whose conf names no policy plans with that document in its config (what every later
+    task judges by); a policy in the conf wins."""
+    from operators.airflow.operators import plan_run
+
+    policy = tmp_path / "gates.yaml"
+    policy.write_text("variants:\n  int8-static: {size: {max_ratio: 0.2}}\n")
+    monkeypatch.setenv("GRAPHTRIM_POLICY", str(policy))
+    conf = {"model_name": "m", "version": "1", "variants": ["graph"], "preset": "default"}
+    planned = plan_run(conf, "cpu")
+    assert planned["config"]["policy"]["variants"] == {"int8-static": {"size": {"max_ratio": 0.2}}}
+    own = {"variants": {"graph": {"size": {"max_ratio": 0.9}}}}
+    assert plan_run({**conf, "policy": own}, "cpu")["config"]["policy"] == own
+    # a misspelt variant in the deployment's policy fails the run before any work
+    policy.write_text("variants:\n  int8_static: {size: {max_ratio: 0.2}}\n")
+    from airflow.sdk.exceptions import AirflowFailException
+
+    with pytest.raises(AirflowFailException, match="int8_static"):
+        plan_run(conf, "cpu")

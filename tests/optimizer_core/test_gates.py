@@ -234,6 +234,8 @@ def test_policy_loads_from_yaml(tmp_path: Path) -> None:
         ({"defaults": {"size": [1, 2]}}, "size"),
         ({"variants": ["int8-static"]}, "variants"),
         ({"variants": {"int8-static": 3}}, "int8-static"),
+        ({"variants": {"int8_static": {"size": {"max_ratio": 0.3}}}}, "int8_static"),
+        ({"promotion": {"eligible": ["int8-static", "int4"]}}, "int4"),
     ],
 )
 def test_policy_refuses_bad_documents(tmp_path: Path, document: dict[str, Any], named: str) -> None:
@@ -779,6 +781,62 @@ def test_cli_evaluate_exit_codes(
     doc = json.loads((bad_dir / "evaluation.json").read_text())
     assert doc["passed"] == ["int8-static"]
     assert [v["name"] for v in doc["variants"]] == ["int8-static", "broken"]
+
+
+def test_the_deployment_policy_in_the_environment_is_read_where_none_is_named(
+    digits_task: DigitsTask,
+    int8_static: Path,
+    relaxed_policy: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """GRAPHTRIM_POLICY (the Helm overlay mounts the deployment's policy there) decides the
+    gates of a command given no --policy; a --policy given wins over it."""
+    strict = write_policy(
+        tmp_path,
+        {
+            "defaults": {"latency": QUIET_LATENCY},
+            "variants": {"int8-static": {"size": {"max_ratio": 0.001}}},
+        },
+        "deployment.yaml",
+    )
+    monkeypatch.setenv("GRAPHTRIM_POLICY", str(strict))
+    assert GatePolicy.load(None).source == str(strict)
+    argv = ["evaluate", str(digits_task.model), f"int8-static={int8_static}", "-q"]
+    common = ["--data", str(digits_task.eval)]
+    assert main([*argv, *common, "-o", str(tmp_path / "env")]) == 1
+    doc = json.loads((tmp_path / "env" / "evaluation.json").read_text())
+    assert doc["passed"] == []
+    assert "failed gates: int8-static" in capsys.readouterr().err
+    # the file named on the command line is the one that counts
+    assert main([*argv, *common, "--policy", str(relaxed_policy), "-o", str(tmp_path / "cli")]) == 0
+    # an unreadable deployment policy is an error, not the built-in thresholds
+    monkeypatch.setenv("GRAPHTRIM_POLICY", str(tmp_path / "missing.yaml"))
+    with pytest.raises(PolicyError, match=r"missing\.yaml: no such policy file"):
+        GatePolicy.load(None)
+
+
+def test_a_pipeline_config_embeds_the_deployment_policy(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run that names no policy takes the deployment's and carries the document in its config
+    (the stages on other workers read it from there; the config hash covers it)."""
+    from optimizer_core.stages.context import PipelineConfig
+
+    plain = PipelineConfig()
+    document = {"variants": {"fp16": {"size": {"max_ratio": 0.25}}}}
+    monkeypatch.setenv("GRAPHTRIM_POLICY", str(write_policy(tmp_path, document)))
+    config = PipelineConfig()
+    assert config.policy is not None and config.policy["variants"] == document["variants"]
+    size = config.gate_policy().for_variant("fp16").size
+    assert size is not None and size.max_ratio == 0.25
+    assert PipelineConfig.from_json(config.to_json()).policy == config.policy
+    assert config.to_json() != plain.to_json()
+    # a policy given with the run is the one used
+    given = PipelineConfig(policy={"variants": {"fp16": {"size": {"max_ratio": 0.5}}}})
+    size = given.gate_policy().for_variant("fp16").size
+    assert size is not None and size.max_ratio == 0.5
 
 
 def test_cli_evaluate_gpu_is_one_line_and_exit_2(
