@@ -29,11 +29,10 @@ COPY dags ./dags
 # torch first, pinned, from the index of the build's kind: later ranges resolve to it
 RUN if [ "$GPU" = "true" ]; then INDEX="$CUDA_INDEX"; else INDEX="$CPU_INDEX"; fi \
  && pip install "torch==${TORCH_VERSION}" --index-url "$INDEX" --extra-index-url https://pypi.org/simple \
- && pip install -c constraints.txt ".[pipeline]" \
  && if [ "$GPU" = "true" ]; then \
-      ORT="$(pip show onnxruntime | sed -n 's/^Version: //p')" \
-      && pip uninstall -y onnxruntime && pip install "onnxruntime-gpu==${ORT}"; \
-    fi \
+      ORT="$(sed -n 's/^onnxruntime==//p' constraints.txt)" \
+      && pip install -c constraints.txt ".[gpu,pipeline]" "onnxruntime-gpu==${ORT}"; \
+    else pip install -c constraints.txt ".[cpu,pipeline]"; fi \
  && graphtrim --version
 USER 10001:10001
 ENTRYPOINT ["graphtrim"]
@@ -49,4 +48,4 @@ COPY --chown=airflow:root operators /opt/graphtrim/operators
 COPY --chown=airflow:root dags /opt/graphtrim/dags
 USER airflow
 RUN pip install --no-cache-dir "torch==${TORCH_VERSION}" --index-url https://download.pytorch.org/whl/cpu \
- && pip install --no-cache-dir -c /opt/graphtrim/constraints.txt "/opt/graphtrim[pipeline,airflow]"
+ && pip install --no-cache-dir -c /opt/graphtrim/constraints.txt "/opt/graphtrim[cpu,pipeline,airflow]"

@@ -13,7 +13,7 @@ $(STAMP): pyproject.toml constraints.txt
 	$(PY) -m pip install --quiet --upgrade pip
 	# torch first: the CPU wheel is pinned so that later ranges resolve to it
 	$(PY) -m pip install --quiet $(TORCH_PIN)
-	$(PY) -m pip install --quiet -c constraints.txt -e '.[dev,bench,pipeline,airflow,kubeflow,distributed]'
+	$(PY) -m pip install --quiet -c constraints.txt -e '.[cpu,reports,dev,bench,pipeline,airflow,kubeflow,distributed]'
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -31,7 +31,6 @@ def register(sub: Any) -> dict[str, Command]:
             "its gates (with --allow-failed-variants: at least one did), 1 otherwise, 2 on bad "
             "input, refused credentials or an unreachable API."
         ),
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     tr.add_argument(
         "--airflow-url",

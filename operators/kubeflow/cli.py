@@ -24,7 +24,6 @@ def register(sub: Any) -> dict[str, Callable[[argparse.Namespace], int]]:
             "client; run parameters: model_uri, tracking_uri, artifacts, s3_endpoint_url, "
             "variants, preset, policy (JSON), calibration, eval_data."
         ),
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     comp.add_argument("-o", "--output", required=True, help="where to write the YAML")
     comp.add_argument(

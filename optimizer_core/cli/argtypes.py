@@ -14,6 +14,31 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import overload
 
 
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """``--help`` with each option's default where it tells something: not for a required
+    option, a flag, a default of None (the help says what happens then), nor a help text that
+    already states its default."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        if "%(default)" in text or "default" in text.lower():
+            return text
+        if action.required or action.default in (None, False, argparse.SUPPRESS, [], ()):
+            return text
+        if not action.option_strings and action.nargs not in (argparse.OPTIONAL, "*"):
+            return text
+        return super()._get_help_string(action)
+
+
+class Parser(argparse.ArgumentParser):
+    """graphtrim's parsers: :class:`HelpFormatter` unless told otherwise, inherited by the
+    sub-command parsers (``add_subparsers`` makes them of the parent's class)."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        kwargs.setdefault("formatter_class", HelpFormatter)
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+
+
 def _int_at_least(text: str, minimum: int) -> int:
     try:
         value = int(text)

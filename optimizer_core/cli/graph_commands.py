@@ -100,7 +100,6 @@ def add_parsers(sub: Any) -> None:
             "written) when the input itself cannot be run in onnxruntime. Outputs computed from a "
             "random op are compared by shape and dtype only."
         ),
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     opt.add_argument("input", help="model to optimize (.onnx; external data beside it is followed)")
     opt.add_argument("-o", "--output", required=True, help="where to write the optimized model")

@@ -30,8 +30,9 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     names a command of the core, the adapters' commands (entry points) are left out, since
     parsing it never reaches them."""
     from optimizer_core.cli import graph_commands, pipeline_commands, variant_commands
+    from optimizer_core.cli.argtypes import Parser
 
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="graphtrim",
         description="Remove redundant nodes from ONNX models without changing their results.",
     )
@@ -61,6 +62,23 @@ def _extensions(sub: Any) -> dict[str, Any]:
             continue
         handlers.update(register(sub))
     return handlers
+
+
+# the extra that installs each optional library a command may import
+EXTRAS = {
+    "mlflow": "pipeline",
+    "boto3": "pipeline",
+    "botocore": "pipeline",
+    "requests": "pipeline",
+    "onnxruntime": "cpu",  # or gpu: the CUDA build
+    "torch": "export",
+    "onnxscript": "export",
+    "airflow": "airflow",
+    "airflow_client": "airflow-client",
+    "kfp": "kubeflow",
+    "kubernetes": "airflow",
+    "matplotlib": "reports",
+}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -95,6 +113,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         return EXIT_OK
+    except ModuleNotFoundError as exc:  # an optional dependency absent: name the extra
+        extra = EXTRAS.get((exc.name or "").partition(".")[0])
+        if extra is None:
+            logging.getLogger("graphtrim").debug("internal error", exc_info=True)
+            _error_line("internal error", f"{type(exc).__name__}: {exc}")
+            return EXIT_PASS_FAILURE
+        hint = f"pip install 'graphtrim[{extra}]'"
+        if extra == "cpu":
+            hint += " (or 'graphtrim[gpu]' for onnxruntime's CUDA build)"
+        _error_line("error", f"graphtrim {args.command} needs {exc.name}, not installed: {hint}")
+        return EXIT_BAD_INPUT
     except OSError as exc:  # unwritable output, disk full, ...: one line, not a traceback
         _error_line("error", exc)
         return EXIT_BAD_INPUT

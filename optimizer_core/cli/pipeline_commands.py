@@ -148,7 +148,6 @@ def add_parsers(sub: Any) -> None:
             "registered, 1 when none did, 2 on bad input (missing model, unreachable registry "
             "or store, unusable model)."
         ),
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     run.add_argument(
         "--model", required=True, help="source: models:/NAME/VERSION or models:/NAME@ALIAS"
@@ -165,7 +164,6 @@ def add_parsers(sub: Any) -> None:
             "optimize; validate needs export and quantize; register needs optimize and "
             "validate; promote needs validate and register). The stage's record goes to --output."
         ),
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     lazy_choices(st.add_argument("stage"), _stage_names)
     st.add_argument("--model", help="source model URI (export only)")
@@ -192,7 +190,9 @@ def add_parsers(sub: Any) -> None:
         ),
     )
     pr.add_argument("model", help="models:/NAME/VERSION")
-    pr.add_argument("--alias", default="champion")
+    pr.add_argument(
+        "--alias", required=True, help="the alias to move (champion, staging, ...): no default"
+    )
     pr.add_argument("--why", required=True, help="reason, kept in the audit tags")
     pr.add_argument("--force", action="store_true", help="promote even if gates failed")
     _add_location_args(pr)
@@ -207,7 +207,9 @@ def add_parsers(sub: Any) -> None:
         ),
     )
     rb.add_argument("name", help="registered model name")
-    rb.add_argument("--alias", default="champion")
+    rb.add_argument(
+        "--alias", required=True, help="the alias to move back (champion, ...): no default"
+    )
     rb.add_argument("--why", required=True, help="reason, kept in the audit tags")
     _add_location_args(rb)
     rb.set_defaults(handler=cmd_rollback)

@@ -124,7 +124,6 @@ def add_parsers(sub: Any) -> None:
             "variant's accuracy gate is checked and, if it fails, the most sensitive nodes are "
             "kept in float and the variant rebuilt (--max-attempts)."
         ),
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     q.set_defaults(handler=cmd_quantize)
     q.add_argument("input")
@@ -144,7 +143,6 @@ def add_parsers(sub: Any) -> None:
             "model.int8-static.onnx) against REFERENCE on the same data and device. Writes "
             "JSON, Markdown and HTML reports to --out. Exit 1 when any variant fails a gate."
         ),
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     e.set_defaults(handler=cmd_evaluate)
     e.add_argument("reference")
@@ -162,7 +160,6 @@ def add_parsers(sub: Any) -> None:
             "Build --variants of IN.onnx into OUT_DIR, then judge them all against IN.onnx "
             "(the quantize and validate stages of the pipeline in one command)."
         ),
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     v.set_defaults(handler=cmd_variants)
     v.add_argument("input")

@@ -33,6 +33,46 @@ def _gate(variant: Mapping[str, Any], name: str) -> Mapping[str, Any] | None:
     return next((g for g in variant["gates"] if g["gate"] == name), None)
 
 
+# threshold -> (measured key, how it is compared, label)
+_CHECKS: tuple[tuple[str, str, str, str], ...] = (
+    ("min_cosine", "cosine", ">=", "cosine"),
+    ("min_top1_agreement", "top1_agreement", ">=", "top-1 agreement"),
+    ("max_metric_drop", "metric_drop", "<=", "metric drop"),
+    ("max_abs_error", "max_abs_error", "<=", "max abs error"),
+    ("max_rel_error", "max_rel_error", "<=", "max rel error"),
+    ("min_speedup", "speedup_p50", ">=", "p50 speedup"),
+    ("max_p50_ms", "p50_ms", "<=", "p50 ms"),
+    ("max_p95_ms", "p95_ms", "<=", "p95 ms"),
+    ("max_p99_ms", "p99_ms", "<=", "p99 ms"),
+    ("max_noise", "spread", "<=", "timing spread"),
+    ("max_ratio", "ratio", "<=", "size ratio"),
+    ("max_bytes", "bytes", "<=", "bytes"),
+)
+
+
+def gate_numbers(gate: Mapping[str, Any]) -> str:
+    """The measured value beside each threshold the gate applied (``cosine 0.99998 >= 0.99``),
+    for passes as well as failures; empty when it measured nothing."""
+    measured, limits = gate.get("measured") or {}, gate.get("thresholds") or {}
+    parts = []
+    for limit, key, op, label in _CHECKS:
+        if limits.get(limit) is None or measured.get(key) is None:
+            continue
+        bound = _fmt(limits[limit])
+        if limit == "max_metric_drop" and limits.get("metric_drop_mode") == "relative":
+            bound += " of the reference's metric"
+        parts.append(f"{label} {_fmt(measured[key])} (limit {op} {bound})")
+    return ", ".join(parts)
+
+
+def _gate_line(gate: Mapping[str, Any]) -> str:
+    reasons = "; ".join(gate["reasons"]) if gate["reasons"] else "within thresholds"
+    numbers = gate_numbers(gate)
+    if not numbers:
+        return reasons
+    return f"{reasons}: {numbers}" if not gate["reasons"] else f"{reasons} ({numbers})"
+
+
 def summary_rows(doc: Mapping[str, Any]) -> list[list[str]]:
     ref_bytes = doc["reference"]["bytes"]
     rows = []
@@ -95,9 +135,8 @@ def render_markdown(doc: Mapping[str, Any]) -> str:
     for v in doc["variants"]:
         lines.append(f"## {v['name']}: {'PASS' if v['passed'] else 'FAIL'}")
         for g in v["gates"]:
-            reasons = "; ".join(g["reasons"]) if g["reasons"] else "within thresholds"
             lines.append(
-                f"- **{g['gate']}** {_STATUS_MARK.get(g['status'], g['status'])}: {reasons}"
+                f"- **{g['gate']}** {_STATUS_MARK.get(g['status'], g['status'])}: {_gate_line(g)}"
             )
         build = v.get("build") or {}
         if build.get("excluded_nodes"):
@@ -130,7 +169,13 @@ def plots(doc: Mapping[str, Any]) -> dict[str, str]:
     if samples:
         fig, ax = plt.subplots(figsize=(7, 3.2))
         names = list(samples)
-        ax.boxplot([samples[n] for n in names], orientation="horizontal", showfliers=False)
+        # outliers drawn: a p95 far beyond the whiskers is what a user must see
+        ax.boxplot(
+            [samples[n] for n in names],
+            orientation="horizontal",
+            showfliers=True,
+            flierprops={"marker": ".", "markersize": 3, "alpha": 0.5},
+        )
         ax.set_yticks(range(1, len(names) + 1), names)
         ax.set_xlabel("latency per run, ms")
         ax.set_title("Latency distribution (interleaved runs)")
@@ -232,14 +277,20 @@ def render_html(doc: Mapping[str, Any]) -> str:
     for v in doc["variants"]:
         items = "".join(
             f"<li><b>{esc(g['gate'])}</b> {esc(_STATUS_MARK.get(g['status'], g['status']))}: "
-            f"{esc('; '.join(g['reasons']) or 'within thresholds')}</li>"
+            f"{esc(_gate_line(g))}</li>"
             for g in v["gates"]
         )
         gates.append(f"<h3>{esc(v['name'])}</h3><ul>{items}</ul>")
-    figures = "".join(
-        f'<figure><img alt="{esc(title)}" src="{uri}"><figcaption>{esc(title)}</figcaption></figure>'
-        for title, uri in plots(doc).items()
-    )
+    try:
+        figures = "".join(
+            f'<figure><img alt="{esc(title)}" src="{uri}">'
+            f"<figcaption>{esc(title)}</figcaption></figure>"
+            for title, uri in plots(doc).items()
+        )
+    except ModuleNotFoundError as exc:  # plotting is an extra
+        if not (exc.name or "").startswith("matplotlib"):
+            raise
+        figures = "<p>The plots need matplotlib: <code>pip install 'graphtrim[reports]'</code>.</p>"
     fp = "".join(
         f"<tr><th>{esc(str(k))}</th><td>{esc(str(v))}</td></tr>"
         for k, v in doc["fingerprint"].items()

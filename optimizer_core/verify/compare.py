@@ -462,6 +462,8 @@ def verify(
     random = random_outputs_of(original)
     try:
         ref = Session(original)
+    except ModuleNotFoundError:
+        raise  # onnxruntime itself is not installed: the command names the extra
     except Exception as exc:
         return VerificationRecord.cannot_verify(
             tol, f"onnxruntime cannot load the reference model: {reason_of(exc)}"

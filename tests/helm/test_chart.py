@@ -405,7 +405,7 @@ def test_dockerfile_install_steps_resolve_with_the_constraints() -> None:
             "--quiet",
             "-c",
             "constraints.txt",
-            ".[pipeline,airflow]",
+            ".[cpu,pipeline,airflow]",
         ],
         cwd=REPO,
         capture_output=True,

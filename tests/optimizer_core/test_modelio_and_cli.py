@@ -537,6 +537,40 @@ def test_cli_optimize_help(capsys):
     assert "--verify" in out and "--verify-each-pass" in out and "--report" in out
 
 
+def _commands(parser, prefix=()):
+    import argparse
+
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield (*prefix, name), sub
+                yield from _commands(sub, (*prefix, name))
+
+
+def test_every_help_states_defaults_once_and_only_real_ones():
+    """No ``(default: None)`` or ``(default: False)``, no default on a required option, and no
+    option whose help gives its default twice; the alias that promote and rollback move is
+    named, never a hidden default."""
+    from optimizer_core.cli.main import build_parser
+
+    commands = dict(_commands(build_parser()))
+    assert {("optimize",), ("pipeline", "run"), ("promote",), ("trigger",)} <= set(commands)
+    for name, parser in commands.items():
+        text = " ".join(parser.format_help().split())
+        assert "(default: None)" not in text and "(default: False)" not in text, name
+        formatter = parser._get_formatter()
+        for action in parser._actions:
+            if not action.help:
+                continue
+            shown = formatter._get_help_string(action)
+            if action.required or action.default is None or "default" in action.help.lower():
+                # nothing appended: no default to tell, or the help tells it already
+                assert shown == action.help, (name, action.dest, shown)
+    for command in (("promote",), ("rollback",)):
+        alias = next(a for a in commands[command]._actions if a.dest == "alias")
+        assert alias.required and alias.default is None
+
+
 def test_external_data_model_round_trip(tmp_path, capsys):
     src = save_external(tmp_path / "in" / "m.onnx")
     assert onnx.load(str(src), load_external_data=False).graph.initializer[0].data_location == (
@@ -790,3 +824,46 @@ def test_large_weights_are_written_from_their_buffers_and_read_back_the_same(tmp
         p.graph.ClearField("initializer")
         p.graph.ClearField("value_info")
     assert ours == ref
+
+
+@pytest.mark.parametrize(
+    ("argv", "module", "extra"),
+    [
+        (["promote", "models:/m/1", "--alias", "champion", "--why", "x"], "mlflow", "pipeline"),
+        (["optimize", "IN", "-o", "OUT", "--verify"], "onnxruntime", "cpu"),
+    ],
+)
+def test_a_command_whose_extra_is_missing_names_the_extra(
+    argv, module, extra, tmp_path, monkeypatch, capsys
+):
+    """One line naming the extra to install, exit 2: not a traceback."""
+    import sys
+
+    if "IN" in argv:
+        src = save_plain(tmp_path / "m.onnx")
+        paths = {"IN": str(src), "OUT": str(tmp_path / "o.onnx")}
+        argv = [paths.get(a, a) for a in argv]
+    else:
+        monkeypatch.setenv("MLFLOW_TRACKING_URI", str(tmp_path / "mlruns"))
+    for name in [m for m in sys.modules if m == module or m.startswith(module + ".")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, module, None)
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert f"pip install 'graphtrim[{extra}]'" in one_line_error(err), err
+    assert not (tmp_path / "o.onnx").exists()
+
+
+def test_the_core_install_pulls_no_orchestrator_registry_torch_plots_or_runtime_build():
+    """``pip install graphtrim`` brings the optimizer's own needs only; onnxruntime's CPU and
+    CUDA builds conflict, so the user picks one (``[cpu]`` / ``[gpu]``)."""
+    import re
+
+    import tomllib
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    core = {re.split(r"[<>=\[ ;]", d, maxsplit=1)[0].lower() for d in project["dependencies"]}
+    assert core == {"numpy", "onnx", "onnx-ir", "pyyaml"}
+    extras = project["optional-dependencies"]
+    assert extras["cpu"] == ["onnxruntime>=1.20"] and extras["gpu"] == ["onnxruntime-gpu>=1.20"]
+    assert not any(d.startswith("onnxruntime") for d in extras["pipeline"] + extras["airflow"])

@@ -294,7 +294,8 @@ def test_rollback_moves_champion_back_with_audit(
         assert audit["action"] == "rollback"
         assert audit["why"] == "latency regression in canary"
     # nothing earlier on record: a second rollback is a clear error, alias unchanged
-    assert main(["rollback", "digits", "--why", "x", "--tracking-uri", servers["mlflow"]]) == 2
+    again = ["rollback", "digits", "--alias", "champion", "--why", "x"]
+    assert main([*again, "--tracking-uri", servers["mlflow"]]) == 2
     assert "no earlier version" in capsys.readouterr().err
     assert reg.alias_version("digits", "champion") == "1"
 

@@ -303,6 +303,8 @@ def test_a_person_holds_the_champion_until_a_new_source_version(
             [
                 "rollback",
                 name,
+                "--alias",
+                "champion",
                 "--why",
                 "canary regression",
                 "--tracking-uri",

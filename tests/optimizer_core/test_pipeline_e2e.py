@@ -200,7 +200,8 @@ def test_a_rollback_survives_a_rerun(
     client = mlflow.MlflowClient(stack["mlflow"], stack["mlflow"])
     moved_to = client.get_model_version_by_alias(NAME, "champion").version
     assert moved_to != "1"  # the first run promoted a variant over the source
-    args = ["rollback", NAME, "--why", "canary regression", "--tracking-uri", stack["mlflow"]]
+    args = ["rollback", NAME, "--alias", "champion", "--why", "canary regression"]
+    args += ["--tracking-uri", stack["mlflow"]]
     assert main(args) == 0
     assert client.get_model_version_by_alias(NAME, "champion").version == "1"
     capsys.readouterr()

@@ -7,6 +7,7 @@ The reports are rendered from real evaluations of the digits CNN and its variant
 from __future__ import annotations
 
 import base64
+import html
 import html.parser
 import io
 import json
@@ -130,6 +131,38 @@ def test_markdown_marks_a_failed_variant(
     line = next(x for x in text.splitlines() if x.startswith("- **accuracy** FAIL"))
     assert "accuracy dropped" in line and "cosine" in line
     assert "Passed: graph." in text
+
+
+def test_a_passing_gate_shows_its_numbers_against_its_thresholds(doc: dict[str, Any]) -> None:
+    """Not only "within thresholds": the measured value beside each threshold applied."""
+    gate = next(g for g in doc["variants"][1]["gates"] if g["gate"] == "accuracy")
+    assert gate["status"] == "pass" and gate["thresholds"]["min_cosine"] is not None
+    cosine = (
+        f"cosine {gate['measured']['cosine']:.4g} (limit >= {gate['thresholds']['min_cosine']:.4g})"
+    )
+    line = next(
+        x
+        for x in render_markdown(doc).split("## int8-static")[1].splitlines()
+        if x.startswith("- **accuracy** PASS")
+    )
+    assert "within thresholds: " in line and cosine in line, line
+    size = next(g for g in doc["variants"][1]["gates"] if g["gate"] == "size")
+    page = html.unescape(render_html(doc))
+    assert f"size ratio {size['measured']['ratio']:.4g} (limit <= " in page and cosine in page
+
+
+def test_html_without_matplotlib_has_its_tables_and_says_how_to_get_the_plots(
+    doc: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import sys
+
+    for name in [m for m in sys.modules if m == "matplotlib" or m.startswith("matplotlib.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib fails
+    text = render_html(doc)
+    assert not [a for t, a in parse_tags(text) if t == "img"]
+    assert "pip install 'graphtrim[reports]'" in text
+    assert text.count('<td class="ok">PASS</td>') == 2
 
 
 # ---------------------------------------------------------------------------------------------
