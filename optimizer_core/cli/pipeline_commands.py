@@ -228,7 +228,11 @@ def _context_and_config(args: argparse.Namespace) -> tuple[Any, Any]:
 
     started = time.perf_counter()
 
+    terminal = sys.stderr.isatty()
+
     def progress(line: str) -> None:
+        if not terminal and line.startswith("iteration "):
+            return  # the optimizer's line per pass: for a terminal, not for a task's log
         line = redact(line)
         print(f"[graphtrim {time.perf_counter() - started:6.1f}s] {line}", file=sys.stderr)
 

@@ -36,10 +36,15 @@ if TYPE_CHECKING:
 
 def run_pipeline(ctx: StageContext, config: PipelineConfig, model_uri: str) -> dict[str, Record]:
     """All stages in order, in this process; returns every stage's record by stage name."""
+    import time
+
     records: dict[str, Record] = {}
-    for s in STAGES:
+    for i, s in enumerate(STAGES, 1):
         args = [records[name] for name in s.args] if s.inputs else [model_uri]
+        ctx.say(f"stage {i}/{len(STAGES)} {s.name}")
+        started = time.perf_counter()
         records[s.name] = s.load()(ctx, config, *args)
+        ctx.say(f"stage {i}/{len(STAGES)} {s.name} done in {time.perf_counter() - started:.1f} s")
         if not s.inputs:
             # the first stage resolved the config (its data files' hashes): the others take
             # it from its record, as when each stage runs apart

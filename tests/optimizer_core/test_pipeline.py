@@ -625,9 +625,16 @@ def test_embedded_mode_cli_run_and_rerun(
         _policy_file(tmp_path),
         "-q",
     ]
-    assert main(args) == 0, capsys.readouterr().err
-    out = capsys.readouterr().out
+    # not quiet, its stderr a log file's (not a terminal): a line per stage, started and done,
+    # and none per optimizer pass
+    assert main([a for a in args if a != "-q"]) == 0
+    captured = capsys.readouterr()
+    out = captured.out
     assert "int8-static" in out and "PASS" in out and "champion" in out
+    lines = [x.split("] ", 1)[-1] for x in captured.err.splitlines() if x.startswith("[graphtrim")]
+    assert "stage 1/6 export" in lines and "stage 6/6 promote" in lines, lines
+    assert any(x.startswith("stage 2/6 optimize done in ") for x in lines), lines
+    assert not [x for x in lines if x.startswith("iteration ")], lines
     records = json.loads((tmp_path / "records.json").read_text())
     versions = {v: r["version"] for v, r in records["register"]["registered"].items()}
     assert set(versions) == {"graph", "int8-static"}
