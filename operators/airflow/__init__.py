@@ -8,14 +8,32 @@ from typing import Any
 
 
 def get_provider_info() -> dict[str, Any]:
+    """What ``airflow providers`` lists of graphtrim: its connection type, hooks, operators,
+    sensor, triggers and plugin."""
+    integration = "graphtrim"
+    modules = {
+        "hooks": ["operators.airflow.hooks"],
+        "operators": ["operators.airflow.operators"],
+        "sensors": ["operators.airflow.sensors"],
+        "triggers": ["operators.airflow.triggers"],
+    }
     return {
         "package-name": "graphtrim",
         "name": "graphtrim",
         "description": "Optimize, quantize, gate and register ONNX variants of MLflow models.",
+        "integrations": [{"integration-name": integration, "tags": ["software"]}],
+        **{
+            kind: [{"integration-name": integration, "python-modules": names}]
+            for kind, names in modules.items()
+        },
         "connection-types": [
             {
                 "connection-type": "graphtrim_mlflow",
                 "hook-class-name": "operators.airflow.hooks.MlflowRegistryHook",
+                "hook-name": "MLflow (graphtrim)",
             }
+        ],
+        "plugins": [
+            {"name": "graphtrim", "plugin-class": "operators.airflow.plugin.GraphtrimPlugin"}
         ],
     }

@@ -31,6 +31,28 @@ def test_provider_entry_point_and_info_match_airflow_schema() -> None:
     hook = info["connection-types"][0]["hook-class-name"]
     module, _, name = hook.rpartition(".")
     assert getattr(__import__(module, fromlist=[name]), name).conn_type == "graphtrim_mlflow"
+    # every module and class it names is there, with what its section says it holds
+    import importlib
+
+    from airflow.sdk import BaseHook, BaseOperator, BaseSensorOperator
+    from airflow.triggers.base import BaseTrigger
+
+    kinds = {"hooks": BaseHook, "operators": BaseOperator, "sensors": BaseSensorOperator}
+    kinds["triggers"] = BaseTrigger
+    for kind, base in kinds.items():
+        (entry,) = info[kind]
+        assert entry["integration-name"] in {i["integration-name"] for i in info["integrations"]}
+        for name in entry["python-modules"]:
+            module = importlib.import_module(name)
+            classes = [
+                c
+                for c in vars(module).values()
+                if isinstance(c, type) and issubclass(c, base) and c.__module__ == name
+            ]
+            assert classes, (kind, name)
+    (plugin,) = info["plugins"]
+    module, _, name = plugin["plugin-class"].rpartition(".")
+    assert getattr(importlib.import_module(module), name).name == plugin["name"]
 
 
 @pytest.fixture
