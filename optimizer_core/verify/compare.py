@@ -321,6 +321,24 @@ def make_inputs(
     return feeds
 
 
+def _dims_hint(
+    specs: Sequence[tuple[str, Any, Sequence[int | str | None]]],
+    dim_values: Mapping[str, int] | None,
+    default_dim: int = 2,
+) -> str:
+    """Where random inputs sized the model's symbolic dims: which sizes they took, and how to
+    set them (a model that cannot run at the default size is not a changed result)."""
+    given = dict(dim_values or {})
+    named = {d for _, _, shape in specs for d in shape if isinstance(d, str) and d}
+    unnamed = any(d is None or (isinstance(d, int) and d < 0) for _, _, s in specs for d in s)
+    if not named and not unnamed:
+        return ""
+    sizes = ", ".join(f"{d}={given.get(d, default_dim)}" for d in sorted(named))
+    if unnamed:
+        sizes += (", " if sizes else "") + f"unnamed dims={default_dim}"
+    return f" (symbolic dims sized {sizes}; set them with --dim NAME=SIZE)"
+
+
 def _leaves(x: Any) -> tuple[Any, list[np.ndarray]]:
     """A sequence or map output (onnxruntime returns lists and dicts for them) as its structure
     (lengths, keys) and its tensors in a fixed order."""
@@ -502,7 +520,9 @@ def _verify_with(
         expected_list = [ref.run(feeds) for feeds in feeds_list]
     except Exception as exc:
         return VerificationRecord.cannot_verify(
-            tol, f"the reference model fails to run on these inputs: {reason_of(exc)}"
+            tol,
+            f"the reference model fails to run on these inputs: {reason_of(exc)}"
+            + _dims_hint(ref.input_specs(), dim_values),
         )
     random = {name: op for name, op in random_outputs.items() if name in ref.output_names()}
 

@@ -867,3 +867,21 @@ def test_the_core_install_pulls_no_orchestrator_registry_torch_plots_or_runtime_
     extras = project["optional-dependencies"]
     assert extras["cpu"] == ["onnxruntime>=1.20"] and extras["gpu"] == ["onnxruntime-gpu>=1.20"]
     assert not any(d.startswith("onnxruntime") for d in extras["pipeline"] + extras["airflow"])
+
+
+def test_verify_of_an_input_that_cannot_run_at_the_default_dim_names_the_dim(tmp_path, capsys):
+    """Reshape(x, [-1, 4]) cannot run with N=2 elements: not a changed result (exit 1) but a bad
+    input (exit 2) naming the size used and how to set it; with --dim it verifies."""
+    x = oh.make_tensor_value_info("x", FLOAT, ["N"])
+    y = oh.make_tensor_value_info("y", FLOAT, ["A", 4])
+    shape = onh.from_array(np.array([-1, 4], dtype=np.int64), "shape")
+    graph = oh.make_graph([oh.make_node("Reshape", ["x", "shape"], ["y"])], "g", [x], [y], [shape])
+    src = save_plain(
+        tmp_path / "m.onnx", oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)])
+    )
+    out = tmp_path / "o.onnx"
+    assert main(["optimize", str(src), "-o", str(out), "--verify", "-q"]) == 2
+    err = one_line_error(capsys.readouterr().err)
+    assert "N=2" in err and "--dim NAME=SIZE" in err, err
+    assert not out.exists()
+    assert main(["optimize", str(src), "-o", str(out), "--verify", "-q", "--dim", "N=8"]) == 0
