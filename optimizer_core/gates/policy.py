@@ -10,8 +10,10 @@ variants:                 # override per variant, key by key
   int8-static: {accuracy: {max_metric_drop: 0.01}, size: {max_ratio: 0.3}}
 ```
 
-Unknown keys are errors, variant names under ``variants`` and ``promotion.eligible`` included:
-a misspelt threshold or variant (``int8_static``) must not silently pass everything. ``null``
+Unknown keys are errors: a misspelt threshold or variant must not silently pass everything. In a
+pipeline's policy (and under ``promotion.eligible``) a variant must be one the pipeline builds;
+for ``graphtrim evaluate``, which judges variants of any name, a known kind spelt another way
+(``int8_static``) is refused. ``null``
 switches a threshold off. A section set to ``false`` disables that gate for the variant (in
 ``defaults``: for every variant the file does not switch it on for). The latency measurement
 settings (``runs``, ``warmup``, ``blocks``, ``threads``) are read from ``defaults`` only: all
@@ -47,13 +49,26 @@ ENV_VAR = "GRAPHTRIM_POLICY"
 _VARIANT_NAMES = tuple(k.name for k in KINDS)
 
 
-def _check_variant_names(where: str, names: Any) -> None:
-    unknown = [n for n in names if n not in _VARIANT_NAMES]
-    if unknown:
-        raise PolicyError(
-            f"{where}: unknown variant(s) {', '.join(map(repr, unknown))} "
-            f"(known: {', '.join(_VARIANT_NAMES)})"
-        )
+def _spelling(name: str) -> str:
+    return name.lower().replace("_", "-").replace(" ", "-")
+
+
+def _check_variant_names(where: str, names: Any, known: tuple[str, ...] | None = None) -> None:
+    """With ``known`` (a pipeline's variants), every name must be one of them. Without (the
+    ``evaluate`` command judges variants of any name), a name that is a known kind's name
+    spelt another way (``int8_static``, ``FP16``) is refused: it would match no variant."""
+    if known is not None:
+        unknown = [str(n) for n in names if n not in known]
+        if unknown:
+            raise PolicyError(
+                f"{where}: unknown variant(s) {', '.join(map(repr, unknown))} "
+                f"(known: {', '.join(known)})"
+            )
+        return
+    for n in names:
+        meant = [k for k in _VARIANT_NAMES if _spelling(str(n)) == k and n != k]
+        if meant:
+            raise PolicyError(f"{where}: unknown variant {n!r} (did you mean {meant[0]!r}?)")
 
 
 def environment_policy_path() -> str | None:
@@ -229,7 +244,7 @@ def _promotion(body: Any, source: str) -> PromotionPolicy:
         eligible = kw["eligible"]
         if not isinstance(eligible, list) or not all(isinstance(v, str) for v in eligible):
             raise PolicyError(f"{source}: promotion.eligible: a list of variant names")
-        _check_variant_names(f"{source}: promotion.eligible", eligible)
+        _check_variant_names(f"{source}: promotion.eligible", eligible, _VARIANT_NAMES)
         kw["eligible"] = tuple(eligible)
     alias = kw.get("champion_alias", "champion")
     if alias is not None and (not isinstance(alias, str) or not alias):
@@ -287,6 +302,10 @@ class GatePolicy:
         if doc is not None and not isinstance(doc, Mapping):
             raise PolicyError(f"{p}: expected a mapping at the top level")
         return cls(doc, source=str(p))
+
+    def check_variants(self, known: tuple[str, ...]) -> None:
+        """Refuse entries for variants other than ``known`` (the variants a pipeline builds)."""
+        _check_variant_names(f"{self.source}: variants", self.document["variants"], known)
 
     def for_variant(self, variant: str) -> VariantPolicy:
         entry: dict[str, Any] = {}

@@ -83,7 +83,9 @@ class PipelineConfig:
             if environment_policy_path() is not None:
                 parsed = GatePolicy.load(None)
                 object.__setattr__(self, "policy", parsed.document)
-        object.__setattr__(self, "_gate_policy", parse_policy(self.policy, parsed=parsed))
+        gate_policy = parse_policy(self.policy, parsed=parsed)
+        gate_policy.check_variants(tuple(VARIANTS))
+        object.__setattr__(self, "_gate_policy", gate_policy)
 
     def gate_policy(self) -> GatePolicy:
         """The gate policy, parsed when this config was made."""

@@ -837,6 +837,13 @@ def test_a_pipeline_config_embeds_the_deployment_policy(
     given = PipelineConfig(policy={"variants": {"fp16": {"size": {"max_ratio": 0.5}}}})
     size = given.gate_policy().for_variant("fp16").size
     assert size is not None and size.max_ratio == 0.5
+    # a pipeline builds known variants only: an entry for another is a mistake, not a no-op
+    with pytest.raises(PolicyError, match=r"unknown variant\(s\) 'int4'"):
+        PipelineConfig(policy={"variants": {"int4": {"size": {"max_ratio": 0.5}}}})
+    # evaluate judges variants of any name; a known kind spelt otherwise is refused there too
+    assert GatePolicy({"variants": {"custom": {}}}).for_variant("custom").size is not None
+    with pytest.raises(PolicyError, match="did you mean 'int8-static'"):
+        GatePolicy({"variants": {"int8_static": {}}})
 
 
 def test_cli_evaluate_gpu_is_one_line_and_exit_2(

@@ -812,3 +812,25 @@ def test_quantize_model_whose_if_branches_read_a_quantized_matmul(tmp_path, vari
     assert got.shape == expected.shape
     assert np.corrcoef(got.ravel(), expected.ravel())[0, 1] > 0.99
     assert sorted(p.name for p in tmp_path.iterdir()) == ["if.onnx", "q.onnx"]
+
+
+def test_int8_dynamic_weights_are_7_bit_by_default(tmp_path):
+    """uint8 activations times int8 weights saturate in onnxruntime's x86 kernels on CPUs
+    without VNNI: int8-dynamic quantizes its weights to 7 bits unless told otherwise, so the
+    variant is as accurate on every x86 worker as on the one it was built on."""
+    src = _attention_model(tmp_path / "attention.onnx")
+    dst = tmp_path / "attention.int8.onnx"
+    build_variant(src, dst, "int8-dynamic")
+    model = onnx.load(str(dst))
+    weights = [
+        onh.to_array(t) for t in model.graph.initializer if t.data_type == onnx.TensorProto.INT8
+    ]
+    assert weights and all(w.size > 1 for w in weights)
+    assert max(int(np.abs(w.astype(np.int16)).max()) for w in weights) <= 64
+    full = tmp_path / "attention.full.onnx"
+    build_variant(src, full, "int8-dynamic", config=QuantizeConfig(reduce_range=False))
+    model = onnx.load(str(full))
+    weights = [
+        onh.to_array(t) for t in model.graph.initializer if t.data_type == onnx.TensorProto.INT8
+    ]
+    assert max(int(np.abs(w.astype(np.int16)).max()) for w in weights) > 64
