@@ -414,3 +414,20 @@ def test_dockerfile_install_steps_resolve_with_the_constraints() -> None:
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "Would install" not in proc.stdout or "torch" not in proc.stdout
+
+
+def test_the_images_the_readme_builds_are_the_ones_the_deployments_run() -> None:
+    """The README's `docker build` tags, the chart's image, the Airflow overlay's image and the
+    KFP steps' default image name the same images."""
+    from operators.kubeflow.pipeline import DEFAULT_IMAGE
+
+    built = set(re.findall(r"docker build .*?-t (\S+) \.", (REPO / "README.md").read_text()))
+    chart = yaml.safe_load((REPO / "helm" / "graphtrim" / "values.yaml").read_text())["image"]
+    overlay = yaml.safe_load((REPO / "helm" / "airflow-values.yaml").read_text())
+    used = {
+        f"{chart['repository']}:{chart['tag']}",
+        f"{overlay['images']['airflow']['repository']}:{overlay['images']['airflow']['tag']}",
+    }
+    if "GRAPHTRIM_IMAGE" not in os.environ:
+        used.add(DEFAULT_IMAGE)
+    assert used <= built, (used, built)
