@@ -116,9 +116,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ModuleNotFoundError as exc:  # an optional dependency absent: name the extra
         extra = EXTRAS.get((exc.name or "").partition(".")[0])
         if extra is None:
-            logging.getLogger("graphtrim").debug("internal error", exc_info=True)
-            _error_line("internal error", f"{type(exc).__name__}: {exc}")
-            return EXIT_PASS_FAILURE
+            return _internal_error(exc)
         hint = f"pip install 'graphtrim[{extra}]'"
         if extra == "cpu":
             hint += " (or 'graphtrim[gpu]' for onnxruntime's CUDA build)"
@@ -128,9 +126,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         _error_line("error", exc)
         return EXIT_BAD_INPUT
     except Exception as exc:  # a defect of graphtrim: one line and its own exit code, never 1
-        logging.getLogger("graphtrim").debug("internal error", exc_info=True)
-        _error_line("internal error", f"{type(exc).__name__}: {exc}")
-        return EXIT_PASS_FAILURE
+        return _internal_error(exc)
+
+
+def _internal_error(exc: BaseException) -> int:
+    """A defect of graphtrim: one line (the traceback at debug level) and its own exit code."""
+    logging.getLogger("graphtrim").debug("internal error", exc_info=exc)
+    _error_line("internal error", f"{type(exc).__name__}: {exc}")
+    return EXIT_PASS_FAILURE
 
 
 def _error_line(kind: str, exc: BaseException | str) -> None:

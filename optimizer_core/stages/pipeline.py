@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -36,8 +37,6 @@ if TYPE_CHECKING:
 
 def run_pipeline(ctx: StageContext, config: PipelineConfig, model_uri: str) -> dict[str, Record]:
     """All stages in order, in this process; returns every stage's record by stage name."""
-    import time
-
     records: dict[str, Record] = {}
     for i, s in enumerate(STAGES, 1):
         args = [records[name] for name in s.args] if s.inputs else [model_uri]
