@@ -73,8 +73,65 @@ def _gate_line(gate: Mapping[str, Any]) -> str:
     return f"{reasons}: {numbers}" if not gate["reasons"] else f"{reasons} ({numbers})"
 
 
+def _accuracy_axis(doc: Mapping[str, Any]) -> tuple[str, dict[str, float], bool]:
+    """The accuracy measure every measured variant has, as (label, variant -> value, whether
+    higher is better): the task metric's drop when a labelled data set was given, else the
+    cosine similarity of the outputs, else top-1 agreement."""
+    measured = {
+        v["name"]: (_gate(v, "accuracy") or {}).get("measured") or {} for v in doc["variants"]
+    }
+    measured = {k: m for k, m in measured.items() if m}
+    for key, label, higher in (
+        ("metric_drop", "metric drop against the reference", False),
+        ("cosine", "cosine similarity to the reference", True),
+        ("top1_agreement", "top-1 agreement with the reference", True),
+    ):
+        values = {k: m.get(key) for k, m in measured.items()}
+        if values and all(isinstance(x, int | float) for x in values.values()):
+            return label, {k: float(x) for k, x in values.items()}, higher  # type: ignore[arg-type]
+    return "", {}, True
+
+
+def points(doc: Mapping[str, Any]) -> dict[str, tuple[float, float, float]]:
+    """Each variant measured for both speed and accuracy as (p50 speedup, accuracy, size
+    ratio), accuracy oriented so that higher is better; the reference is (1, best, 1)."""
+    _, acc, higher = _accuracy_axis(doc)
+    ref_bytes = doc["reference"]["bytes"] or 0
+    out: dict[str, tuple[float, float, float]] = {}
+    for v in doc["variants"]:
+        speed = ((_gate(v, "latency") or {}).get("measured") or {}).get("speedup_p50")
+        size = (v.get("model") or {}).get("bytes")
+        if v["name"] not in acc or not isinstance(speed, int | float) or not size or not ref_bytes:
+            continue
+        a = acc[v["name"]] if higher else -acc[v["name"]]
+        out[v["name"]] = (float(speed), a, size / ref_bytes)
+    return out
+
+
+def pareto_front(doc: Mapping[str, Any]) -> list[str]:
+    """The variants that passed their gates and that no other passing variant, nor the
+    reference itself, beats on speed, accuracy and size at once (at least as good on all three
+    and better on one)."""
+    pts = points(doc)
+    passed = set(doc.get("passed") or [])
+    candidates = {k: p for k, p in pts.items() if k in passed}
+    # the reference agrees with itself: cosine and agreement 1, no metric drop
+    best = (1.0, 1.0 if _accuracy_axis(doc)[2] else 0.0, 1.0)
+
+    def beats(a: tuple[float, float, float], b: tuple[float, float, float]) -> bool:
+        ge = a[0] >= b[0] and a[1] >= b[1] and a[2] <= b[2]
+        return ge and (a[0] > b[0] or a[1] > b[1] or a[2] < b[2])
+
+    return [
+        k
+        for k, p in candidates.items()
+        if not beats(best, p) and not any(beats(q, p) for j, q in candidates.items() if j != k)
+    ]
+
+
 def summary_rows(doc: Mapping[str, Any]) -> list[list[str]]:
     ref_bytes = doc["reference"]["bytes"]
+    front = set(pareto_front(doc))
     rows = []
     for v in doc["variants"]:
         model = v.get("model") or {}
@@ -94,6 +151,7 @@ def summary_rows(doc: Mapping[str, Any]) -> list[list[str]]:
                 _fmt(am.get("metric_drop"), "+.4f"),
                 _fmt(lm.get("p50_ms"), ".3f"),
                 _fmt(lm.get("speedup_p50"), ".3f"),
+                "yes" if v["name"] in front else "-",
             ]
         )
     return rows
@@ -110,6 +168,7 @@ HEADER = [
     "metric drop",
     "p50 ms",
     "p50 speedup",
+    "Pareto",
 ]
 
 
@@ -117,14 +176,15 @@ def render_markdown(doc: Mapping[str, Any]) -> str:
     ref = doc["reference"]
     fp = doc["fingerprint"]
     lines = [
-        "# graphtrim evaluation",
+        f"# {doc.get('title') or 'graphtrim evaluation'}",
         "",
-        f"Reference `{ref['path']}`: {_bytes(ref['bytes'])}, {ref['nodes']} nodes. "
+        f"Reference `{_reference_name(doc)}`: {_bytes(ref['bytes'])}, {ref['nodes']} nodes. "
         f"Device `{doc['device']}` ({', '.join(fp.get('execution_providers', []))}), "
         f"{fp.get('intra_op_threads')} thread(s), on {fp.get('cpu_model')} "
         f"({fp.get('cpu_usable')} usable CPUs), onnxruntime {fp.get('onnxruntime')}.",
         f"Data: {doc['data_source']} (sha256 {str(fp.get('eval_data_sha256'))[:16]}). "
-        f"Policy {doc['policy_hash']}. Passed: {', '.join(doc['passed']) or 'none'}.",
+        f"Policy {doc['policy_hash']}. Passed: {', '.join(doc['passed']) or 'none'}. "
+        f"Pareto front (speed, accuracy, size): {', '.join(pareto_front(doc)) or 'none'}.",
         "",
         "| " + " | ".join(HEADER) + " |",
         "|" + "|".join("---" if i < 2 else "---:" for i in range(len(HEADER))) + "|",
@@ -180,6 +240,47 @@ def plots(doc: Mapping[str, Any]) -> dict[str, str]:
         ax.set_xlabel("latency per run, ms")
         ax.set_title("Latency distribution (interleaved runs)")
         out["Latency distributions"] = _png(fig)
+
+    pts = points(doc)
+    if pts:
+        label, _, higher = _accuracy_axis(doc)
+        front = set(pareto_front(doc))
+        passed = set(doc.get("passed") or [])
+        fig, ax = plt.subplots(figsize=(7, 4))
+        ax.scatter([1.0], [1.0 if higher else 0.0], marker="*", s=160, color="black")
+        ax.annotate(
+            "reference",
+            (1.0, 1.0 if higher else 0.0),
+            fontsize=8,
+            xytext=(5, 5),
+            textcoords="offset points",
+        )
+        for name, (speed, acc, ratio) in pts.items():
+            y = acc if higher else -acc
+            ax.scatter(
+                [speed],
+                [y],
+                s=40 + 260 * min(ratio, 1.5),
+                color="#c44e52" if name in front else "#4c72b0",
+                marker="o" if name in passed else "x",
+                alpha=0.8,
+            )
+            ax.annotate(
+                f"{name} ({ratio:.2f}x size)",
+                (speed, y),
+                fontsize=8,
+                xytext=(5, -12),
+                textcoords="offset points",
+            )
+        ordered = sorted((pts[n][0], pts[n][1] if higher else -pts[n][1]) for n in front)
+        if len(ordered) > 1:
+            ax.plot(*zip(*ordered, strict=True), color="#c44e52", lw=1, ls="--")
+        if not higher:
+            ax.invert_yaxis()  # less drop is better: better is up
+        ax.set_xlabel("p50 speedup over the reference (higher is better)")
+        ax.set_ylabel(label)
+        ax.set_title("Speed against accuracy (red: Pareto front, x: failed, area: size)")
+        out["Speed against accuracy"] = _png(fig)
 
     acc_rows: list[tuple[str, Mapping[str, Any]]] = []
     for v in doc["variants"]:
@@ -261,18 +362,118 @@ def plots(doc: Mapping[str, Any]) -> dict[str, str]:
     return out
 
 
+def _reference_name(doc: Mapping[str, Any]) -> str:
+    """What the reference is: its registry name when a pipeline knows it, else its file."""
+    ref = doc["reference"]
+    return str(ref.get("label") or ref["path"])
+
+
+def op_rows(doc: Mapping[str, Any]) -> tuple[list[str], list[list[str]]]:
+    """Per op type: nodes in the reference and in each variant (with the change), most
+    frequent first."""
+    ref_ops = doc["reference"].get("op_counts") or {}
+    built = [v for v in doc["variants"] if v.get("model")]
+    ops = sorted(
+        set(ref_ops).union(*((v["model"].get("op_counts") or {}) for v in built)),
+        key=lambda o: (-ref_ops.get(o, 0), o),
+    )
+    rows = []
+    for op in ops:
+        row = [op, str(ref_ops.get(op, 0))]
+        for v in built:
+            n = (v["model"].get("op_counts") or {}).get(op, 0)
+            d = n - ref_ops.get(op, 0)
+            row.append(f"{n} ({d:+d})" if d else str(n))
+        rows.append(row)
+    return ["op type", "reference", *(v["name"] for v in built)], rows
+
+
+def build_rows(doc: Mapping[str, Any]) -> list[list[str]]:
+    """Each variant's build record: seconds, attempts, nodes kept in float, its settings and
+    how the built file agreed with the float model."""
+    rows = []
+    for v in doc["variants"]:
+        b = v.get("build")
+        if not b:
+            continue
+        config = b.get("config") or {}
+        settings = ", ".join(
+            f"{k}={config[k]}"
+            for k in sorted(config)
+            if config[k] not in (None, [], {}, "") and not isinstance(config[k], dict | list)
+        )
+        agreement = b.get("agreement") or {}
+        rows.append(
+            [
+                v["name"],
+                _fmt(b.get("seconds"), ".1f"),
+                str(len(b.get("attempts") or [])),
+                ", ".join(b.get("excluded_nodes") or []) or "-",
+                settings or "-",
+                _fmt(agreement.get("cosine"), ".6f"),
+            ]
+        )
+    return rows
+
+
+BUILD_HEADER = ["variant", "build s", "attempts", "kept in float", "settings", "cosine at build"]
+
+
+def combine(docs: list[Mapping[str, Any]], *, label: str | None = None) -> dict[str, Any]:
+    """One document from evaluations of the same reference made apart (one task per variant):
+    every variant side by side, each with the numbers its own task measured. Each task timed
+    its variants interleaved with the reference, so its reference samples keep the names of
+    the variants they were timed with; differing hardware fingerprints are all kept."""
+    if not docs:
+        raise ValueError("no evaluations to combine")
+    first = docs[0]
+    variants: dict[str, Any] = {}
+    samples: dict[str, list[float]] = {}
+    fingerprints: list[Mapping[str, Any]] = []
+    for d in docs:
+        names = [v["name"] for v in d["variants"]]
+        for v in d["variants"]:
+            variants[v["name"]] = v
+        for key, values in (d.get("latency_samples_ms") or {}).items():
+            if key == "reference" and len(docs) > 1:
+                key = f"reference (with {', '.join(names)})"
+            samples[key] = list(values)
+        if d.get("fingerprint") not in fingerprints:
+            fingerprints.append(d.get("fingerprint") or {})
+    reference = dict(first["reference"])
+    if label:
+        reference["label"] = label
+    return {
+        **first,
+        "title": f"graphtrim comparison: {label}" if label else "graphtrim comparison",
+        "reference": reference,
+        "passed": [n for n, v in variants.items() if v["passed"]],
+        "variants": list(variants.values()),
+        "latency_samples_ms": samples,
+        "fingerprints": fingerprints if len(fingerprints) > 1 else [],
+        "seconds": round(sum(float(d.get("seconds") or 0) for d in docs), 3),
+    }
+
+
+def _table(head: list[str], rows: list[list[str]], *, mark: int | None = None) -> str:
+    """An HTML table; the cells of column ``mark`` are coloured by PASS / FAIL."""
+    esc = html.escape
+
+    def cell(i: int, c: str) -> str:
+        if i != mark:
+            return f"<td>{esc(c)}</td>"
+        return f'<td class="{"ok" if c == "PASS" else "bad"}">{esc(c)}</td>'
+
+    body = "".join(
+        "<tr>" + "".join(cell(i, c) for i, c in enumerate(row)) + "</tr>" for row in rows
+    )
+    return f"<table><tr>{''.join(f'<th>{esc(h)}</th>' for h in head)}</tr>{body}</table>"
+
+
 def render_html(doc: Mapping[str, Any]) -> str:
     esc = html.escape
-    rows = "".join(
-        "<tr>"
-        + "".join(
-            f'<td class="{("ok" if c == "PASS" else "bad") if i == 1 else ""}">{esc(c)}</td>'
-            for i, c in enumerate(row)
-        )
-        + "</tr>"
-        for row in summary_rows(doc)
-    )
-    head = "".join(f"<th>{esc(h)}</th>" for h in HEADER)
+    title = str(doc.get("title") or "graphtrim evaluation")
+    summary = _table(HEADER, summary_rows(doc), mark=1)
     gates = []
     for v in doc["variants"]:
         items = "".join(
@@ -280,7 +481,7 @@ def render_html(doc: Mapping[str, Any]) -> str:
             f"{esc(_gate_line(g))}</li>"
             for g in v["gates"]
         )
-        gates.append(f"<h3>{esc(v['name'])}</h3><ul>{items}</ul>")
+        gates.append(f'<h3 id="variant-{esc(v["name"])}">{esc(v["name"])}</h3><ul>{items}</ul>')
     try:
         figures = "".join(
             f'<figure><img alt="{esc(title)}" src="{uri}">'
@@ -291,25 +492,33 @@ def render_html(doc: Mapping[str, Any]) -> str:
         if not (exc.name or "").startswith("matplotlib"):
             raise
         figures = "<p>The plots need matplotlib: <code>pip install 'graphtrim[reports]'</code>.</p>"
+    builds = build_rows(doc)
+    build_section = f"<h2>Builds</h2>{_table(BUILD_HEADER, builds)}" if builds else ""
+    op_head, ops = op_rows(doc)
+    prints = list(doc.get("fingerprints") or []) or [doc["fingerprint"]]
     fp = "".join(
-        f"<tr><th>{esc(str(k))}</th><td>{esc(str(v))}</td></tr>"
-        for k, v in doc["fingerprint"].items()
+        f"<table>{''.join(f'<tr><th>{esc(str(k))}</th><td>{esc(str(v))}</td></tr>' for k, v in p.items())}</table>"
+        for p in prints
     )
     ref = doc["reference"]
+    front = pareto_front(doc)
     return f"""<!doctype html>
-<html lang="en"><head><meta charset="utf-8"><title>graphtrim evaluation</title>
+<html lang="en"><head><meta charset="utf-8"><title>{esc(title)}</title>
 <style>
 body{{font-family:system-ui,sans-serif;margin:2em;max-width:1100px}}
 table{{border-collapse:collapse;margin:1em 0}} td,th{{border:1px solid #ccc;padding:4px 8px}}
 td.ok{{background:#dfd}} td.bad{{background:#fdd}} figure{{display:inline-block;margin:1em}}
 </style></head><body>
-<h1>graphtrim evaluation</h1>
-<p>Reference <code>{esc(ref["path"])}</code>: {esc(_bytes(ref["bytes"]))}, {ref["nodes"]} nodes.
+<h1>{esc(title)}</h1>
+<p>Reference <code>{esc(_reference_name(doc))}</code>: {esc(_bytes(ref["bytes"]))}, {ref["nodes"]} nodes.
 Device <code>{esc(doc["device"])}</code>. Data: {esc(doc["data_source"])}.
-Passed: {esc(", ".join(doc["passed"]) or "none")}.</p>
-<table><tr>{head}</tr>{rows}</table>
+Passed: {esc(", ".join(doc["passed"]) or "none")}.
+Pareto front (speed, accuracy, size; passing variants): {esc(", ".join(front) or "none")}.</p>
+<div id="summary">{summary}</div>
 <h2>Gates</h2>{"".join(gates)}
 <h2>Plots</h2>{figures}
-<h2>Measured on</h2><table>{fp}</table>
+{build_section}
+<h2>Op types</h2>{_table(op_head, ops)}
+<h2>Measured on</h2>{fp}
 </body></html>
 """

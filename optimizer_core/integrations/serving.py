@@ -61,17 +61,40 @@ def pip_requirements() -> list[str]:
 
 
 def save_onnx_model(path: str | os.PathLike[str], dest: str | os.PathLike[str], **kw: Any) -> None:
-    """Save the ONNX file at ``path`` as an MLflow model folder ``dest`` (onnx + pyfunc)."""
+    """Save the ONNX file at ``path`` as an MLflow model folder ``dest`` (onnx + pyfunc) whose
+    model files are the input's own bytes: ``model.onnx`` is a copy of ``path`` and each external
+    data file keeps its name, so the folder's files hash to the artifact store's sha256 (MLflow's
+    own save re-serializes the proto and renames the data file)."""
+    import shutil
+
     import mlflow.onnx
     import onnx
+    from mlflow.models import Model
 
+    from optimizer_core.integrations.artifacts import model_files
+
+    src = Path(path)
+    files = model_files(src)
+    out = Path(dest)
+    # the flavor's files (MLmodel, environments) from the proto alone; its data files are the
+    # input's, copied below
     mlflow.onnx.save_model(
-        onnx.load(str(path)),
-        str(dest),
-        signature=signature(path),
+        onnx.load(str(src), load_external_data=False),
+        str(out),
+        signature=signature(src),
         pip_requirements=pip_requirements(),
+        save_as_external_data=False,
         **kw,
     )
+    meta = Model.load(str(out))
+    data = meta.flavors[mlflow.onnx.FLAVOR_NAME]["data"]
+    shutil.copyfile(src, out / data)
+    for extra in files[1:]:
+        target = out / Path(data).parent / extra.relative_to(src.parent)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(extra, target)
+    meta.model_size_bytes = sum(f.stat().st_size for f in out.rglob("*") if f.is_file())
+    meta.save(str(out / "MLmodel"))
 
 
 def serving_probe(

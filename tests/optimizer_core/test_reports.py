@@ -12,6 +12,7 @@ import html.parser
 import io
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,7 @@ from tests.optimizer_core.test_gates import break_model
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 PLOT_TITLES = {
     "Latency distributions",
+    "Speed against accuracy",
     "Accuracy per variant",
     "Nodes removed per pass",
     "Op types before and after",
@@ -175,7 +177,7 @@ def test_html_is_self_contained_and_shows_the_plots(doc: dict[str, Any]) -> None
     text = render_html(doc)
     tags = parse_tags(text)
     images = [attrs for tag, attrs in tags if tag == "img"]
-    assert len(images) == 4
+    assert len(images) == 5
     assert {a["alt"] for a in images} == PLOT_TITLES
     for attrs in images:
         src = attrs["src"] or ""
@@ -196,13 +198,100 @@ def test_html_is_self_contained_and_shows_the_plots(doc: dict[str, Any]) -> None
 
 
 def test_html_leaves_out_plots_without_data(doc: dict[str, Any]) -> None:
-    """Without latency samples or a build record there is nothing to draw for those plots."""
+    """Without latency samples or a build record there is nothing to draw for those plots (the
+    speed-accuracy plot takes the gates' numbers)."""
     bare = json.loads(json.dumps(doc))
     bare["latency_samples_ms"] = {}
     for v in bare["variants"]:
         v["build"] = None
     images = [a for t, a in parse_tags(render_html(bare)) if t == "img"]
-    assert {a["alt"] for a in images} == {"Accuracy per variant", "Op types before and after"}
+    assert {a["alt"] for a in images} == {
+        "Speed against accuracy",
+        "Accuracy per variant",
+        "Op types before and after",
+    }
+
+
+def _with_variant(doc: dict[str, Any], like: str, name: str, **changes: Any) -> dict[str, Any]:
+    """``doc`` plus a copy of variant ``like`` named ``name`` with its speedup, cosine, bytes
+    or verdict changed."""
+    out = json.loads(json.dumps(doc))
+    v = json.loads(json.dumps(next(x for x in out["variants"] if x["name"] == like)))
+    v["name"] = name
+    for g in v["gates"]:
+        if g["gate"] == "latency" and "speedup" in changes:
+            g["measured"]["speedup_p50"] = changes["speedup"]
+        if g["gate"] == "accuracy" and "cosine" in changes:
+            g["measured"]["cosine"] = changes["cosine"]
+            g["measured"].pop("metric_drop", None)
+    if "bytes" in changes:
+        v["model"]["bytes"] = changes["bytes"]
+    if changes.get("failed"):
+        v["passed"] = False
+    out["variants"].append(v)
+    out["passed"] = [x["name"] for x in out["variants"] if x["passed"]]
+    return out
+
+
+def test_the_pareto_front_holds_the_passing_variants_nothing_beats(doc: dict[str, Any]) -> None:
+    from optimizer_core.gates.report import pareto_front, points
+
+    base = next(v for v in doc["variants"] if v["name"] == "int8-static")
+    speed, _, ratio = points(doc)["int8-static"]
+    nbytes = base["model"]["bytes"]
+    # a copy that is slower and larger at the same accuracy is dominated; a copy that beats
+    # everything but failed its gates is neither on the front nor pushes others off it
+    worse = _with_variant(doc, "int8-static", "worse", speedup=speed * 0.5, bytes=nbytes * 2)
+    failed = _with_variant(
+        worse, "int8-static", "failed", speedup=speed * 10, bytes=nbytes // 10, failed=True
+    )
+    front = pareto_front(failed)
+    assert "worse" not in front and "failed" not in front
+    assert "int8-static" in front, points(failed)
+    # a passing variant that is faster and smaller with the same accuracy takes its place
+    better = _with_variant(doc, "int8-static", "better", speedup=speed * 2, bytes=nbytes // 2)
+    assert "int8-static" not in pareto_front(better) and "better" in pareto_front(better)
+    # a variant the reference itself beats (slower, larger, less accurate) is never on it
+    slow = _with_variant(
+        doc, "int8-static", "slow", speedup=0.5, bytes=doc["reference"]["bytes"] * 2, cosine=0.9
+    )
+    assert "slow" not in pareto_front(slow)
+    assert ratio > 0
+
+
+def test_evaluations_made_apart_combine_into_one_comparison(doc: dict[str, Any]) -> None:
+    """One task per variant writes its own evaluation; the comparison puts them side by side
+    under the reference's registry name, each with its own interleaved reference samples."""
+    from optimizer_core.gates.report import combine
+
+    parts = []
+    for v in doc["variants"]:
+        part = json.loads(json.dumps(doc))
+        part["variants"] = [v]
+        part["passed"] = [v["name"]] if v["passed"] else []
+        part["latency_samples_ms"] = {
+            "reference": doc["latency_samples_ms"]["reference"],
+            v["name"]: doc["latency_samples_ms"][v["name"]],
+        }
+        parts.append(part)
+    merged = combine(parts, label="models:/digits/1")
+    assert [v["name"] for v in merged["variants"]] == ["graph", "int8-static"]
+    assert set(merged["passed"]) == set(doc["passed"])
+    assert set(merged["latency_samples_ms"]) == {
+        "reference (with graph)",
+        "graph",
+        "reference (with int8-static)",
+        "int8-static",
+    }
+    page = html.unescape(render_html(merged))
+    assert "<title>graphtrim comparison: models:/digits/1</title>" in page
+    assert "Reference <code>models:/digits/1</code>" in page
+    assert doc["reference"]["path"] not in page  # a temporary file means nothing to a reader
+    assert "<h2>Builds</h2>" in page and "<h2>Op types</h2>" in page
+    # the op table: the quantized variant's QuantizeLinear nodes against none in the reference
+    assert re.search(r"<td>QuantizeLinear</td><td>0</td><td>0</td><td>\d+ \(\+\d+\)</td>", page)
+    with pytest.raises(ValueError):
+        combine([])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -221,7 +310,7 @@ def test_write_replaces_the_reports_and_leaves_no_temporary_files(
     doc = json.loads(written["json"].read_text())
     assert doc == json.loads(json.dumps(built.evaluation.to_json()))
     assert written["markdown"].read_text() == render_markdown(doc)
-    assert written["html"].read_text().count("<img ") == 4
+    assert written["html"].read_text().count("<img ") == len(PLOT_TITLES)
 
     other = built.evaluation.write(folder, stem="again")
     assert other["json"] == folder / "again.json"
