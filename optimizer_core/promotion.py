@@ -16,7 +16,6 @@ Comparisons use numbers that mean the same thing on both sides:
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from typing import Any
 
@@ -24,14 +23,6 @@ from optimizer_core.gates.policy import PromotionPolicy
 from optimizer_core.integrations.registry import Registry, RegistryError
 
 T = "graphtrim."
-
-
-def _metrics(tags: Mapping[str, str]) -> dict[str, Any]:
-    try:
-        doc = json.loads(tags.get(T + "metrics", "{}"))
-    except ValueError:
-        return {}
-    return doc if isinstance(doc, dict) else {}
 
 
 def _better(cand: float, holder: float, margin: float) -> bool:
@@ -43,7 +34,7 @@ def _compare(
     policy: PromotionPolicy,
     cand: Mapping[str, Any],
     holder_version: str,
-    holder_tags: Mapping[str, str],
+    holder: Mapping[str, Any],
     *,
     source: Mapping[str, Any],
     target: str,
@@ -53,10 +44,11 @@ def _compare(
     metric, margin = policy.metric, policy.margin
     cm = cand["metrics"]
     is_source = target == source["name"] and holder_version == str(source["version"])
+    holder_tags: Mapping[str, str] = holder["tags"]
     same_source = holder_tags.get(T + "source.name") == source["name"] and holder_tags.get(
         T + "source.version"
     ) == str(source["version"])
-    hm = _metrics(holder_tags)
+    hm: Mapping[str, Any] = holder["metrics"]
     if metric == "bytes":
         if is_source:
             if not validated.get("reference"):
@@ -214,9 +206,9 @@ def apply_policy(
     if holder is None:
         beats, reason = True, "the alias was unset"
     else:
-        holder_tags = registry.version_tags(target, holder)
+        lineage = registry.version_lineage(target, holder)
         sha = (validated["variants"][best].get("model") or {}).get("sha256")
-        if sha and holder_tags.get(T + "sha256") == sha:
+        if sha and lineage["tags"].get(T + "sha256") == sha:
             champion["reason"] = (
                 f"left on version {holder}: v{version} has the same content (sha256 {sha[:12]})"
             )
@@ -225,7 +217,7 @@ def apply_policy(
             policy,
             validated["variants"][best],
             holder,
-            holder_tags,
+            lineage,
             source=source,
             target=target,
             validated=validated,
@@ -253,10 +245,8 @@ def promote_version(
 ) -> dict[str, Any]:
     """Point ``alias`` at ``version`` by hand. A version whose recorded gates did not all pass
     is refused unless ``force``."""
-    tags = registry.version_tags(name, version)
-    raw = tags.get(T + "gates")
-    if raw and not force:
-        gates = json.loads(raw)
+    gates = registry.version_lineage(name, version)["gates"]
+    if gates and not force:
         failed = {g: s for g, s in gates.items() if s != "pass"}
         if failed:
             raise RegistryError(

@@ -9,7 +9,7 @@ from typing import Any
 
 def get_provider_info() -> dict[str, Any]:
     """What ``airflow providers`` lists of graphtrim: its connection type, hooks, operators,
-    sensor, triggers and plugin."""
+    sensor, triggers, extra links and plugin."""
     integration = "graphtrim"
     modules = {
         "hooks": ["operators.airflow.hooks"],
@@ -32,6 +32,11 @@ def get_provider_info() -> dict[str, Any]:
                 "hook-class-name": "operators.airflow.hooks.MlflowRegistryHook",
                 "hook-name": "MLflow (graphtrim)",
             }
+        ],
+        "extra-links": [
+            "operators.airflow.links.MlflowRunLink",
+            "operators.airflow.links.MlflowModelVersionLink",
+            "operators.airflow.links.GraphtrimReportLink",
         ],
         "plugins": [
             {"name": "graphtrim", "plugin-class": "operators.airflow.plugin.GraphtrimPlugin"}

@@ -50,10 +50,26 @@ class MlflowRegistryHook(BaseHook):
     @classmethod
     def get_ui_field_behaviour(cls) -> dict[str, Any]:
         return {
-            "hidden_fields": ["schema", "login", "extra"],
+            "hidden_fields": ["schema", "login"],
             "relabeling": {"host": "Tracking URI", "password": "Token"},
-            "placeholders": {"host": "http://mlflow:5000"},
+            "placeholders": {
+                "host": "http://mlflow:5000",
+                "extra": '{"ui_url": "https://mlflow.example.com"}',
+            },
         }
+
+    def ui_url(self) -> str | None:
+        """The address of MLflow's UI that task links point at: the connection's extra
+        ``ui_url``, else ``$GRAPHTRIM_MLFLOW_UI_URL``, else the tracking URI of a server."""
+        from optimizer_core.integrations.links import ui_base
+
+        conn = _connection(self.mlflow_conn_id)
+        override = (conn.extra_dejson or {}).get("ui_url") if conn is not None else None
+        try:
+            tracking = self.tracking_uri()
+        except GraphtrimError:
+            tracking = None
+        return ui_base(tracking, override)
 
     def tracking_uri(self) -> str:
         """The tracking URI (credentials are in :meth:`auth`)."""

@@ -29,6 +29,7 @@ from airflow.sdk import BaseOperator
 
 from operators.airflow.context import artifact_store, stage_context
 from operators.airflow.hooks import ArtifactStoreHook, MlflowRegistryHook
+from operators.airflow.links import EXTRA_LINKS
 from operators.airflow.params import as_flag
 from optimizer_core.errors import GraphtrimError
 from optimizer_core.redact import redact
@@ -172,6 +173,7 @@ class GraphtrimStageOperator(BaseOperator):
     )
     ui_color = "#e8f4ea"
     stage_name: ClassVar[str | None] = None
+    operator_extra_links = EXTRA_LINKS
 
     def __init__(
         self,
@@ -287,7 +289,26 @@ class GraphtrimStageOperator(BaseOperator):
             *args,
             **self.stage_options(),
         )
-        return dict(record.to_json())
+        doc = dict(record.to_json())
+        self.graphtrim_links = self.links(doc)
+        return doc
+
+    def links(self, record: Mapping[str, Any]) -> dict[str, str]:
+        """The MLflow UI addresses of what the stage made (:mod:`.links`); never fails the
+        task: a link that cannot be worked out is left disabled."""
+        from optimizer_core.integrations.links import record_links
+
+        try:
+            hook = MlflowRegistryHook(self.mlflow_conn_id)
+            base = hook.ui_url()
+            experiment = None
+            if base and (record.get("reports") or {}).get("html") and record.get("run_id"):
+                run = hook.get_client().get_run(record["run_id"])
+                experiment = run.info.experiment_id
+            return record_links(base, record, experiment_id=experiment)
+        except Exception as exc:
+            self.log.warning("graphtrim: no MLflow links for this task: %s", redact(exc))
+            return {}
 
 
 def _record_args() -> set[str]:

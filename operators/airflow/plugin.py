@@ -41,10 +41,14 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from airflow.plugins_manager import AirflowPlugin
-from fastapi import FastAPI, HTTPException
+from fastapi import Depends, FastAPI, HTTPException
+from fastapi.responses import HTMLResponse
 from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import Headers
 from starlette.requests import Request
+
+from optimizer_core.errors import GraphtrimError
+from optimizer_core.redact import redact
 
 logger = logging.getLogger("graphtrim.webhook")
 
@@ -94,6 +98,32 @@ def mlflow_version_tags(name: str, version: str) -> dict[str, str]:
     conn = os.environ.get("GRAPHTRIM_WEBHOOK_MLFLOW_CONN", MlflowRegistryHook.default_conn_name)
     client = MlflowRegistryHook(conn).get_client()  # the connection's token, in this client only
     return dict(client.get_model_version(name, str(version)).tags or {})
+
+
+def variants_page() -> str:
+    """The graphtrim variants page: every variant in the registry of the webhook's MLflow
+    connection, with links into MLflow's UI."""
+    from operators.airflow.hooks import MlflowRegistryHook
+    from optimizer_core.integrations.catalog import registered_variants, render_catalog
+    from optimizer_core.integrations.registry import Registry
+
+    conn = os.environ.get("GRAPHTRIM_WEBHOOK_MLFLOW_CONN", MlflowRegistryHook.default_conn_name)
+    hook = MlflowRegistryHook(conn)
+    registry = Registry(hook.tracking_uri(), auth=hook.auth(), check=False)
+    return render_catalog(
+        registered_variants(registry), ui=hook.ui_url(), where=f"MLflow at {registry.where}"
+    )
+
+
+def _authenticated() -> Any:
+    """Airflow's own check that the caller is signed in (the UI's session cookie or a bearer
+    token): the page shows what the registry holds, so it is not public as the webhook is."""
+    from airflow.api_fastapi.core_api.security import requires_authenticated
+
+    return requires_authenticated()
+
+
+AUTHENTICATED = _authenticated()
 
 
 def _truthy(value: str | None) -> bool:
@@ -191,9 +221,11 @@ def create_app(
     allow_variant_source: bool | None = None,
     version_tags: TagsFn | None = None,
     max_bytes: int | None = None,
+    catalog: Callable[[], str] | None = None,
 ) -> FastAPI:
     """The webhook receiver. Arguments left out come from the environment (see the module);
-    ``version_tags`` reads a version's tags when the event does not carry them.
+    ``version_tags`` reads a version's tags when the event does not carry them;
+    ``catalog`` renders ``GET /variants`` (signed-in callers only; :func:`variants_page`).
 
     Raises:
         ValueError: a window or body limit that is not a finite positive number.
@@ -205,6 +237,7 @@ def create_app(
         else _truthy(os.environ.get(ALLOW_ENV))
     )
     tags_of = version_tags or mlflow_version_tags
+    page_fn = catalog or variants_page
     dag = dag_id or os.environ.get("GRAPHTRIM_WEBHOOK_DAG", "graphtrim_optimize_model")
     window = _setting(MAX_AGE_ENV, max_age, 300.0)
     limit = int(_setting(MAX_BYTES_ENV, max_bytes, DEFAULT_MAX_BYTES, whole=True))
@@ -262,9 +295,30 @@ def create_app(
         logger.info("%s %s for %s", status, run_id, conf)
         return {"status": status, "run_id": run_id, "dag_id": dag, "conf": conf}
 
+    @app.get("/variants", response_class=HTMLResponse, dependencies=[Depends(AUTHENTICATED)])
+    async def variants() -> HTMLResponse:
+        """Every graphtrim variant in the registry (a page of Airflow's UI, see the plugin)."""
+        try:
+            page = await run_in_threadpool(page_fn)
+        except GraphtrimError as exc:
+            raise HTTPException(503, f"cannot read the MLflow registry: {redact(exc)}") from exc
+        return HTMLResponse(page)
+
     return app
 
 
 class GraphtrimPlugin(AirflowPlugin):
+    """The MLflow webhook receiver and the variants page (``/graphtrim/variants``), shown in
+    the Airflow UI's navigation under Browse."""
+
     name = "graphtrim"
-    fastapi_apps = [{"app": create_app(), "url_prefix": "/graphtrim", "name": "graphtrim webhooks"}]
+    fastapi_apps = [{"app": create_app(), "url_prefix": "/graphtrim", "name": "graphtrim"}]
+    external_views = [
+        {
+            "name": "graphtrim variants",
+            "href": "/graphtrim/variants",
+            "destination": "nav",
+            "category": "browse",
+            "url_route": "graphtrim-variants",
+        }
+    ]

@@ -59,6 +59,12 @@ def gate_numbers(gate: Mapping[str, Any]) -> str:
         if limits.get(limit) is None or measured.get(key) is None:
             continue
         bound = _fmt(limits[limit])
+        if limit == "max_noise":  # the undecided rule, not a bound the spread must meet
+            parts.append(
+                f"{label} {_fmt(measured[key])} (above {bound} undecided only when the blocks' "
+                "speedups straddle the threshold)"
+            )
+            continue
         if limit == "max_metric_drop" and limits.get("metric_drop_mode") == "relative":
             bound += " of the reference's metric"
         parts.append(f"{label} {_fmt(measured[key])} (limit {op} {bound})")

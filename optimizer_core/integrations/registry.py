@@ -41,6 +41,11 @@ VARIANT_TAG = TAG + "variant"
 HISTORY_TAG = TAG + "alias_history."  # registered-model tag, one per alias: JSON list of versions
 MOVES_TAG = TAG + "moves."  # registered-model tags ``moves.<alias>.<n>``: every move's audit
 HOLD_TAG = TAG + "hold."  # registered-model tag per alias: set by a person, kept by the pipeline
+GATES_TAG = TAG + "gates"  # ``serving=pass,size=pass,...``
+# a JSON object of the variant's numbers: what versions registered before graphtrim 0.1 carry
+# (their numbers now are the linked logged model's metrics); read, never written
+LEGACY_METRICS_TAG = TAG + "metrics"
+_INTEGER_METRICS = ("bytes", "nodes")
 
 _MODELS_URI = re.compile(r"^models:/(?P<name>[^/@]+)(?:/(?P<version>\d+)|@(?P<alias>[\w.-]+))$")
 
@@ -71,6 +76,40 @@ def is_graphtrim_output(tags: Mapping[str, str] | None) -> bool:
     another version): triggers and scans skip such versions, or every variant would be
     optimized again as a new source (a feedback loop)."""
     return bool(tags) and (VARIANT_TAG in tags or KEY_TAG in tags)  # type: ignore[operator]
+
+
+def logged_model_id(mv: Any) -> str | None:
+    """The logged model a version was registered from: its ``model_id`` where the client
+    fills it in, else its source ``models:/<model_id>`` (MLflow's REST answer carries only
+    the source)."""
+    if getattr(mv, "model_id", None):
+        return str(mv.model_id)
+    source = str(getattr(mv, "source", "") or "")
+    if source.startswith("models:/m-"):
+        return source.removeprefix("models:/").split("/")[0]
+    return None
+
+
+def format_gates(gates: Mapping[str, str]) -> str:
+    """Gate verdicts as one short, searchable tag value: ``serving=pass,accuracy=pass``."""
+    return ",".join(f"{g}={s}" for g, s in gates.items())
+
+
+def parse_gates(text: str | None) -> dict[str, str] | None:
+    """The verdicts of :func:`format_gates`, or of the JSON object older versions carry;
+    None when there is nothing readable."""
+    if not text:
+        return None
+    if text.lstrip().startswith("{"):
+        try:
+            doc = json.loads(text)
+        except ValueError:
+            return None
+        return {str(k): str(v) for k, v in doc.items()} if isinstance(doc, dict) else None
+    pairs = [part.partition("=") for part in text.split(",")]
+    if not all(sep and g for g, sep, _ in pairs):
+        return None
+    return {g.strip(): s.strip() for g, _, s in pairs}
 
 
 def parse_models_uri(uri: str) -> tuple[str, str | None, str | None]:
@@ -459,6 +498,49 @@ class Registry:
         )
         return dict(mv.tags or {})
 
+    def lineage(self, mv: Any) -> dict[str, Any]:
+        """A registered variant's record: its tags, its gate verdicts and its numbers (the
+        metrics its logged model carries under ``<variant>.<name>``; for versions registered
+        before those existed, the JSON tag they carry instead)."""
+        tags = dict(mv.tags or {})
+        metrics: dict[str, Any] = {}
+        if LEGACY_METRICS_TAG in tags:
+            with contextlib.suppress(ValueError):
+                doc = json.loads(tags[LEGACY_METRICS_TAG])
+                metrics = doc if isinstance(doc, dict) else {}
+        elif model_id := logged_model_id(mv):
+            try:
+                logged = self._call(
+                    f"the logged model of version {mv.version} of '{mv.name}'",
+                    self.client.get_logged_model,
+                    model_id,
+                )
+            except RegistryError as exc:
+                if exc.transient:
+                    raise
+                logged = None  # deleted: the version has no numbers on record
+            prefix = tags.get(VARIANT_TAG, "") + "."
+            latest: dict[str, Any] = {}
+            for m in getattr(logged, "metrics", None) or []:
+                if m.key.startswith(prefix):
+                    key = m.key[len(prefix) :]
+                    if key not in latest or (m.timestamp, m.step) >= latest[key][0]:
+                        latest[key] = ((m.timestamp, m.step), m.value)
+            for key, (_, value) in latest.items():
+                integral = key in _INTEGER_METRICS and float(value).is_integer()
+                metrics[key] = int(value) if integral else float(value)
+        return {"tags": tags, "gates": parse_gates(tags.get(GATES_TAG)), "metrics": metrics}
+
+    def version_lineage(self, name: str, version: str) -> dict[str, Any]:
+        """:meth:`lineage` of version ``version`` of ``name``."""
+        mv = self._call(
+            f"version {version} of registered model '{name}'",
+            self.client.get_model_version,
+            name,
+            str(version),
+        )
+        return self.lineage(mv)
+
     # ------------------------------------------------------------------ writing
 
     def ensure_registered_model(self, name: str) -> None:
@@ -483,6 +565,7 @@ class Registry:
         tags: Mapping[str, str],
         key: str,
         run_id: str | None = None,
+        description: str | None = None,
     ) -> tuple[str, bool]:
         """Register ``model_uri`` (``models:/<model_id>`` of a logged model) as a new version
         of ``name`` unless a version with ``key`` exists; returns (version, created)."""
@@ -501,6 +584,7 @@ class Registry:
             run_id=run_id,
             tags={**tags, KEY_TAG: key},
             model_id=model_id,
+            description=description,
             await_creation_for=300,
         )
         # two writers racing past the search both created a version: keep the oldest

@@ -42,19 +42,16 @@ def refuse_variant_source(ctx: StageContext, source: Any) -> None:
     )
 
 
-def _verdict_from_version(tags: Mapping[str, str]) -> dict[str, Any] | None:
-    """The recorded summary of a registered variant (its gates passed)."""
-    try:
-        gates = json.loads(tags.get(T + "gates", "{}"))
-        metrics = json.loads(tags.get(T + "metrics", "{}"))
-    except ValueError:
+def _verdict_from_version(lineage: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The recorded summary of a registered variant (its gates passed), from
+    :meth:`Registry.lineage`."""
+    if not lineage["gates"]:
         return None
-    if not isinstance(gates, dict) or not isinstance(metrics, dict):
-        return None
+    tags = lineage["tags"]
     return {
         "passed": True,
-        "gates": gates,
-        "metrics": metrics,
+        "gates": lineage["gates"],
+        "metrics": lineage["metrics"],
         "reasons": [],
         "model": {"uri": tags.get(T + "artifact", ""), "sha256": tags.get(T + "sha256", "")},
     }
@@ -80,7 +77,7 @@ def prior_verdicts(
             mv = None  # no such registered model yet
         if mv is None:
             continue
-        summary = _verdict_from_version(dict(mv.tags or {}))
+        summary = _verdict_from_version(registry.lineage(mv))
         if summary is not None:
             summary["registered"] = {"name": target, "version": str(mv.version), "created": False}
             out[variant] = summary

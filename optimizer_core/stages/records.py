@@ -194,10 +194,12 @@ class ValidateRecord(Record):
 
 @dataclasses.dataclass(eq=False)
 class RegisterRecord(Record):
-    """The registered model the variants went to, the versions registered per variant, and
-    the variants that failed with their reasons."""
+    """The registered model the variants went to, the versions registered per variant, the
+    variants that failed with their reasons, and the run's comparison report (``json``,
+    ``markdown``, ``html`` URIs; absent when this run judged nothing new)."""
 
     STAGE: ClassVar[str] = "register"
+    OPTIONAL: ClassVar[tuple[str, ...]] = ("reports",)
 
     worker: dict[str, Any] = dataclasses.field(default_factory=dict)
     run_id: str = ""
@@ -205,6 +207,7 @@ class RegisterRecord(Record):
     target: str = ""
     registered: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
     failed: dict[str, list[str]] = dataclasses.field(default_factory=dict)
+    reports: dict[str, str] | None = None
 
 
 @dataclasses.dataclass(eq=False)

@@ -1,6 +1,14 @@
 """The register stage: log every variant that passed its gates as an MLflow ONNX model and
-register it, with lineage tags, as a new version of the target model, at most once per source
-version, variant and config (its lineage key)."""
+register it, with lineage, as a new version of the target model, at most once per source
+version, variant and config (its lineage key).
+
+What MLflow shows of a registered variant: the logged model carries the variant's settings as
+params and its numbers as metrics (``<variant>.speedup``, ...), linked to the version; the
+version's description (Markdown) says what it is, each gate with its numbers against its
+limits, and where the run's comparison report is; its tags are short and searchable (source,
+variant, preset, config hash, gate verdicts, artifact and sha256). ``model.onnx`` and its data
+files in MLflow are the artifact store's bytes: ``graphtrim.sha256`` holds for both.
+"""
 
 from __future__ import annotations
 
@@ -14,7 +22,10 @@ from typing import Any
 from optimizer_core.redact import redact
 from optimizer_core.stages.context import PipelineConfig, StageContext
 from optimizer_core.stages.records import OptimizeRecord, RegisterRecord, ValidateRecord
-from optimizer_core.stages.tracking import T, stage_run, worker
+from optimizer_core.stages.tracking import T, log_metrics, stage_run, worker
+
+DESCRIPTION_LIMIT = 5000  # MLflow's column for a version's description
+COMPARISON = "comparison"
 
 
 def lineage_key(source: Mapping[str, Any], variant: str, config_hash: str) -> str:
@@ -40,17 +51,28 @@ def log_onnx(
     path: Path,
     tags: Mapping[str, str],
     scratch: Path,
+    *,
+    params: Mapping[str, str] | None = None,
+    metrics: Mapping[str, Any] | None = None,
+    description: str | None = None,
 ) -> str:
     """Log the ONNX file at ``path`` as an MLflow model (onnx + pyfunc flavors) of ``run_id``
-    through ``client`` alone (no process-wide MLflow state); returns ``models:/<model_id>``.
-    The logged model is READY only once its files are uploaded; FAILED if anything breaks."""
+    through ``client`` alone (no process-wide MLflow state), with ``params``, ``metrics`` and a
+    Markdown ``description``; returns ``models:/<model_id>``. The logged model is READY only
+    once its files, params and metrics are in; FAILED if anything breaks."""
     from mlflow.entities import LoggedModelOutput, LoggedModelStatus
     from mlflow.models import Model
 
     from optimizer_core.integrations.serving import save_onnx_model
 
+    extra = {"mlflow.note.content": description} if description else {}
     logged = client.create_logged_model(
-        experiment_id, name=name, source_run_id=run_id, tags=dict(tags), model_type="onnx"
+        experiment_id,
+        name=name,
+        source_run_id=run_id,
+        tags={**tags, **extra},
+        params=dict(params or {}),
+        model_type="onnx",
     )
     try:
         local = scratch / f"mlflow-{name}"
@@ -62,6 +84,7 @@ def log_onnx(
         )
         save_onnx_model(path, local, mlflow_model=meta)
         client.log_model_artifacts(logged.model_id, str(local))
+        log_metrics(client, run_id, dict(metrics or {}), model_id=logged.model_id)
         client.log_outputs(run_id, [LoggedModelOutput(logged.model_id, step=0)])
         client.finalize_logged_model(logged.model_id, LoggedModelStatus.READY)
     except BaseException:
@@ -71,6 +94,146 @@ def log_onnx(
     return f"models:/{logged.model_id}"
 
 
+def comparison_report(
+    ctx: StageContext,
+    client: Any,
+    config: PipelineConfig,
+    val: ValidateRecord,
+    tmp: Path,
+) -> tuple[dict[str, Any] | None, dict[str, str] | None]:
+    """One report of every variant this run judged, side by side (the validate tasks'
+    evaluations combined, each variant's build record from the run): written to the artifact
+    store beside the evaluations and to the run's ``graphtrim/reports``. (None, None) when the
+    run judged nothing new (every verdict was recorded before)."""
+    from optimizer_core.gates.report import combine
+    from optimizer_core.integrations.artifacts import safe_part
+
+    every = [r for r in (val.all_reports or [val.reports]) if r and r.get("json")]
+    if not every:
+        return None, None
+    docs = []
+    for i, r in enumerate(every):
+        docs.append(json.loads(ctx.fetch_file(r["json"], tmp / f"evaluation-{i}.json").read_text()))
+    source = val.source
+    doc = combine(docs, label=f"models:/{source['name']}/{source['version']}")
+    for v in doc["variants"]:
+        if v.get("build") is None:
+            with contextlib.suppress(Exception):  # a variant that was never built has none
+                got = client.download_artifacts(
+                    val.run_id, f"graphtrim/build-{v['name']}.json", str(tmp / "builds")
+                )
+                v["build"] = json.loads(Path(got).read_text())
+    doc["pipeline"] = {"run_id": val.run_id, "config_hash": config.config_hash}
+    folder = tmp / "comparison"
+    written = _write_report(doc, folder)
+    prefix = "/".join(
+        (
+            safe_part(source["name"]),
+            safe_part(source["version"]),
+            "reports",
+            config.config_hash[:16],
+            val.run_id,
+        )
+    )
+    store = ctx.store()
+    uris = {kind: store.put_file(path, f"{prefix}/{path.name}") for kind, path in written.items()}
+    client.log_artifacts(val.run_id, str(folder), "graphtrim/reports")
+    return doc, uris
+
+
+def _write_report(doc: Mapping[str, Any], folder: Path) -> dict[str, Path]:
+    from optimizer_core.gates.report import render_html, render_markdown
+
+    folder.mkdir(parents=True, exist_ok=True)
+    out = {
+        "json": folder / f"{COMPARISON}.json",
+        "markdown": folder / f"{COMPARISON}.md",
+        "html": folder / f"{COMPARISON}.html",
+    }
+    out["json"].write_text(json.dumps(doc, indent=2))
+    out["markdown"].write_text(render_markdown(doc))
+    out["html"].write_text(render_html(doc))
+    return out
+
+
+def describe(
+    variant: str,
+    source: Mapping[str, Any],
+    summary: Mapping[str, Any],
+    *,
+    config: PipelineConfig,
+    run_id: str,
+    gates: list[Mapping[str, Any]] | None = None,
+    report: str | None = None,
+    report_link: str | None = None,
+) -> str:
+    """A registered variant's description in Markdown: what it is, its gates with their
+    numbers against their limits (``gates``: the evaluation's gate documents; their verdicts
+    alone without them), its key numbers and where the comparison report is (``report_link``:
+    its page in MLflow's UI, when there is one)."""
+    from optimizer_core.gates.report import gate_numbers
+    from optimizer_core.stats import _fmt_bytes
+
+    m = summary.get("metrics") or {}
+    lines = [
+        f"graphtrim **{variant}** variant of `{source['name']}` version {source['version']} "
+        f"(preset `{config.preset}`, device `{config.device}`).",
+        "",
+        "| gate | verdict | measured (limit) |",
+        "|---|---|---|",
+    ]
+    for g in gates or [{"gate": k, "status": v} for k, v in (summary.get("gates") or {}).items()]:
+        numbers = gate_numbers(g) if g.get("measured") else ""
+        lines.append(f"| {g['gate']} | {str(g['status']).upper()} | {numbers or '-'} |")
+    facts = []
+    if m.get("speedup"):
+        facts.append(f"p50 speedup **{m['speedup']:.2f}x**")
+        if m.get("p50_ms") and m.get("reference_p50_ms"):
+            facts.append(f"p50 {m['p50_ms']:.3f} ms against {m['reference_p50_ms']:.3f} ms")
+    if m.get("bytes"):
+        size = _fmt_bytes(m["bytes"])
+        facts.append(f"{size} ({m['size_ratio']:.2f}x the source)" if m.get("size_ratio") else size)
+    if m.get("nodes"):
+        facts.append(f"{m['nodes']} nodes")
+    if facts:
+        lines += ["", ", ".join(facts) + "."]
+    lines += [""]
+    if report_link:
+        lines.append(f"[Comparison of every variant of this run]({report_link}).")
+    if report:
+        lines.append(f"Comparison report: `{report}`")
+        lines.append(f"(artifact `graphtrim/reports/{COMPARISON}.html` of the run).")
+    lines.append(f"Pipeline run `{run_id}`, config `{config.config_hash[:16]}`.")
+    text = "\n".join(lines)
+    return text if len(text) <= DESCRIPTION_LIMIT else text[: DESCRIPTION_LIMIT - 3] + "..."
+
+
+def _params(
+    variant: str,
+    config: PipelineConfig,
+    opt: OptimizeRecord,
+    val: ValidateRecord,
+    versions: Mapping[str, str],
+) -> dict[str, str]:
+    """A registered variant's settings, as its logged model's params."""
+    params = {
+        "variant": variant,
+        "preset": config.preset,
+        "device": config.device,
+        "tensorrt": str(config.tensorrt).lower(),
+        "fallback": str(config.fallback).lower(),
+        "config_hash": config.config_hash,
+        "policy_hash": val.policy_hash,
+        "fingerprint": val.fingerprint,
+        "passes": ",".join(opt.passes),
+    }
+    for kind, sha in (config.data_sha256 or {}).items():
+        params[f"data.{kind}.sha256"] = sha
+    for dist, version in versions.items():
+        params[f"version.{dist}"] = version
+    return {k: v[:6000] for k, v in params.items() if v}
+
+
 def register(
     ctx: StageContext,
     config: PipelineConfig,
@@ -78,10 +241,11 @@ def register(
     validated: ValidateRecord | Mapping[str, Any],
 ) -> RegisterRecord:
     """Log every variant that passed its gates as an MLflow ONNX model and register it, with
-    lineage tags, as a new version of the target model. Variants that failed are recorded in
-    the run, never registered. A variant registered before (same lineage key) is reported,
-    not registered again."""
-    from optimizer_core.integrations.registry import KEY_TAG
+    lineage, as a new version of the target model; write the run's comparison report first.
+    Variants that failed are recorded in the run, never registered. A variant registered
+    before (same lineage key) is reported, not registered again."""
+    from optimizer_core.integrations.links import record_links, ui_base
+    from optimizer_core.integrations.registry import GATES_TAG, KEY_TAG, format_gates
     from optimizer_core.integrations.serving import library_versions
 
     config = config.resolved(ctx)
@@ -91,11 +255,21 @@ def register(
     source = val.source
     target = config.target_name or source["name"]
     registry = ctx.registry()
-    versions = json.dumps(library_versions(), sort_keys=True)
+    versions = library_versions()
     registered: dict[str, Any] = {}
     failed: dict[str, list[str]] = {}
     with stage_run(ctx, run_id, "register") as client, ctx.scratch("register") as tmp:
         experiment_id = client.get_run(run_id).info.experiment_id
+        doc, reports = comparison_report(ctx, client, config, val, tmp)
+        report_link = None
+        if reports:
+            ctx.say(f"register: comparison report {reports['html']}")
+            report_link = record_links(
+                ui_base(ctx.tracking_uri),
+                {"run_id": run_id, "reports": reports},
+                experiment_id=experiment_id,
+            ).get("report")
+        judged = {v["name"]: v for v in (doc or {}).get("variants", [])}
         for variant, summary in val.variants.items():
             if not summary.get("reused"):  # what a re-run reports instead of judging again
                 verdict = {k: summary.get(k) for k in ("passed", "gates", "metrics", "reasons")}
@@ -127,6 +301,8 @@ def register(
                     "created": False,
                 }
                 continue
+            # short, searchable tags; the settings are the logged model's params, the numbers
+            # its metrics, the detail the comparison report
             tags = {
                 T + "source.name": source["name"],
                 T + "source.version": str(source["version"]),
@@ -134,31 +310,48 @@ def register(
                 T + "source.run_id": str(source.get("run_id") or ""),
                 T + "variant": variant,
                 T + "preset": config.preset,
-                T + "passes": ",".join(opt.passes),
-                T + "config_hash": config.config_hash,
-                T + "gates": json.dumps(summary["gates"], sort_keys=True),
-                T + "metrics": json.dumps(
-                    {k: v for k, v in summary["metrics"].items() if v is not None}, sort_keys=True
-                ),
-                T + "fingerprint": val.fingerprint,
                 T + "device": val.device or config.device,
-                T + "versions": versions,
+                T + "config_hash": config.config_hash,
+                GATES_TAG: format_gates(summary["gates"]),
+                T + "fingerprint": val.fingerprint,
                 T + "pipeline_run_id": run_id,
                 T + "orchestrator_run_id": ctx.orchestrator_run_id or "",
                 T + "artifact": summary["model"]["uri"],
                 T + "sha256": summary["model"]["sha256"],
             }
+            tags = {k: v for k, v in tags.items() if v}
+            description = describe(
+                variant,
+                source,
+                summary,
+                config=config,
+                run_id=run_id,
+                gates=(judged.get(variant) or {}).get("gates"),
+                report=(reports or {}).get("html"),
+                report_link=report_link,
+            )
             logged = _logged_model(client, experiment_id, key)
             if logged is None:
                 ctx.say(f"register: logging {variant}")
                 path = ctx.fetch(summary["model"]["uri"], tmp / variant)
                 model_uri = log_onnx(
-                    client, experiment_id, run_id, variant, path, {**tags, KEY_TAG: key}, tmp
+                    client,
+                    experiment_id,
+                    run_id,
+                    variant,
+                    path,
+                    {**tags, KEY_TAG: key},
+                    tmp,
+                    params=_params(variant, config, opt, val, versions),
+                    metrics={
+                        f"{variant}.{k}": v for k, v in (summary.get("metrics") or {}).items()
+                    },
+                    description=description,
                 )
             else:
                 model_uri = f"models:/{logged.model_id}"
             version, created = registry.register(
-                model_uri, target, tags=tags, key=key, run_id=run_id
+                model_uri, target, tags=tags, key=key, run_id=run_id, description=description
             )
             ctx.say(f"register: {variant} -> {target} version {version}")
             registered[variant] = {"name": target, "version": version, "created": created}
@@ -172,4 +365,5 @@ def register(
         target=target,
         registered=registered,
         failed=failed,
+        reports=reports,
     )

@@ -61,8 +61,11 @@ def table(records: dict[str, Any]) -> str:
             + (f"moved to v{champion['version']} " if champion.get("moved") else "unchanged ")
             + f"({champion.get('reason', '')})"
         )
+    comparison = (records.get("register", {}).get("reports") or {}).get("html")
     every = [r.get("html") for r in validated.get("all_reports", []) if r.get("html")]
-    if len(every) > 1:
+    if comparison:
+        lines.append(f"report (every variant side by side): {comparison}")
+    elif len(every) > 1:
         lines.append(f"reports ({len(every)}, one per variant): {every[0].rsplit('/', 1)[0]}/")
     elif validated.get("reports"):
         lines.append(f"report: {validated['reports'].get('html')}")

@@ -184,17 +184,24 @@ def stage_run(
     ctx.say(f"{name}: done")
 
 
-def log_metrics(client: Any, run_id: str, metrics: Mapping[str, float | int | None]) -> None:
-    """Log the numeric ``metrics`` (None and NaN left out) in batches MLflow accepts."""
+def log_metrics(
+    client: Any,
+    run_id: str,
+    metrics: Mapping[str, float | int | None],
+    *,
+    model_id: str | None = None,
+) -> None:
+    """Log the numeric ``metrics`` (None and NaN left out) in batches MLflow accepts; with
+    ``model_id`` they are also the metrics of that logged model."""
     import time
 
     from mlflow.entities import Metric
 
     now = int(time.time() * 1000)
     batch = [
-        Metric(metric_key(k), float(v), now, 0)
+        Metric(metric_key(k), float(v), now, 0, model_id=model_id)
         for k, v in metrics.items()
-        if isinstance(v, (int, float)) and v == v  # drop None and NaN
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and v == v  # no None, NaN
     ]
     for i in range(0, len(batch), 500):
         client.log_batch(run_id, metrics=batch[i : i + 500])

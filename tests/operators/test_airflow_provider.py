@@ -50,6 +50,18 @@ def test_provider_entry_point_and_info_match_airflow_schema() -> None:
                 if isinstance(c, type) and issubclass(c, base) and c.__module__ == name
             ]
             assert classes, (kind, name)
+    # the extra links, and the stage operators show them
+    from airflow.sdk import BaseOperatorLink
+
+    from operators.airflow.operators import GraphtrimStageOperator
+
+    links = []
+    for path in info["extra-links"]:
+        module, _, name = path.rpartition(".")
+        link = getattr(importlib.import_module(module), name)
+        assert issubclass(link, BaseOperatorLink), path
+        links.append(link)
+    assert {type(x) for x in GraphtrimStageOperator.operator_extra_links} == set(links)
     (plugin,) = info["plugins"]
     module, _, name = plugin["plugin-class"].rpartition(".")
     assert getattr(importlib.import_module(module), name).name == plugin["name"]
@@ -346,6 +358,20 @@ def test_optimize_dag_through_airflow_with_mlflow_server_and_s3(
         ), (label, where)
     champion = client.get_model_version_by_alias("digits-airflow", "champion")
     assert champion.version == by_variant["int8-static"].version
+
+    # the tasks' extra links, as Airflow stored them when each task ended
+    links = _links(run.run_id)
+    pipeline_run = by_variant["graph"].tags["graphtrim.pipeline_run_id"]
+    experiment = client.get_run(pipeline_run).info.experiment_id
+    base = servers["mlflow"]
+    register = links[("register", -1)]
+    assert register["MlflowRunLink"] == f"{base}/#/runs/{pipeline_run}"
+    assert register["MlflowModelVersionLink"] == f"{base}/#/models/digits-airflow"
+    artifacts = f"{base}/#/experiments/{experiment}/runs/{pipeline_run}/artifacts"
+    assert register["GraphtrimReportLink"] == f"{artifacts}/graphtrim/reports/comparison.html"
+    gate = links[("gate", 0)]
+    assert gate["GraphtrimReportLink"].startswith(f"{artifacts}/graphtrim/reports/evaluation")
+    assert gate["MlflowModelVersionLink"] == ""  # a gate registers nothing: the link is off
     assert (
         client.get_model_version_by_alias("digits-airflow", "graph-candidate").version
         == by_variant["graph"].version
@@ -366,6 +392,28 @@ def test_optimize_dag_through_airflow_with_mlflow_server_and_s3(
     out = capfd.readouterr()
     assert f"models:/digits-airflow/{variant} is a graphtrim variant" in out.out + out.err
     assert len(client.search_model_versions("name='digits-airflow'")) == before
+
+
+def _links(run_id: str) -> dict[tuple[str, int], dict[str, str]]:
+    """The extra links' URLs Airflow stored for each task instance of the DAG run."""
+    from airflow.models.xcom import XComModel
+    from airflow.utils.session import create_session
+    from sqlalchemy import select
+
+    out: dict[tuple[str, int], dict[str, str]] = {}
+    with create_session() as session:
+        rows = session.execute(
+            select(XComModel.task_id, XComModel.map_index, XComModel.key, XComModel.value).where(
+                XComModel.run_id == run_id, XComModel.key.like("_link_%")
+            )
+        ).all()
+    for task, index, key, value in rows:
+        try:
+            url = json.loads(value) if isinstance(value, str | bytes) else value
+        except ValueError:  # stored as the bare string
+            url = value
+        out.setdefault((task, index), {})[key.removeprefix("_link_")] = url
+    return out
 
 
 def test_a_dag_run_without_a_policy_takes_the_workers_deployment_policy(

@@ -411,3 +411,37 @@ def test_api_server_triggers_signed_events_and_refuses_bad_ones(api_server: str)
     assert r.json()["status"] == "triggered"
     assert r.json()["run_id"] == f"mlflow_webhook__{headers['X-MLflow-Delivery-Id']}"
     assert runs() == before + 1
+
+
+def _token(url: str) -> str:
+    """A JWT of the simple auth manager's generated user (what the UI's login gets)."""
+    import requests
+
+    home = Path(os.environ["AIRFLOW_HOME"])
+    passwords = home / "simple_auth_manager_passwords.json.generated"
+    user, password = next(iter(json.loads(passwords.read_text()).items()))
+    got = requests.post(
+        f"{url}/auth/token", json={"username": user, "password": password}, timeout=60
+    )
+    got.raise_for_status()
+    return str(got.json()["access_token"])
+
+
+@pytest.mark.slow
+def test_api_server_serves_the_variants_page_to_signed_in_users_only(api_server: str) -> None:
+    """The plugin's page is in the UI's navigation and answers only a signed-in caller; with
+    no MLflow to read it says so (the page's content is tested against a real registry in the
+    pipeline tests)."""
+    import requests
+
+    page = f"{api_server}/graphtrim/variants"
+    assert requests.get(page, timeout=60).status_code == 401
+    auth = {"Authorization": f"Bearer {_token(api_server)}"}
+    plugins = requests.get(f"{api_server}/api/v2/plugins", headers=auth, timeout=60).json()
+    ours = next(p for p in plugins["plugins"] if p["name"] == "graphtrim")
+    (view,) = ours["external_views"]
+    assert view["href"] == "/graphtrim/variants" and view["destination"] == "nav"
+    got = requests.get(page, headers=auth, timeout=60)
+    assert got.status_code == 503, got.text  # this server has no MLflow connection
+    assert "cannot read the MLflow registry" in got.json()["detail"]
+    assert "MLFLOW_TRACKING_URI" in got.json()["detail"]

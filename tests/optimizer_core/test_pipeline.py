@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -17,7 +18,12 @@ from optimizer_core.cli import main
 from optimizer_core.examples.digits import DigitsTask
 from optimizer_core.exporter import ExportError
 from optimizer_core.integrations.artifacts import ArtifactStoreError
-from optimizer_core.integrations.registry import Registry, RegistryError
+from optimizer_core.integrations.registry import (
+    Registry,
+    RegistryError,
+    logged_model_id,
+    parse_gates,
+)
 from optimizer_core.stages import pipeline
 from optimizer_core.stages.context import PipelineConfig, StageContext
 from optimizer_core.stages.register import lineage_key
@@ -138,24 +144,96 @@ def test_run_registers_passing_variants_with_lineage(
             f"tags.`graphtrim.source.version`='1' and tags.`graphtrim.variant`='{variant}'"
         )
         assert [str(v.version) for v in found] == [rec["version"]]
-        tags = found[0].tags
+        mv = found[0]
+        tags = mv.tags
         assert tags["graphtrim.config_hash"] == config.config_hash
         assert tags["graphtrim.preset"] == "default"
-        assert "dead-code" in tags["graphtrim.passes"].split(",")
         assert tags["graphtrim.source.run_id"] == digits_run["export"]["source"]["run_id"]
         assert tags["graphtrim.source.model_id"].startswith("m-")
         assert tags["graphtrim.pipeline_run_id"] == digits_run["export"]["run_id"]
-        assert json.loads(tags["graphtrim.gates"]) == {
-            "serving": "pass",
-            "size": "pass",
-            "accuracy": "pass",
-            "latency": "pass",
-        }
-        assert json.loads(tags["graphtrim.metrics"])["bytes"] > 0
+        # verdicts in one short tag that a search can match
+        assert tags["graphtrim.gates"] == "serving=pass,size=pass,accuracy=pass,latency=pass"
         assert len(tags["graphtrim.fingerprint"]) == 16
-        versions = json.loads(tags["graphtrim.versions"])
-        assert versions["onnxruntime"] == ort.__version__
         assert tags["graphtrim.artifact"].startswith(f"s3://{BUCKET}/pipeline/digits/1/variant-")
+        # short and queryable: no JSON documents, nothing long
+        # (the alias moves' audit, graphtrim.audit.<alias>, is the promote stage's record)
+        long = {
+            k: v
+            for k, v in tags.items()
+            if len(v) > 80 and k != "graphtrim.artifact" and not k.startswith("graphtrim.audit.")
+        }
+        assert not long, long
+        assert not [
+            k
+            for k, v in tags.items()
+            if v.lstrip().startswith(("{", "[")) and not k.startswith("graphtrim.audit.")
+        ]
+        # the logged model is linked to the version and holds the settings and numbers
+        logged = client.get_logged_model(logged_model_id(mv))
+        links = json.loads(logged.tags["mlflow.modelVersions"])
+        assert [(d["name"], str(d["version"])) for d in links] == [("digits", rec["version"])]
+        assert logged.params["variant"] == variant
+        assert logged.params["preset"] == "default"
+        assert "dead-code" in logged.params["passes"].split(",")
+        assert logged.params["version.onnxruntime"] == ort.__version__
+        assert logged.params["config_hash"] == config.config_hash
+        metrics = {m.key: m.value for m in logged.metrics}
+        numbers = digits_run["validate"]["variants"][variant]["metrics"]
+        assert metrics[f"{variant}.bytes"] == numbers["bytes"] > 0
+        assert metrics[f"{variant}.speedup"] == pytest.approx(numbers["speedup"])
+        assert metrics[f"{variant}.cosine"] == pytest.approx(numbers["cosine"])
+        # promotion and re-runs read the numbers back from the logged model
+        lineage = Registry(servers["mlflow"]).lineage(mv)
+        assert lineage["metrics"]["bytes"] == numbers["bytes"]
+        assert lineage["gates"]["latency"] == "pass"
+        # the description says what the version is, with each gate's numbers and the report
+        text = mv.description
+        assert f"**{variant}** variant of `digits` version 1" in text
+        assert "| accuracy | PASS | " in text and "(limit >= " in text
+        assert "p50 speedup" in text
+        assert digits_run["register"]["reports"]["html"] in text
+        assert logged.tags["mlflow.note.content"] == text
+
+
+def test_the_mlflow_copy_is_the_stored_bytes(
+    servers: dict[str, str], digits_run: dict[str, Any], tmp_path: Path
+) -> None:
+    """The files MLflow serves for a registered variant hash to its graphtrim.sha256 tag."""
+    from optimizer_core.integrations.artifacts import model_files, sha256_files
+
+    client = mlflow.MlflowClient(servers["mlflow"], servers["mlflow"])
+    for variant, rec in digits_run["register"]["registered"].items():
+        mv = client.get_model_version("digits", rec["version"])
+        got = Path(
+            mlflow.artifacts.download_artifacts(
+                f"models:/digits/{rec['version']}",
+                dst_path=str(tmp_path / variant),
+                tracking_uri=servers["mlflow"],
+            )
+        )
+        files = model_files(got / "model.onnx")
+        assert sha256_files(files) == mv.tags["graphtrim.sha256"], variant
+
+
+def test_the_run_has_one_comparison_report_of_every_variant(
+    servers: dict[str, str], digits_run: dict[str, Any], tmp_path: Path
+) -> None:
+    import html
+
+    reports = digits_run["register"]["reports"]
+    assert set(reports) == {"json", "markdown", "html"}
+    s3 = boto3.client("s3", endpoint_url=servers["s3"])
+    key = reports["html"].removeprefix(f"s3://{BUCKET}/")
+    page = html.unescape(s3.get_object(Bucket=BUCKET, Key=key)["Body"].read().decode())
+    validated = digits_run["validate"]["variants"]
+    for variant in validated:
+        assert f'<h3 id="variant-{variant}">' in page
+    assert "models:/digits/1" in page and "Speed against accuracy" in page
+    assert "<h2>Builds</h2>" in page  # the build records, from the run's build-<variant>.json
+    run_id = digits_run["export"]["run_id"]
+    client = mlflow.MlflowClient(servers["mlflow"], servers["mlflow"])
+    names = {f.path for f in client.list_artifacts(run_id, "graphtrim/reports")}
+    assert "graphtrim/reports/comparison.html" in names
 
 
 def test_registered_variants_load_with_pyfunc_and_match_the_source(
@@ -758,3 +836,101 @@ def test_export_in_a_fresh_process_uses_only_the_given_registry(
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert json.loads((tmp_path / "export.json").read_text())["source"]["version"] == version
     assert list(cwd.iterdir()) == []
+
+
+# ---------------------------------------------------------------------------- in a browser
+
+
+def test_a_registered_variant_in_mlflows_ui(
+    servers: dict[str, str], digits_run: dict[str, Any]
+) -> None:
+    """MLflow's own UI in a real browser: the version page renders the description (gates
+    with their numbers), the logged model it links to lists its metrics, params and version."""
+    from tests.browser import open_page, parse
+
+    client = mlflow.MlflowClient(servers["mlflow"], servers["mlflow"])
+    version = digits_run["register"]["registered"]["int8-static"]["version"]
+    mv = client.get_model_version("digits", version)
+    model_id = logged_model_id(mv)
+    assert model_id is not None
+    experiment = client.get_logged_model(model_id).experiment_id
+    base = servers["mlflow"]
+
+    text, tags = parse(open_page(f"{base}/#/models/digits/versions/{version}", "mlflow-version"))
+    assert f"Version {version}" in text
+    assert "graphtrim int8-static variant of digits version 1" in text
+    assert "measured (limit)" in text and "(limit >= " in text  # the gate table, rendered
+    assert any(t == "table" for t, _ in tags)
+    assert any(t == "strong" for t, _ in tags)  # Markdown, not its source
+    assert "**int8-static**" not in text
+    links = [a.get("href") or "" for t, a in tags if t == "a"]
+    assert any(model_id in h for h in links), links  # "Source model": the logged model
+    # the description links the comparison report's page in MLflow's artifact view
+    (report,) = [h for h in links if h.endswith("/artifacts/graphtrim/reports/comparison.html")]
+    assert report.startswith(f"{base}/#/experiments/{experiment}/runs/")
+    text, tags = parse(open_page(report, "mlflow-comparison-artifact"))
+    assert "comparison.html" in text
+    assert any(t == "iframe" for t, _ in tags), text[:2000]  # the report, shown in the page
+
+    text, _ = parse(
+        open_page(f"{base}/#/experiments/{experiment}/models/{model_id}", "mlflow-logged-model")
+    )
+    metrics = re.search(r"Metrics \((\d+)\)", text)
+    params = re.search(r"Parameters \((\d+)\)", text)
+    assert metrics and int(metrics.group(1)) >= 5, text[:3000]
+    assert params and int(params.group(1)) >= 5, text[:3000]
+    assert "int8-static.speedup" in text and "config_hash" in text
+    assert "Not registered" not in text
+    assert re.search(rf"digits\s*v{version}", text), text[:3000]
+
+
+def test_the_comparison_report_in_a_browser(
+    servers: dict[str, str], digits_run: dict[str, Any], tmp_path: Path
+) -> None:
+    from tests.browser import open_page, parse
+
+    s3 = boto3.client("s3", endpoint_url=servers["s3"])
+    key = digits_run["register"]["reports"]["html"].removeprefix(f"s3://{BUCKET}/")
+    page = tmp_path / "comparison.html"
+    page.write_bytes(s3.get_object(Bucket=BUCKET, Key=key)["Body"].read())
+    text, tags = parse(open_page(page.as_uri(), "comparison-report", budget_ms=3000))
+    assert "graphtrim comparison: models:/digits/1" in text
+    images = {a.get("alt") for t, a in tags if t == "img"}
+    assert {"Speed against accuracy", "Latency distributions"} <= images
+    for variant in digits_run["validate"]["variants"]:
+        assert any(t == "h3" and a.get("id") == f"variant-{variant}" for t, a in tags)
+    assert "Pareto front" in text and "Builds" in text and "Op types" in text
+
+
+def test_the_variants_page_lists_every_registered_variant(
+    servers: dict[str, str], digits_run: dict[str, Any], tmp_path: Path
+) -> None:
+    """The registry's graphtrim variants as one table (the Airflow plugin's page), read from
+    the real registry, opened in a browser."""
+    from optimizer_core.integrations.catalog import registered_variants, render_catalog
+    from tests.browser import open_page, parse
+
+    registry = Registry(servers["mlflow"])
+    rows = registered_variants(registry)
+
+    def row_tags(row: dict[str, Any]) -> dict[str, str]:
+        return registry.version_tags(row["model"], row["version"])
+
+    by_version = {(r["model"], r["version"]): r for r in rows}
+    assert ("digits", "1") not in by_version  # the source version is no variant
+    for variant, rec in digits_run["register"]["registered"].items():
+        row = by_version[("digits", rec["version"])]
+        numbers = digits_run["validate"]["variants"][variant]["metrics"]
+        assert row["variant"] == variant and row["source"] == "1"
+        assert row["gates"] == parse_gates(row_tags(row)["graphtrim.gates"])
+        assert row["metrics"]["speedup"] == pytest.approx(numbers["speedup"])
+    page = tmp_path / "variants.html"
+    page.write_text(render_catalog(rows, ui=servers["mlflow"], where="the test registry"))
+    text, tags = parse(open_page(page.as_uri(), "variants-page", budget_ms=2000))
+    shown = {(a.get("data-model"), a.get("data-version")) for t, a in tags if t == "tr"}
+    assert set(by_version) <= shown
+    hrefs = [a.get("href") or "" for t, a in tags if t == "a"]
+    static = digits_run["register"]["registered"]["int8-static"]["version"]
+    assert f"{servers['mlflow']}/#/models/digits/versions/{static}" in hrefs
+    speedup = digits_run["validate"]["variants"]["int8-static"]["metrics"]["speedup"]
+    assert f"{speedup:.2f}x" in text

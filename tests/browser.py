@@ -1,0 +1,100 @@
+"""A real browser for the UI tests: Debian's Chromium, headless, started per page.
+
+:func:`open_page` loads a URL, lets its scripts run (a single-page app fetches its data after
+the first paint) and returns the DOM as the browser built it, saving a screenshot beside it as
+a test artifact (``$GRAPHTRIM_TEST_ARTIFACTS``, default ``.test-artifacts/browser`` in the
+checkout). Assertions are made on the DOM, never on pixels.
+
+The test command installs Chromium where it is missing and it can (``make test`` as root on
+Debian); without a browser the tests that need one fail with the command to install it.
+"""
+
+from __future__ import annotations
+
+import html.parser
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def chromium() -> str:
+    """The Chromium binary; a clear failure when there is none."""
+    found = shutil.which("chromium") or shutil.which("chromium-browser")
+    if found is None:
+        raise AssertionError(
+            "these tests need a browser: apt-get install -y chromium (make test does it as root)"
+        )
+    return found
+
+
+def artifacts() -> Path:
+    out = Path(os.environ.get("GRAPHTRIM_TEST_ARTIFACTS") or ROOT / ".test-artifacts" / "browser")
+    out.mkdir(parents=True, exist_ok=True)
+    return out
+
+
+def _run(args: list[str], budget_ms: int) -> subprocess.CompletedProcess[str]:
+    with tempfile.TemporaryDirectory(prefix="graphtrim-chromium-") as profile:
+        cmd = [
+            chromium(),
+            "--headless=new",
+            "--no-sandbox",  # root in CI containers
+            "--disable-gpu",
+            "--disable-dev-shm-usage",
+            "--no-first-run",
+            "--disable-extensions",
+            "--disable-background-networking",
+            f"--user-data-dir={profile}",
+            f"--disk-cache-dir={profile}/cache",
+            "--window-size=1400,1100",
+            f"--virtual-time-budget={budget_ms}",
+            *args,
+        ]
+        env = {**os.environ, "HOME": profile, "XDG_CONFIG_HOME": profile, "XDG_CACHE_HOME": profile}
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+
+
+def open_page(url: str, name: str, *, budget_ms: int = 20000) -> str:
+    """The DOM of ``url`` once its scripts have had ``budget_ms`` of (virtual) time, and a
+    screenshot ``<name>.png`` among the test artifacts."""
+    shot = artifacts() / f"{re.sub(r'[^A-Za-z0-9_.-]', '_', name)}.png"
+    _run([f"--screenshot={shot}", url], budget_ms)
+    done = _run(["--dump-dom", url], budget_ms)
+    if not done.stdout.strip():
+        raise AssertionError(f"chromium rendered nothing for {url}: {done.stderr[-2000:]}")
+    (shot.with_suffix(".html")).write_text(done.stdout)
+    return done.stdout
+
+
+class _Text(html.parser.HTMLParser):
+    def __init__(self) -> None:
+        super().__init__()
+        self.parts: list[str] = []
+        self.tags: list[tuple[str, dict[str, str | None]]] = []
+        self._skip = 0
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        self.tags.append((tag, dict(attrs)))
+        if tag in ("script", "style"):
+            self._skip += 1
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag in ("script", "style") and self._skip:
+            self._skip -= 1
+
+    def handle_data(self, data: str) -> None:
+        if not self._skip:
+            self.parts.append(data)
+
+
+def parse(dom: str) -> tuple[str, list[tuple[str, dict[str, str | None]]]]:
+    """The visible text of ``dom`` (whitespace collapsed) and its tags with attributes."""
+    p = _Text()
+    p.feed(dom)
+    p.close()
+    return re.sub(r"\s+", " ", " ".join(p.parts)), p.tags
