@@ -41,7 +41,16 @@ def registered_variants(registry: Registry, *, limit: int = 200) -> list[dict[st
         order_by=["creation_timestamp DESC"],
     )
     rows = []
+    aliases: dict[str, dict[str, list[str]]] = {}  # model -> version -> aliases
     for mv in list(found)[:limit]:
+        if mv.name not in aliases:  # a search's versions carry no aliases: the model's do
+            model = registry._call(
+                f"registered model '{mv.name}'", registry.client.get_registered_model, mv.name
+            )
+            by_version: dict[str, list[str]] = {}
+            for alias, version in (getattr(model, "aliases", None) or {}).items():
+                by_version.setdefault(str(version), []).append(alias)
+            aliases[mv.name] = by_version
         try:
             lineage = registry.lineage(mv)
         except RegistryError as exc:
@@ -58,7 +67,7 @@ def registered_variants(registry: Registry, *, limit: int = 200) -> list[dict[st
                 "source_name": tags.get("graphtrim.source.name", mv.name),
                 "gates": lineage["gates"] or {},
                 "metrics": lineage["metrics"],
-                "aliases": sorted(getattr(mv, "aliases", None) or []),
+                "aliases": sorted(aliases[mv.name].get(str(mv.version), [])),
                 "model_id": logged_model_id(mv),
                 "run_id": tags.get("graphtrim.pipeline_run_id") or mv.run_id,
                 "created": mv.creation_timestamp,

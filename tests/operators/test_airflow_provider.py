@@ -372,6 +372,7 @@ def test_optimize_dag_through_airflow_with_mlflow_server_and_s3(
     gate = links[("gate", 0)]
     assert gate["GraphtrimReportLink"].startswith(f"{artifacts}/graphtrim/reports/evaluation")
     assert gate["MlflowModelVersionLink"] == ""  # a gate registers nothing: the link is off
+    _check_airflow_ui(run.run_id, register, {v.version for v in by_variant.values()})
     assert (
         client.get_model_version_by_alias("digits-airflow", "graph-candidate").version
         == by_variant["graph"].version
@@ -392,6 +393,70 @@ def test_optimize_dag_through_airflow_with_mlflow_server_and_s3(
     out = capfd.readouterr()
     assert f"models:/digits-airflow/{variant} is a graphtrim variant" in out.out + out.err
     assert len(client.search_model_versions("name='digits-airflow'")) == before
+
+
+def _check_airflow_ui(run_id: str, links: dict[str, str], versions: set[str]) -> None:
+    """Airflow's UI in a real browser (an API server on this process's database, every user an
+    admin): the register task's page shows its extra links, the graphtrim plugin is in the
+    navigation and its page lists the variants the run registered."""
+    import subprocess
+    import sys
+    import time
+
+    import requests
+
+    from tests.browser import open_page, parse
+    from tests.servers import free_port, stop_process_group
+
+    airflow = str(Path(sys.executable).with_name("airflow"))
+    env = dict(os.environ, AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS="True")
+    subprocess.run([airflow, "dags", "reserialize"], check=True, capture_output=True, env=env)
+    port = free_port()
+    log = Path(os.environ["AIRFLOW_HOME"]) / f"api-server-{port}.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            [airflow, "api-server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+        )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 300  # only against a hang
+        while True:
+            assert proc.poll() is None, log.read_text()[-3000:]
+            assert time.monotonic() < deadline, log.read_text()[-3000:]
+            try:
+                if requests.get(f"{url}/api/v2/monitor/health", timeout=10).ok:
+                    break
+            except requests.RequestException:
+                pass
+            time.sleep(1)
+        task = f"{url}/dags/graphtrim_optimize_model/runs/{run_id}/tasks/register/details"
+        text, tags = parse(open_page(task, "airflow-register-task"))
+        anchors = {}
+        for tag, attrs in tags:
+            if tag == "a" and attrs.get("href"):
+                anchors[attrs["href"]] = attrs
+        assert "Extra Links" in text, text[:3000]
+        for name in ("MlflowRunLink", "MlflowModelVersionLink", "GraphtrimReportLink"):
+            assert links[name] in anchors, (name, links[name], list(anchors)[:40])
+        assert "MLflow run" in text and "MLflow model version" in text
+        assert "graphtrim report" in text
+
+        _, tags = parse(open_page(f"{url}/plugin/graphtrim-variants", "airflow-plugin"))
+        frames = [a for t, a in tags if t == "iframe"]
+        assert [f.get("src") for f in frames] == ["/graphtrim/variants"], frames
+        text, tags = parse(open_page(f"{url}/graphtrim/variants", "airflow-variants-page"))
+        shown = {
+            a.get("data-version")
+            for t, a in tags
+            if t == "tr" and a.get("data-model") == "digits-airflow"
+        }
+        assert versions <= shown, (versions, shown, text[:2000])
+    finally:
+        stop_process_group(proc)
 
 
 def _links(run_id: str) -> dict[tuple[str, int], dict[str, str]]:
