@@ -12,6 +12,11 @@ optionally ``variants``, ``preset``, ``policy`` (a gate policy document), ``cali
 ``eval_data`` (.npz URIs), ``target_name``, ``artifacts``, ``allow_variant_source`` (take a
 version graphtrim registered, a variant, as the source; refused otherwise).
 
+The register task emits an Asset event per version it creates (alias ``graphtrim-registered``)
+and the promote task one per alias it moves (``graphtrim-promoted``), on the registered model's
+asset ``x-mlflow://registered-models/<name>``: see ``operators.airflow.assets``. Each stage task
+links its MLflow run, the version it registered and its report (extra links).
+
 Every task has an ``execution_timeout`` (per stage; ``$GRAPHTRIM_TASK_TIMEOUT_MINUTES`` and
 ``$GRAPHTRIM_TASK_TIMEOUT_MINUTES_<STAGE>`` override it when the DAG is parsed: see
 ``operators.airflow.timeouts``).
@@ -53,11 +58,25 @@ def _params(device: str) -> dict[str, Param]:
             items={"type": "string", "enum": variant_choices()},
             description="variants to build",
         ),
-        "preset": Param("default", type="string", enum=preset_choices()),
-        "policy": Param(None, type=["null", "object"], description="gate policy document"),
+        "preset": Param(
+            "default",
+            type="string",
+            enum=preset_choices(),
+            description="graph optimization preset (graphtrim passes --presets lists them)",
+        ),
+        "policy": Param(
+            None,
+            type=["null", "object"],
+            description="gate policy document (thresholds per variant, promotion); none: the "
+            "workers' $GRAPHTRIM_POLICY, else the built-in defaults",
+        ),
         "calibration": Param(None, type=["null", "string"], description=".npz calibration data"),
         "eval_data": Param(None, type=["null", "string"], description=".npz evaluation data"),
-        "target_name": Param(None, type=["null", "string"], description="registered model to fill"),
+        "target_name": Param(
+            None,
+            type=["null", "string"],
+            description="registered model the variants go to (default: the source's)",
+        ),
         "artifacts": Param(
             os.environ.get("GRAPHTRIM_ARTIFACTS", ""),
             type="string",
@@ -85,6 +104,7 @@ def optimize_dag(dag_id: str, device: str) -> DAG:
     with DAG(
         dag_id,
         description=f"graphtrim: export, optimize, build and gate variants ({device}), register",
+        doc_md=__doc__,
         schedule=None,
         start_date=dt.datetime(2026, 1, 1),
         catchup=False,

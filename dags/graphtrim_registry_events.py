@@ -40,6 +40,7 @@ registry = Asset(
 with DAG(
     "graphtrim_registry_events",
     description="graphtrim: one optimize run per new version of a watched registered model",
+    doc_md=__doc__,
     schedule=[registry],
     start_date=dt.datetime(2026, 1, 1),
     catchup=False,

@@ -26,17 +26,26 @@ from operators.airflow.timeouts import task_timeout
 with DAG(
     "graphtrim_registry_scan",
     description="graphtrim: optimize registered versions that lack variants for the current config",
+    doc_md=__doc__,
     schedule="@hourly",
     start_date=dt.datetime(2026, 1, 1),
     catchup=False,
     max_active_runs=1,
     params={
         "max_runs": Param(10, type="integer", minimum=1, description="fan-out cap per scan"),
-        "versions_per_model": Param(1, type="integer", minimum=1),
-        "watch_tag": Param(
-            os.environ.get("GRAPHTRIM_WATCH_TAG", "graphtrim.optimize"), type="string"
+        "versions_per_model": Param(
+            1, type="integer", minimum=1, description="newest versions checked per model"
         ),
-        "artifacts": Param(os.environ.get("GRAPHTRIM_ARTIFACTS", ""), type="string"),
+        "watch_tag": Param(
+            os.environ.get("GRAPHTRIM_WATCH_TAG", "graphtrim.optimize"),
+            type="string",
+            description="registered-model tag (= true) that marks the models to optimize",
+        ),
+        "artifacts": Param(
+            os.environ.get("GRAPHTRIM_ARTIFACTS", ""),
+            type="string",
+            description="artifact store for the runs: s3://bucket/prefix or a folder",
+        ),
         "allow_variant_source": Param(
             env_flag(os.environ.get("GRAPHTRIM_ALLOW_VARIANT_SOURCE")),
             type="boolean",

@@ -291,7 +291,14 @@ class GraphtrimStageOperator(BaseOperator):
         )
         doc = dict(record.to_json())
         self.graphtrim_links = self.links(doc)
+        for alias, asset, extra in self.asset_events(doc):
+            context["outlet_events"][alias].add(asset, extra=extra)
         return doc
+
+    def asset_events(self, record: Mapping[str, Any]) -> list[tuple[Any, Any, dict[str, Any]]]:
+        """(asset alias among this task's outlets, asset, extra) per event the stage's record
+        calls for (:mod:`.assets`); none by default."""
+        return []
 
     def links(self, record: Mapping[str, Any]) -> dict[str, str]:
         """The MLflow UI addresses of what the stage made (:mod:`.links`); never fails the
@@ -380,23 +387,45 @@ class ModelGateOperator(GraphtrimStageOperator):
 class MlflowVariantRegisterOperator(GraphtrimStageOperator):
     """Register every variant that passed its gates (one or many validate records) with lineage;
     a variant registered before for the same source and config is reported, not registered
-    again. XCom: the register record."""
+    again; an Asset event per version created. XCom: the register record."""
 
     stage_name = "register"
     template_fields = (*GraphtrimStageOperator.template_fields, "optimized", "validated")
 
     def __init__(self, *, optimized: Any, validated: Any, **kwargs: Any):
+        from operators.airflow.assets import REGISTERED
+
+        kwargs.setdefault("outlets", [REGISTERED])
         super().__init__(optimized=optimized, validated=validated, **kwargs)
+
+    def asset_events(self, record: Mapping[str, Any]) -> list[tuple[Any, Any, dict[str, Any]]]:
+        """An event on the registered model's asset per version created, through
+        ``graphtrim-registered``."""
+        from operators.airflow.assets import REGISTERED, registered_events
+
+        return [(REGISTERED, asset, extra) for asset, extra in registered_events(record)]
 
 
 class MlflowAliasPromoteOperator(GraphtrimStageOperator):
-    """Move aliases by the policy's promotion section. XCom: the promote record."""
+    """Move aliases by the policy's promotion section; an Asset event per alias moved. XCom:
+    the promote record."""
 
     stage_name = "promote"
     template_fields = (*GraphtrimStageOperator.template_fields, "validated", "registered")
 
     def __init__(self, *, validated: Any, registered: Any, **kwargs: Any):
+        from operators.airflow.assets import PROMOTED
+
+        kwargs.setdefault("outlets", [PROMOTED])
         super().__init__(validated=validated, registered=registered, **kwargs)
+
+    def asset_events(self, record: Mapping[str, Any]) -> list[tuple[Any, Any, dict[str, Any]]]:
+        """An event on the registered model's asset per alias moved, through
+        ``graphtrim-promoted``."""
+        from operators.airflow.assets import PROMOTED, promoted_events
+
+        target = str(self.stage_input("register").get("target") or "")
+        return [(PROMOTED, asset, extra) for asset, extra in promoted_events(record, target)]
 
 
 # ---------------------------------------------------------------- what the DAGs need of the core

@@ -31,6 +31,17 @@ def test_no_import_errors(dagbag: Any) -> None:
     assert {"graphtrim_optimize_model", "graphtrim_optimize_model_gpu"} <= set(dagbag.dag_ids)
 
 
+def test_every_dag_explains_itself_and_every_param(dagbag: Any) -> None:
+    """What a person triggering a run by hand reads: the DAG's documentation (its file's
+    docstring) and a description of every param of the trigger form."""
+    for dag_id, dag in dagbag.dags.items():
+        assert dag.doc_md and len(dag.doc_md) > 200, dag_id
+        assert dag.doc_md.startswith("graphtrim: "), dag_id
+        for name in dag.params:
+            described = dag.params.get_param(name).description
+            assert described and len(described) > 10, (dag_id, name)
+
+
 @pytest.mark.parametrize("dag_id", ["graphtrim_optimize_model", "graphtrim_optimize_model_gpu"])
 def test_optimize_dag_shape(dagbag: Any, dag_id: str) -> None:
     dag = dagbag.dags[dag_id]

@@ -373,6 +373,17 @@ def test_optimize_dag_through_airflow_with_mlflow_server_and_s3(
     assert gate["GraphtrimReportLink"].startswith(f"{artifacts}/graphtrim/reports/evaluation")
     assert gate["MlflowModelVersionLink"] == ""  # a gate registers nothing: the link is off
     _check_airflow_ui(run.run_id, register, {v.version for v in by_variant.values()})
+
+    # Asset events for downstream DAGs: a version registered, an alias moved
+    events = _asset_events(run.run_id)
+    uri = "x-mlflow://registered-models/digits-airflow"
+    registered = sorted(
+        (e["variant"], e["version"]) for t, u, e in events if t == "register" and u == uri
+    )
+    assert registered == sorted((k, v.version) for k, v in by_variant.items()), events
+    moved = {(e["alias"], e["version"]) for t, u, e in events if t == "promote" and u == uri}
+    assert ("champion", by_variant["int8-static"].version) in moved, events
+    assert ("graph-candidate", by_variant["graph"].version) in moved, events
     assert (
         client.get_model_version_by_alias("digits-airflow", "graph-candidate").version
         == by_variant["graph"].version
@@ -383,6 +394,7 @@ def test_optimize_dag_through_airflow_with_mlflow_server_and_s3(
     again = dag.test(run_conf=conf)
     assert str(again.state).endswith("success")
     assert len(client.search_model_versions("name='digits-airflow'")) == before
+    assert _asset_events(again.run_id) == []  # nothing registered, no alias moved
 
     # a variant graphtrim registered is no source: the export task fails (no retry), nothing
     # is registered
@@ -457,6 +469,21 @@ def _check_airflow_ui(run_id: str, links: dict[str, str], versions: set[str]) ->
         assert versions <= shown, (versions, shown, text[:2000])
     finally:
         stop_process_group(proc)
+
+
+def _asset_events(run_id: str) -> list[tuple[str, str, dict[str, Any]]]:
+    """(task, asset URI, extra) of every Asset event the DAG run's tasks emitted."""
+    from airflow.models.asset import AssetEvent, AssetModel
+    from airflow.utils.session import create_session
+    from sqlalchemy import select
+
+    with create_session() as session:
+        rows = session.execute(
+            select(AssetEvent.source_task_id, AssetModel.uri, AssetEvent.extra)
+            .join(AssetModel, AssetModel.id == AssetEvent.asset_id)
+            .where(AssetEvent.source_run_id == run_id)
+        ).all()
+    return [(t, u, dict(e or {})) for t, u, e in rows]
 
 
 def _links(run_id: str) -> dict[tuple[str, int], dict[str, str]]:
