@@ -13,6 +13,7 @@ from typing import Any
 
 from operators.airflow.params import variant_choices
 from optimizer_core.cli.argtypes import csv, positive_float
+from optimizer_core.cli.exits import add_allow_failed, variants_exit
 from optimizer_core.errors import GraphtrimError
 from optimizer_core.redact import masked_command
 
@@ -54,11 +55,7 @@ def register(sub: Any) -> dict[str, Command]:
     tr.add_argument(
         "--poll", type=positive_float, default=5.0, help="seconds between status checks"
     )
-    tr.add_argument(
-        "--allow-failed-variants",
-        action="store_true",
-        help="succeed when at least one variant passed, even if others failed their gates",
-    )
+    add_allow_failed(tr)
     return {"trigger": cmd_trigger}
 
 
@@ -118,10 +115,11 @@ def cmd_trigger(args: argparse.Namespace) -> int:
         return 1
     register_record = client.xcom(args.dag, run.run_id, "register") or {}
     failed_variants = sorted(register_record.get("failed") or {})
-    if failed_variants and not (args.allow_failed_variants and register_record.get("registered")):
+    if failed_variants:
         print(
             f"graphtrim: variant(s) failed their gates: {', '.join(failed_variants)}",
             file=sys.stderr,
         )
-        return 1
-    return 0
+    return variants_exit(
+        register_record.get("registered") or {}, failed_variants, args.allow_failed_variants
+    )

@@ -13,6 +13,7 @@ from typing import Any
 
 from optimizer_core.cli.argtypes import csv as _csv
 from optimizer_core.cli.argtypes import lazy_choices, literal_names, positive_float
+from optimizer_core.cli.exits import add_allow_failed, variants_exit
 from optimizer_core.errors import GraphtrimError
 from optimizer_core.redact import masked_command, redact
 
@@ -144,11 +145,13 @@ def add_parsers(sub: Any) -> None:
         help="all stages in this process",
         description=(
             "Run all stages for --model and print a table of variants, their gates and the "
-            "versions registered. Exit 0 when at least one variant passed its gates and is "
-            "registered, 1 when none did, 2 on bad input (missing model, unreachable registry "
-            "or store, unusable model)."
+            "versions registered. Exit 0 when every variant passed its gates and is "
+            "registered, 1 when any failed (those that passed are registered all the same; "
+            "with --allow-failed-variants: 1 only when none passed), 2 on bad input (missing "
+            "model, unreachable registry or store, unusable model)."
         ),
     )
+    add_allow_failed(run)
     run.add_argument(
         "--model", required=True, help="source: models:/NAME/VERSION or models:/NAME@ALIAS"
     )
@@ -313,7 +316,11 @@ def cmd_pipeline(args: argparse.Namespace) -> int:
         if args.json:
             _write_json(Path(args.json), records)
         print(table(records))
-        return 0 if records["register"]["registered"] else 1
+        registered = records["register"]["registered"]
+        failed = sorted(set(config.variants) - set(registered))
+        if failed:
+            print(f"failed gates: {', '.join(failed)}", file=sys.stderr)
+        return variants_exit(registered, failed, args.allow_failed_variants)
     inputs: dict[str, Any] = {}
     for item in args.input:
         name, sep, path = item.partition("=")

@@ -1,7 +1,8 @@
 """``graphtrim quantize``, ``graphtrim evaluate``, ``graphtrim variants`` and ``graphtrim report``.
 
 Exit codes as for ``optimize``: 0 success (every variant passed), 1 a variant failed a gate or its
-accuracy check, 2 bad input or arguments.
+accuracy check (``--allow-failed-variants``: only when none passed; see ``cli.exits``), 2 bad
+input or arguments.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any
 
 from optimizer_core.cli.argtypes import csv as _csv
 from optimizer_core.cli.argtypes import lazy_choices, literal_names, positive_int
+from optimizer_core.cli.exits import add_allow_failed, variants_exit
 from optimizer_core.quantize.kinds import DEFAULT_VARIANTS, variants_help
 
 EXIT_OK, EXIT_FAILED = 0, 1
@@ -141,10 +143,12 @@ def add_parsers(sub: Any) -> None:
         description=(
             "Judge each VARIANT (NAME=PATH, or PATH whose file name says the variant, e.g. "
             "model.int8-static.onnx) against REFERENCE on the same data and device. Writes "
-            "JSON, Markdown and HTML reports to --out. Exit 1 when any variant fails a gate."
+            "JSON, Markdown and HTML reports to --out. Exit 1 when any variant fails a gate "
+            "(with --allow-failed-variants: when none passed)."
         ),
     )
     e.set_defaults(handler=cmd_evaluate)
+    add_allow_failed(e)
     e.add_argument("reference")
     e.add_argument("variants", nargs="+", metavar="VARIANT")
     e.add_argument("-o", "--out", default="graphtrim-evaluation", help="folder for the reports")
@@ -158,10 +162,12 @@ def add_parsers(sub: Any) -> None:
         help="build several variants and run every gate on them",
         description=(
             "Build --variants of IN.onnx into OUT_DIR, then judge them all against IN.onnx "
-            "(the quantize and validate stages of the pipeline in one command)."
+            "(the quantize and validate stages of the pipeline in one command). Exit 1 when "
+            "any variant fails a gate (with --allow-failed-variants: when none passed)."
         ),
     )
     v.set_defaults(handler=cmd_variants)
+    add_allow_failed(v)
     v.add_argument("input")
     v.add_argument("-o", "--out", required=True, help="folder for variants and reports")
     v.add_argument(
@@ -271,7 +277,9 @@ def cmd_quantize(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _print_result(evaluation: Any, reports: dict[str, Path], quiet: bool) -> int:
+def _print_result(
+    evaluation: Any, reports: dict[str, Path], quiet: bool, allow_failed: bool = False
+) -> int:
     from optimizer_core.gates.report import render_markdown
 
     doc = evaluation.to_json()
@@ -281,8 +289,7 @@ def _print_result(evaluation: Any, reports: dict[str, Path], quiet: bool) -> int
     failed = [v.name for v in evaluation.variants if not v.passed]
     if failed:
         print(f"failed gates: {', '.join(failed)}", file=sys.stderr)
-        return EXIT_FAILED
-    return EXIT_OK
+    return variants_exit(evaluation.passed, failed, allow_failed)
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
@@ -324,7 +331,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         progress=_progress(args),
     )
     reports = evaluation.write(args.out)
-    return _print_result(evaluation, reports, args.quiet)
+    return _print_result(evaluation, reports, args.quiet, args.allow_failed_variants)
 
 
 def cmd_variants(args: argparse.Namespace) -> int:
@@ -348,7 +355,7 @@ def cmd_variants(args: argparse.Namespace) -> int:
         fallback=not args.no_fallback,
         progress=_progress(args),
     )
-    return _print_result(result.evaluation, result.reports, args.quiet)
+    return _print_result(result.evaluation, result.reports, args.quiet, args.allow_failed_variants)
 
 
 def cmd_report(args: argparse.Namespace) -> int:

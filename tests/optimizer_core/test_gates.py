@@ -781,6 +781,12 @@ def test_cli_evaluate_exit_codes(
     doc = json.loads((bad_dir / "evaluation.json").read_text())
     assert doc["passed"] == ["int8-static"]
     assert [v["name"] for v in doc["variants"]] == ["int8-static", "broken"]
+    # the one rule of the commands that judge variants: --allow-failed-variants is content
+    # with one that passed, never with none
+    allow = [*common, "--allow-failed-variants", "-o", str(tmp_path / "allow")]
+    assert main([*argv, f"broken={broken}", *allow]) == 0
+    only_broken = ["evaluate", str(digits_task.model), f"broken={broken}"]
+    assert main([*only_broken, *allow]) == 1
 
 
 def test_the_deployment_policy_in_the_environment_is_read_where_none_is_named(

@@ -129,10 +129,11 @@ def _variant_versions(stack: dict[str, Any]) -> list[Any]:
 
 def test_all_four_variants_end_with_a_table_and_records(first: dict[str, Any]) -> None:
     records = first["records"]
-    assert first["code"] == 0
     assert set(records["validate"]["variants"]) == {"graph", "int8-dynamic", "int8-static", "fp16"}
     registered, failed = records["register"]["registered"], records["register"]["failed"]
     assert set(registered) | set(failed) == set(records["validate"]["variants"])
+    # one rule for every command that judges variants: 0 only when every one passed
+    assert first["code"] == (1 if failed else 0), failed
     assert "graph" in registered and "int8-static" in registered
 
 
