@@ -213,3 +213,36 @@ def register_onnx(
     for key, value in tags.items():
         client.set_registered_model_tag(name, key, value)
     return str(info.registered_model_version)
+
+
+@contextlib.contextmanager
+def airflow_api_server(env: dict[str, str], log: Path, *, deadline: float = 300) -> Iterator[str]:
+    """``airflow api-server`` (one worker) on 127.0.0.1 with ``env`` (its database, its
+    settings), the DAGs of its DAGS_FOLDER serialized first; yields its URL once healthy and
+    stops it by PID. ``deadline`` only guards against a hang."""
+    airflow = str(Path(sys.executable).with_name("airflow"))
+    subprocess.run([airflow, "dags", "reserialize"], check=True, capture_output=True, env=env)
+    port = free_port()
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            [airflow, "api-server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+        )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        end = time.monotonic() + deadline
+        while True:
+            assert proc.poll() is None, log.read_text()[-3000:]
+            assert time.monotonic() < end, log.read_text()[-3000:]
+            try:
+                if requests.get(f"{url}/api/v2/monitor/health", timeout=10).ok:
+                    break
+            except requests.RequestException:
+                pass
+            time.sleep(1)
+        yield url
+    finally:
+        stop_process_group(proc)

@@ -411,40 +411,12 @@ def _check_airflow_ui(run_id: str, links: dict[str, str], versions: set[str]) ->
     """Airflow's UI in a real browser (an API server on this process's database, every user an
     admin): the register task's page shows its extra links, the graphtrim plugin is in the
     navigation and its page lists the variants the run registered."""
-    import subprocess
-    import sys
-    import time
-
-    import requests
-
     from tests.browser import open_page, parse
-    from tests.servers import free_port, stop_process_group
+    from tests.servers import airflow_api_server
 
-    airflow = str(Path(sys.executable).with_name("airflow"))
     env = dict(os.environ, AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS="True")
-    subprocess.run([airflow, "dags", "reserialize"], check=True, capture_output=True, env=env)
-    port = free_port()
-    log = Path(os.environ["AIRFLOW_HOME"]) / f"api-server-{port}.log"
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(
-            [airflow, "api-server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            env=env,
-            start_new_session=True,
-        )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 300  # only against a hang
-        while True:
-            assert proc.poll() is None, log.read_text()[-3000:]
-            assert time.monotonic() < deadline, log.read_text()[-3000:]
-            try:
-                if requests.get(f"{url}/api/v2/monitor/health", timeout=10).ok:
-                    break
-            except requests.RequestException:
-                pass
-            time.sleep(1)
+    log = Path(os.environ["AIRFLOW_HOME"]) / "api-server-ui.log"
+    with airflow_api_server(env, log) as url:
         task = f"{url}/dags/graphtrim_optimize_model/runs/{run_id}/tasks/register/details"
         text, tags = parse(open_page(task, "airflow-register-task"))
         anchors = {}
@@ -467,8 +439,6 @@ def _check_airflow_ui(run_id: str, links: dict[str, str], versions: set[str]) ->
             if t == "tr" and a.get("data-model") == "digits-airflow"
         }
         assert versions <= shown, (versions, shown, text[:2000])
-    finally:
-        stop_process_group(proc)
 
 
 def _asset_events(run_id: str) -> list[tuple[str, str, dict[str, Any]]]:

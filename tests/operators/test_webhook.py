@@ -8,8 +8,6 @@ import asyncio
 import json
 import os
 import socket
-import subprocess
-import sys
 import threading
 import time
 import uuid
@@ -18,8 +16,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-from tests.servers import stop_process_group
 
 SECRET = "s3cret"
 EVENT = {
@@ -261,39 +257,20 @@ def test_bad_limits_in_the_environment_are_refused(
 @pytest.fixture(scope="module")
 def api_server(airflow_db: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """``airflow api-server`` (one worker) on 127.0.0.1 with this process's Airflow database,
-    the repository's DAGs serialized and the webhook secret set; stopped by PID."""
-    from tests.servers import free_port
+    the repository's DAGs serialized and the webhook secret set, and no MLflow registry (a
+    tracking URI that other tests leave in this process's environment is not passed on);
+    stopped by PID."""
+    from tests.servers import airflow_api_server
 
-    airflow = str(Path(sys.executable).with_name("airflow"))
-    env = dict(os.environ, GRAPHTRIM_WEBHOOK_SECRET=SECRET, GRAPHTRIM_ALLOW_VARIANT_SOURCE="")
-    subprocess.run([airflow, "dags", "reserialize"], check=True, capture_output=True, env=env)
-    port = free_port()
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("MLFLOW_TRACKING_") and k != "AIRFLOW_CONN_MLFLOW_DEFAULT"
+    }
+    env.update(GRAPHTRIM_WEBHOOK_SECRET=SECRET, GRAPHTRIM_ALLOW_VARIANT_SOURCE="")
     log = tmp_path_factory.mktemp("api-server") / "api-server.log"
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(
-            [airflow, "api-server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            env=env,
-            start_new_session=True,
-        )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        import requests
-
-        deadline = time.monotonic() + 180
-        while True:
-            assert proc.poll() is None, log.read_text()[-3000:]
-            assert time.monotonic() < deadline, log.read_text()[-3000:]
-            try:
-                if requests.get(f"{url}/api/v2/monitor/health", timeout=5).ok:
-                    break
-            except requests.RequestException:
-                pass
-            time.sleep(1)
+    with airflow_api_server(env, log, deadline=180) as url:
         yield url
-    finally:
-        stop_process_group(proc)
 
 
 def _server_rss(url: str) -> int:
