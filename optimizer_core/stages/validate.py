@@ -255,6 +255,8 @@ def validate(
                 if set(names) == set(config.variants)
                 else f"evaluation-{'-'.join(names)}"
             )
+            # the reports name the reference as the registry does, not by its temporary file
+            evaluation.reference.path = f"models:/{source['name']}/{source['version']}"
             reports = evaluation.write(tmp / "reports", stem=stem)
             prefix = "/".join(
                 (

@@ -230,6 +230,10 @@ def test_the_run_has_one_comparison_report_of_every_variant(
         assert f'<h3 id="variant-{variant}">' in page
     assert "models:/digits/1" in page and "Speed against accuracy" in page
     assert "<h2>Builds</h2>" in page  # the build records, from the run's build-<variant>.json
+    # each gate task's own evaluation names the reference as the registry does too
+    evaluation = digits_run["validate"]["reports"]["json"].removeprefix(f"s3://{BUCKET}/")
+    doc = json.loads(s3.get_object(Bucket=BUCKET, Key=evaluation)["Body"].read())
+    assert doc["reference"]["path"] == "models:/digits/1"
     run_id = digits_run["export"]["run_id"]
     client = mlflow.MlflowClient(servers["mlflow"], servers["mlflow"])
     names = {f.path for f in client.list_artifacts(run_id, "graphtrim/reports")}
