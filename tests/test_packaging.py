@@ -91,6 +91,14 @@ def test_the_wheel_installs_each_extra_into_a_clean_venv(tmp_path: Path) -> None
     assert not set(HEAVY) & _installed(python, env), _installed(python, env)
     version = _run([str(graphtrim), "--version"], env)
     assert version.returncode == 0 and "0.1.0" in version.stdout + version.stderr
+    # the DAG files come with the wheel, where `graphtrim dags-folder` says
+    folder = _run([str(graphtrim), "dags-folder"], env)
+    assert folder.returncode == 0, folder.stderr[-2000:]
+    dags = Path(folder.stdout.strip())
+    assert dags == venv / "share" / "graphtrim" / "dags", dags
+    assert sorted(p.name for p in dags.glob("*.py")) == sorted(
+        p.name for p in (REPO / "dags").glob("*.py")
+    )
     passes = _run([str(graphtrim), "passes"], env)
     assert passes.returncode == 0 and "dead-code" in passes.stdout, passes.stderr[-2000:]
     model = _model(tmp_path / "m.onnx")

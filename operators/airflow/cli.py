@@ -56,7 +56,39 @@ def register(sub: Any) -> dict[str, Command]:
         "--poll", type=positive_float, default=5.0, help="seconds between status checks"
     )
     add_allow_failed(tr)
-    return {"trigger": cmd_trigger}
+    df = sub.add_parser(
+        "dags-folder",
+        help="print the folder of graphtrim's DAG files (for Airflow's DAGS_FOLDER)",
+        description=(
+            "Print the folder that holds graphtrim's DAG files as installed with the package "
+            "(<prefix>/share/graphtrim/dags; the checkout's dags/ for an editable install). "
+            "Point Airflow at it: export AIRFLOW__CORE__DAGS_FOLDER=$(graphtrim dags-folder), "
+            "or copy its files into an existing DAGS_FOLDER. Exit 2 when there is none."
+        ),
+    )
+    df.set_defaults(handler=cmd_dags_folder)
+    return {"trigger": cmd_trigger, "dags-folder": cmd_dags_folder}
+
+
+def dags_folder() -> Path | None:
+    """Where graphtrim's DAG files are: the wheel's data files, else a checkout's ``dags/``."""
+    import sysconfig
+
+    for candidate in (
+        Path(sysconfig.get_path("data")) / "share" / "graphtrim" / "dags",
+        Path(__file__).resolve().parents[2] / "dags",
+    ):
+        if (candidate / "graphtrim_optimize_model.py").is_file():
+            return candidate
+    return None
+
+
+def cmd_dags_folder(args: argparse.Namespace) -> int:
+    folder = dags_folder()
+    if folder is None:
+        raise GraphtrimError("graphtrim's DAG files are not installed (reinstall graphtrim)")
+    print(folder)
+    return 0
 
 
 def _client(url: str) -> Any:
