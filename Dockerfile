@@ -2,12 +2,14 @@
 #   runtime (default): the graphtrim CLI as entry point; what the MLflow server of
 #            helm/graphtrim and the Kubeflow components run.
 #   airflow: apache/airflow with graphtrim installed (Airflow's own entry point), for the
-#            official Airflow chart with helm/airflow-values.yaml.
+#            official Airflow chart with helm/airflow-values.yaml; with GPU=true the image of
+#            graphtrim's GPU task pods.
 # GPU=true switches onnxruntime to onnxruntime-gpu and torch to a CUDA build.
 #
 #   docker build -t graphtrim:0.1.0 .
 #   docker build --build-arg GPU=true -t graphtrim:0.1.0-gpu .
 #   docker build --target airflow -t graphtrim:0.1.0-airflow .
+#   docker build --target airflow --build-arg GPU=true -t graphtrim:0.1.0-airflow-gpu .
 
 ARG PYTHON_VERSION=3.11
 ARG AIRFLOW_VERSION=3.3.2
@@ -39,7 +41,10 @@ ENTRYPOINT ["graphtrim"]
 CMD ["--help"]
 
 FROM apache/airflow:${AIRFLOW_VERSION}-python${PYTHON_VERSION} AS airflow
+ARG GPU=false
 ARG TORCH_VERSION=2.13.0
+ARG CUDA_INDEX=https://download.pytorch.org/whl/cu128
+ARG CPU_INDEX=https://download.pytorch.org/whl/cpu
 ENV MLFLOW_DISABLE_TELEMETRY=true AIRFLOW__CORE__DAGS_FOLDER=/opt/graphtrim/dags
 USER root
 COPY --chown=airflow:root pyproject.toml constraints.txt README.md /opt/graphtrim/
@@ -47,5 +52,10 @@ COPY --chown=airflow:root optimizer_core /opt/graphtrim/optimizer_core
 COPY --chown=airflow:root operators /opt/graphtrim/operators
 COPY --chown=airflow:root dags /opt/graphtrim/dags
 USER airflow
-RUN pip install --no-cache-dir "torch==${TORCH_VERSION}" --index-url https://download.pytorch.org/whl/cpu \
- && pip install --no-cache-dir -c /opt/graphtrim/constraints.txt "/opt/graphtrim[cpu,pipeline,airflow]"
+# GPU=true: the image of GPU tasks (KubernetesExecutor pods, $GRAPHTRIM_GPU_IMAGE)
+RUN if [ "$GPU" = "true" ]; then INDEX="$CUDA_INDEX"; else INDEX="$CPU_INDEX"; fi \
+ && pip install --no-cache-dir "torch==${TORCH_VERSION}" --index-url "$INDEX" --extra-index-url https://pypi.org/simple \
+ && if [ "$GPU" = "true" ]; then \
+      ORT="$(sed -n 's/^onnxruntime==//p' /opt/graphtrim/constraints.txt)" \
+      && pip install --no-cache-dir -c /opt/graphtrim/constraints.txt "/opt/graphtrim[gpu,pipeline,airflow]" "onnxruntime-gpu==${ORT}"; \
+    else pip install --no-cache-dir -c /opt/graphtrim/constraints.txt "/opt/graphtrim[cpu,pipeline,airflow]"; fi

@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import faulthandler
 import logging
+import os
 import signal
 import sys
 import threading
@@ -39,6 +40,7 @@ DEVICES = ("cpu", "gpu")
 
 
 GPU_NODE_SELECTOR = {"nvidia.com/gpu.present": "true"}
+GPU_IMAGE_ENV = "GRAPHTRIM_GPU_IMAGE"  # read when the DAG is parsed
 GPU_TOLERATIONS = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
 
 
@@ -52,8 +54,9 @@ def placement(
     tolerations: Sequence[Mapping[str, str]] | None = None,
 ) -> dict[str, Any]:
     """The operator arguments that put a task on a ``device`` worker. On Kubernetes a GPU task
-    asks for ``gpus`` GPUs on its ``base`` container and lands on GPU nodes (``node_selector``
-    and ``tolerations``, by default those of NVIDIA's GPU operator and of
+    asks for ``gpus`` GPUs on its ``base`` container, runs ``$GRAPHTRIM_GPU_IMAGE`` there when
+    set (the Dockerfile's ``airflow`` target built with ``GPU=true``) and lands on GPU nodes
+    (``node_selector`` and ``tolerations``, by default those of NVIDIA's GPU operator and of
     ``helm/airflow-values.yaml``)."""
     if device not in DEVICES:
         raise ValueError(f"device must be one of {', '.join(DEVICES)}, not {device!r}")
@@ -75,6 +78,9 @@ def placement(
                 containers=[
                     k8s.V1Container(
                         name="base",
+                        # the GPU build of the image (onnxruntime-gpu, CUDA torch) where the
+                        # deployment names one; the pod template's image otherwise
+                        image=os.environ.get(GPU_IMAGE_ENV) or None,
                         resources=k8s.V1ResourceRequirements(
                             limits={"nvidia.com/gpu": str(gpus)},
                             requests={"nvidia.com/gpu": str(gpus)},

@@ -390,6 +390,10 @@ def test_dockerfile_runtime_stage() -> None:
     assert "constraints.txt" in " ".join(runtime)
     airflow = stages["airflow"]
     assert [line for line in airflow if line.startswith("USER")][-1] == "USER airflow"
+    # its GPU build: CUDA torch and onnxruntime-gpu at the constraints' version
+    runs = " ".join(line for line in airflow if line.startswith("RUN"))
+    assert '"$GPU" = "true"' in runs and "onnxruntime-gpu==${ORT}" in runs
+    assert runs.index("torch==${TORCH_VERSION}") < runs.index("constraints.txt")
 
 
 @pytest.mark.slow
@@ -427,6 +431,8 @@ def test_the_images_the_readme_builds_are_the_ones_the_deployments_run() -> None
     used = {
         f"{chart['repository']}:{chart['tag']}",
         f"{overlay['images']['airflow']['repository']}:{overlay['images']['airflow']['tag']}",
+        # the GPU task pods' image
+        next(e["value"] for e in overlay["env"] if e["name"] == "GRAPHTRIM_GPU_IMAGE"),
     }
     if "GRAPHTRIM_IMAGE" not in os.environ:
         used.add(DEFAULT_IMAGE)

@@ -131,9 +131,10 @@ def test_artifact_hook_uses_the_standard_aws_connection(
     assert "AWS_ACCESS_KEY_ID" not in os.environ and "AWS_SECRET_ACCESS_KEY" not in os.environ
 
 
-def test_placement() -> None:
-    from operators.airflow.operators import ModelGateOperator, placement
+def test_placement(monkeypatch: pytest.MonkeyPatch) -> None:
+    from operators.airflow.operators import GPU_IMAGE_ENV, ModelGateOperator, placement
 
+    monkeypatch.delenv(GPU_IMAGE_ENV, raising=False)
     assert placement("cpu") == {}
     assert placement("cpu", cpu_queue="cpu") == {"queue": "cpu"}
     gpu = placement("gpu", gpu_queue="a100", gpus=2)
@@ -153,6 +154,13 @@ def test_placement() -> None:
         placement("tpu")
     op = ModelGateOperator(task_id="g", exported={}, quantized={}, device="gpu")
     assert op.queue == "gpu" and "pod_override" in op.executor_config
+    # the pod template's image, unless the deployment names the GPU build (as the overlay does
+    # for every Airflow pod, so the DAG processor reads it)
+    assert pod.spec.containers[0].image is None
+    image = next(e["value"] for e in overlay["env"] if e["name"] == GPU_IMAGE_ENV)
+    monkeypatch.setenv(GPU_IMAGE_ENV, image)
+    base = placement("gpu")["executor_config"]["pod_override"].spec.containers[0]
+    assert base.image == image == "ghcr.io/graphtrim/graphtrim:0.1.0-airflow-gpu"
 
 
 def test_every_stage_has_its_operator_taking_the_records_it_takes() -> None:
