@@ -9,7 +9,6 @@ from __future__ import annotations
 import collections
 import dataclasses
 import datetime as dt
-import json
 import os
 import time
 from collections.abc import Callable, Mapping
@@ -141,23 +140,9 @@ class Evaluation:
 
     def write(self, folder: str | os.PathLike[str], *, stem: str = "evaluation") -> dict[str, Path]:
         """Write ``<stem>.json``, ``<stem>.md`` and ``<stem>.html`` into ``folder``."""
-        from optimizer_core.gates.report import render_html, render_markdown
+        from optimizer_core.gates.report import write_reports
 
-        out = Path(folder)
-        out.mkdir(parents=True, exist_ok=True)
-        doc = self.to_json()
-        files = {
-            "json": (out / f"{stem}.json", json.dumps(doc, indent=2)),
-            "markdown": (out / f"{stem}.md", render_markdown(doc)),
-            "html": (out / f"{stem}.html", render_html(doc)),
-        }
-        written: dict[str, Path] = {}
-        for kind, (path, text) in files.items():
-            tmp = path.with_name(f".{path.name}.tmp")
-            tmp.write_text(text)
-            os.replace(tmp, path)
-            written[kind] = path
-        return written
+        return write_reports(self.to_json(), folder, stem=stem)
 
 
 def _error(gate: str, exc: BaseException, thresholds: dict[str, Any]) -> GateResult:

@@ -10,7 +10,10 @@ from __future__ import annotations
 import base64
 import html
 import io
+import json
+import os
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from optimizer_core.stats import _fmt_bytes
@@ -528,3 +531,24 @@ Pareto front (speed, accuracy, size; passing variants): {esc(", ".join(front) or
 <h2>Measured on</h2>{fp}
 </body></html>
 """
+
+
+def write_reports(
+    doc: Mapping[str, Any], folder: str | os.PathLike[str], *, stem: str
+) -> dict[str, Path]:
+    """Write ``<stem>.json``, ``<stem>.md`` and ``<stem>.html`` of ``doc`` into ``folder``,
+    each replacing its file at once (no half-written report); kind -> path."""
+    out = Path(folder)
+    out.mkdir(parents=True, exist_ok=True)
+    files = {
+        "json": (out / f"{stem}.json", json.dumps(doc, indent=2)),
+        "markdown": (out / f"{stem}.md", render_markdown(doc)),
+        "html": (out / f"{stem}.html", render_html(doc)),
+    }
+    written: dict[str, Path] = {}
+    for kind, (path, text) in files.items():
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text(text)
+        os.replace(tmp, path)
+        written[kind] = path
+    return written

@@ -22,7 +22,7 @@ from typing import Any
 from optimizer_core.redact import redact
 from optimizer_core.stages.context import PipelineConfig, StageContext
 from optimizer_core.stages.records import OptimizeRecord, RegisterRecord, ValidateRecord
-from optimizer_core.stages.tracking import T, log_metrics, stage_run, worker
+from optimizer_core.stages.tracking import T, log_metrics, publish_reports, stage_run, worker
 
 DESCRIPTION_LIMIT = 5000  # MLflow's column for a version's description
 COMPARISON = "comparison"
@@ -105,8 +105,7 @@ def comparison_report(
     evaluations combined, each variant's build record from the run): written to the artifact
     store beside the evaluations and to the run's ``graphtrim/reports``. (None, None) when the
     run judged nothing new (every verdict was recorded before)."""
-    from optimizer_core.gates.report import combine
-    from optimizer_core.integrations.artifacts import safe_part
+    from optimizer_core.gates.report import combine, write_reports
 
     every = [r for r in (val.all_reports or [val.reports]) if r and r.get("json")]
     if not every:
@@ -124,36 +123,9 @@ def comparison_report(
                 )
                 v["build"] = json.loads(Path(got).read_text())
     doc["pipeline"] = {"run_id": val.run_id, "config_hash": config.config_hash}
-    folder = tmp / "comparison"
-    written = _write_report(doc, folder)
-    prefix = "/".join(
-        (
-            safe_part(source["name"]),
-            safe_part(source["version"]),
-            "reports",
-            config.config_hash[:16],
-            val.run_id,
-        )
-    )
-    store = ctx.store()
-    uris = {kind: store.put_file(path, f"{prefix}/{path.name}") for kind, path in written.items()}
-    client.log_artifacts(val.run_id, str(folder), "graphtrim/reports")
+    written = write_reports(doc, tmp / COMPARISON, stem=COMPARISON)
+    uris = publish_reports(ctx.store(), client, val.run_id, source, config.config_hash, written)
     return doc, uris
-
-
-def _write_report(doc: Mapping[str, Any], folder: Path) -> dict[str, Path]:
-    from optimizer_core.gates.report import render_html, render_markdown
-
-    folder.mkdir(parents=True, exist_ok=True)
-    out = {
-        "json": folder / f"{COMPARISON}.json",
-        "markdown": folder / f"{COMPARISON}.md",
-        "html": folder / f"{COMPARISON}.html",
-    }
-    out["json"].write_text(json.dumps(doc, indent=2))
-    out["markdown"].write_text(render_markdown(doc))
-    out["html"].write_text(render_html(doc))
-    return out
 
 
 def describe(

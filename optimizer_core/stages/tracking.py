@@ -217,3 +217,35 @@ def params(values: Mapping[str, Any]) -> list[Any]:
     from mlflow.entities import Param
 
     return [Param(k, str(v)[:6000]) for k, v in values.items()]
+
+
+def publish_reports(
+    store: Any,
+    client: Any,
+    run_id: str,
+    source: Mapping[str, Any],
+    config_hash: str,
+    written: Mapping[str, Any],
+) -> dict[str, str]:
+    """Put a stage's report files (kind -> path, all in one folder) into the artifact
+    ``store`` under ``<model>/<version>/reports/<config>/<run>/`` and log them as the run's
+    ``graphtrim/reports``; returns kind -> URI."""
+    from pathlib import Path
+
+    from optimizer_core.integrations.artifacts import safe_part
+
+    prefix = "/".join(
+        (
+            safe_part(source["name"]),
+            safe_part(source["version"]),
+            "reports",
+            config_hash[:16],
+            run_id,
+        )
+    )
+    paths = {kind: Path(path) for kind, path in written.items()}
+    uris = {kind: store.put_file(path, f"{prefix}/{path.name}") for kind, path in paths.items()}
+    folders = {str(path.parent) for path in paths.values()}
+    for folder in sorted(folders):
+        client.log_artifacts(run_id, folder, "graphtrim/reports")
+    return uris

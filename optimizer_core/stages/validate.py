@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from optimizer_core.stages.context import DataFiles, PipelineConfig, PipelineError, StageContext
 from optimizer_core.stages.records import ExportRecord, QuantizeRecord, ValidateRecord
-from optimizer_core.stages.tracking import log_metrics, stage_run, worker
+from optimizer_core.stages.tracking import log_metrics, publish_reports, stage_run, worker
 
 if TYPE_CHECKING:
     from optimizer_core.data import EvalData
@@ -176,7 +176,6 @@ def validate(
     judged before are reported with their recorded verdicts."""
     from optimizer_core.gates.evaluate import GateResult, ModelInfo, VariantResult
     from optimizer_core.gates.fingerprint import fingerprint_digest
-    from optimizer_core.integrations.artifacts import safe_part
     from optimizer_core.isolation import map_isolated
 
     with ctx.scratch("validate") as tmp:
@@ -258,20 +257,7 @@ def validate(
             # the reports name the reference as the registry does, not by its temporary file
             evaluation.reference.path = f"models:/{source['name']}/{source['version']}"
             reports = evaluation.write(tmp / "reports", stem=stem)
-            prefix = "/".join(
-                (
-                    safe_part(source["name"]),
-                    safe_part(source["version"]),
-                    "reports",
-                    config.config_hash[:16],
-                    run_id,
-                )
-            )
-            uris = {
-                kind: store.put_file(path, f"{prefix}/{path.name}")
-                for kind, path in reports.items()
-            }
-            mlflow.log_artifacts(run_id, str(tmp / "reports"), "graphtrim/reports")
+            uris = publish_reports(store, mlflow, run_id, source, config.config_hash, reports)
             variants = {v.name: summary(v) for v in evaluation.variants}
             for v in evaluation.variants:
                 if v.name in quant.variants and quant.variants[v.name].get("model"):
