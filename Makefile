@@ -19,13 +19,15 @@ $(STAMP): pyproject.toml constraints.txt
 install: $(STAMP)
 
 demo: $(STAMP)
-	$(PY) -m operators.airflow.demo
+	$(PY) -m graphtrim.airflow.demo
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check optimizer_core operators dags tests bench
 	$(VENV)/bin/ruff format --check optimizer_core operators dags tests bench
 
+# mypy reads the package as it installs (graphtrim/, see pyproject.toml), linked under build/
 typecheck: $(STAMP)
+	$(PY) -m tests.package_tree build/typecheck >/dev/null
 	$(VENV)/bin/mypy
 
 # the UI tests drive Debian's Chromium (headless); installed here when missing and run as root

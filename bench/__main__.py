@@ -90,7 +90,7 @@ def run_tool(tool: str, src: Path, dst: Path, timeout: int) -> dict[str, Any]:
 
 
 def parity(src: Path, dst: Path, dim_values: dict[str, int] | None = None) -> dict[str, Any]:
-    from optimizer_core.verify import Tolerance, verify
+    from graphtrim.verify import Tolerance, verify
 
     rec = verify(
         src,
@@ -121,7 +121,7 @@ def latency(
     """p50 latency (ms) per variant; variants run interleaved so drift hits all alike."""
     import onnxruntime as ort
 
-    from optimizer_core.verify import make_inputs
+    from graphtrim.verify import make_inputs
 
     sessions = {}
     for key, path in paths.items():

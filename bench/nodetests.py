@@ -15,7 +15,7 @@ tolerance (rtol 1e-3, atol 1e-7, onnx's backend test runner's comparison). Outco
 - ``unloadable``: onnxruntime refuses the optimized model;
 - ``crashed``: a pass failed (exit 3), another exception escaped, or the process died.
 
-Each model runs in a child process (``optimizer_core.isolation``), so a runtime crash costs one
+Each model runs in a child process (``graphtrim.isolation``), so a runtime crash costs one
 test, not the sweep; ``--jobs`` children work through shards side by side.
 """
 
@@ -99,9 +99,9 @@ def check_case(item: dict[str, Any], *, workdir: str) -> dict[str, Any]:
     """One node test: run the original, optimize it, run the result. Called in a child."""
     import numpy as np
 
-    from optimizer_core.errors import GraphtrimError, PassFailure
-    from optimizer_core.isolation import step
-    from optimizer_core.optimize_file import optimize_file
+    from graphtrim.errors import GraphtrimError, PassFailure
+    from graphtrim.isolation import step
+    from graphtrim.optimize_file import optimize_file
 
     name = item["name"]
     record: dict[str, Any] = {"name": name, "outcome": None, "detail": ""}
@@ -150,7 +150,7 @@ def sweep(
     items: Sequence[dict[str, Any]], *, jobs: int = 1, timeout: float = 300.0
 ) -> list[dict[str, Any]]:
     """Check every item, ``jobs`` child processes side by side; one record per item."""
-    from optimizer_core.isolation import map_isolated
+    from graphtrim.isolation import map_isolated
 
     jobs = max(1, min(jobs, len(items) or 1))
     shards = [list(items[i::jobs]) for i in range(jobs)]

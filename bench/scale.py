@@ -212,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
     # SIGTERM unwinds like Ctrl-C: the deployment's processes stopped, its databases dropped
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    from optimizer_core.examples.digits import make_digits_task
+    from graphtrim.examples.digits import make_digits_task
 
     work = Path(tempfile.mkdtemp(prefix="graphtrim-scale-"))
     print(f"work folder (deployment logs): {work}", file=sys.stderr, flush=True)

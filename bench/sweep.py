@@ -156,7 +156,7 @@ def self_instability(src: Path, dims: dict[str, int]) -> float | None:
     optimizations (same feeds): how far rounding alone moves this model's outputs."""
     import onnxruntime as ort
 
-    from optimizer_core.verify import make_inputs
+    from graphtrim.verify import make_inputs
 
     outs = []
     try:

@@ -81,7 +81,7 @@ def _bert(cache: Path) -> tuple[Path, Path, Path]:
 
 
 def _digits(cache: Path) -> tuple[Path, Path, Path]:
-    from optimizer_core.examples.digits import make_digits_task
+    from graphtrim.examples.digits import make_digits_task
 
     folder = cache / "digits"
     if not (folder / "digits_cnn.onnx").exists():
@@ -103,9 +103,9 @@ def run_model(
 ) -> dict[str, Any]:
     from onnxruntime.quantization import quantize_dynamic
 
-    from optimizer_core.data import input_specs, load_npz
-    from optimizer_core.gates import GatePolicy, evaluate
-    from optimizer_core.quantize import QuantizeConfig, build_variant
+    from graphtrim.data import input_specs, load_npz
+    from graphtrim.gates import GatePolicy, evaluate
+    from graphtrim.quantize import QuantizeConfig, build_variant
 
     src, calib_path, eval_path = MODELS[name](cache)
     folder = out / name

@@ -13,8 +13,8 @@ from pathlib import Path
 
 
 def _graphtrim(src: str, dst: str) -> None:
-    from optimizer_core.graph.optimizer import optimize_model
-    from optimizer_core.modelio import load_model, save_model
+    from graphtrim.graph.optimizer import optimize_model
+    from graphtrim.modelio import load_model, save_model
 
     save_model(optimize_model(load_model(src)).model, dst)
 
@@ -23,9 +23,9 @@ def _graphtrim_grow(src: str, dst: str) -> None:
     """graphtrim set for the fewest nodes: the ``compact`` preset (sibling MatMuls merged) and a
     folding budget as loose as the anchors' (constants are materialized even when the model
     grows: placeholder weights made by ConstantOfShape become tensors)."""
-    from optimizer_core.graph.framework import OptimizeOptions
-    from optimizer_core.graph.optimizer import optimize_model
-    from optimizer_core.modelio import load_model, save_model
+    from graphtrim.graph.framework import OptimizeOptions
+    from graphtrim.graph.optimizer import optimize_model
+    from graphtrim.modelio import load_model, save_model
 
     gib = 1024**3
     options = OptimizeOptions(fold_max_growth_bytes=gib, fold_max_tensor_bytes=gib)
@@ -82,8 +82,8 @@ TOOLS = {
 
 # import each tool's modules before timing so the time is the optimization alone
 _IMPORTS = {
-    "graphtrim": ["optimizer_core.graph.optimizer", "optimizer_core.modelio", "onnxruntime"],
-    "graphtrim-grow": ["optimizer_core.graph.optimizer", "optimizer_core.modelio", "onnxruntime"],
+    "graphtrim": ["graphtrim.graph.optimizer", "graphtrim.modelio", "onnxruntime"],
+    "graphtrim-grow": ["graphtrim.graph.optimizer", "graphtrim.modelio", "onnxruntime"],
     "onnxsim": ["onnxsim"],
     "onnxslim": ["onnxslim"],
     "onnxoptimizer": ["onnxoptimizer"],

@@ -2,7 +2,7 @@
 
 export -> optimize -> quantize[variant] -> gate[variant] -> register -> promote -> summary, each
 its own task; one mapped quantize / gate pair per variant. The stage tasks are derived from the
-pipeline's list of stages (``operators.airflow.pipeline.stage_tasks``): a stage added there is a
+pipeline's list of stages (``graphtrim.airflow.pipeline.stage_tasks``): a stage added there is a
 task here. Two DAGs: ``graphtrim_optimize_model``
 gates on CPU workers, ``graphtrim_optimize_model_gpu`` builds and gates variants on GPU workers
 (Celery queue ``gpu``, a GPU pod on Kubernetes) under the ``graphtrim_gpu`` pool.
@@ -14,12 +14,12 @@ version graphtrim registered, a variant, as the source; refused otherwise).
 
 The register task emits an Asset event per version it creates (alias ``graphtrim-registered``)
 and the promote task one per alias it moves (``graphtrim-promoted``), on the registered model's
-asset ``x-mlflow://registered-models/<name>``: see ``operators.airflow.assets``. Each stage task
+asset ``x-mlflow://registered-models/<name>``: see ``graphtrim.airflow.assets``. Each stage task
 links its MLflow run, the version it registered and its report (extra links).
 
 Every task has an ``execution_timeout`` (per stage; ``$GRAPHTRIM_TASK_TIMEOUT_MINUTES`` and
 ``$GRAPHTRIM_TASK_TIMEOUT_MINUTES_<STAGE>`` override it when the DAG is parsed: see
-``operators.airflow.timeouts``).
+``graphtrim.airflow.timeouts``).
 """
 
 from __future__ import annotations
@@ -30,10 +30,10 @@ from typing import Any
 
 from airflow.sdk import DAG, Param, task
 
-from operators.airflow.operators import plan_run, variant_table
-from operators.airflow.params import default_variants, preset_choices, variant_choices
-from operators.airflow.pipeline import stage_tasks
-from operators.airflow.timeouts import task_timeout
+from graphtrim.airflow.operators import plan_run, variant_table
+from graphtrim.airflow.params import default_variants, preset_choices, variant_choices
+from graphtrim.airflow.pipeline import stage_tasks
+from graphtrim.airflow.timeouts import task_timeout
 
 GPU_POOL = os.environ.get("GRAPHTRIM_GPU_POOL", "graphtrim_gpu")
 
@@ -137,7 +137,7 @@ def optimize_dag(dag_id: str, device: str) -> DAG:
             "rejudge": p["rejudge"],
             "force_promotion": p["force_promotion"],
         }
-        # a task per stage of the pipeline (optimizer_core.stages.STAGES), in its order
+        # a task per stage of the pipeline (graphtrim.stages.STAGES), in its order
         stages = stage_tasks(
             model_uri=p["model_uri"],
             variants=variants(p["variants"]),

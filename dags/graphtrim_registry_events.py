@@ -5,7 +5,7 @@ Scheduled on an Asset fed by an ``AssetWatcher`` whose trigger polls the MLflow 
 ``$GRAPHTRIM_WATCH_TAG``) fire one event per new version, and each event triggers one
 ``graphtrim_optimize_model`` run for it. Versions that graphtrim registered itself (its
 variants) never fire: optimizing them would feed the loop (``$GRAPHTRIM_ALLOW_VARIANT_SOURCE``
-= true lets them through). Task timeouts: ``operators.airflow.timeouts``.
+= true lets them through). Task timeouts: ``graphtrim.airflow.timeouts``.
 """
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ import os
 from airflow.providers.standard.operators.trigger_dagrun import TriggerDagRunOperator
 from airflow.sdk import DAG, Asset, AssetWatcher
 
-from operators.airflow.params import env_flag
-from operators.airflow.registry import RegistryEventsOperator
-from operators.airflow.timeouts import task_timeout
-from operators.airflow.triggers import MlflowNewModelVersionTrigger
+from graphtrim.airflow.params import env_flag
+from graphtrim.airflow.registry import RegistryEventsOperator
+from graphtrim.airflow.timeouts import task_timeout
+from graphtrim.airflow.triggers import MlflowNewModelVersionTrigger
 
 registry = Asset(
     "graphtrim-mlflow-registry",

@@ -8,7 +8,7 @@ most ``max_runs`` per scan. A run that failed, was killed, or was left RUNNING b
 (or for longer than ``$GRAPHTRIM_SCAN_STALE_HOURS``, 6) is retried under a new run id. Per-model settings come from the registered model's
 tags ``graphtrim.variants`` (comma-separated), ``graphtrim.calibration`` and
 ``graphtrim.eval_data`` (.npz URIs). GPU work is capped by the optimize DAG's pool. Task
-timeouts: ``operators.airflow.timeouts``.
+timeouts: ``graphtrim.airflow.timeouts``.
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ import os
 from airflow.providers.standard.operators.trigger_dagrun import TriggerDagRunOperator
 from airflow.sdk import DAG, Param
 
-from operators.airflow.params import env_flag
-from operators.airflow.registry import RegistryScanOperator
-from operators.airflow.timeouts import task_timeout
+from graphtrim.airflow.params import env_flag
+from graphtrim.airflow.registry import RegistryScanOperator
+from graphtrim.airflow.timeouts import task_timeout
 
 with DAG(
     "graphtrim_registry_scan",

@@ -1,6 +1,6 @@
 """graphtrim's core library: ONNX graph optimization, verification and the stage functions.
 
-This package never imports an orchestrator. The graph passes (``optimizer_core.graph``) import
+This package never imports an orchestrator. The graph passes (``graphtrim.graph``) import
 only ``onnx_ir``, ``onnx``, ``numpy`` and ``onnxruntime``.
 """
 

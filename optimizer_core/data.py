@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from optimizer_core.errors import GraphtrimError
+from graphtrim.errors import GraphtrimError
 
 logger = logging.getLogger("graphtrim.data")
 
@@ -446,7 +446,7 @@ def load_npz(
 
 def random_data(specs: Sequence[InputSpec], *, batches: int = 8, seed: int = 0) -> EvalData:
     """Seeded random feeds (symbolic dims bound to small sizes), no labels."""
-    from optimizer_core.verify import make_inputs
+    from graphtrim.verify import make_inputs
 
     feeds = [make_inputs(specs, seed=seed + i, default_dim=4) for i in range(batches)]
     merged = {f"{i}/{k}": v for i, f in enumerate(feeds) for k, v in f.items()}
@@ -458,7 +458,7 @@ def input_specs(path: str | os.PathLike[str]) -> list[InputSpec]:
 
     Raises:
         ModelLoadError: onnxruntime cannot load the model (an :class:`InvalidModelError`)."""
-    from optimizer_core.runtime import create_session, session_options
+    from graphtrim.runtime import create_session, session_options
 
     sess = create_session(path, session_options(1, optimize=False), ["CPUExecutionProvider"])
     return [(i.name, i.type, list(i.shape)) for i in sess.get_inputs()]

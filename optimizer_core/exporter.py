@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from optimizer_core.errors import GraphtrimError
+from graphtrim.errors import GraphtrimError
 
 logger = logging.getLogger("graphtrim.stages")
 
@@ -226,7 +226,7 @@ def to_onnx(
     if hasattr(module, "eval") and not type(module).__name__.endswith("GraphModule"):
         module.eval()
     if fx_simplify:
-        from optimizer_core.torch_simplify import fx_simplify as simplify
+        from graphtrim.torch_simplify import fx_simplify as simplify
 
         module, fx_notes = simplify(module)
         notes += fx_notes

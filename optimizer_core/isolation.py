@@ -7,7 +7,7 @@ Airflow task that never ends. Here such work runs in a fresh interpreter; a cras
 becomes a :class:`ChildFailed` error naming the signal (or the timeout) and the step the child
 had reached, and the caller goes on with the next item.
 
-The child is ``python -m optimizer_core.isolation REQUEST``: it imports ``module:function``
+The child is ``python -m graphtrim.isolation REQUEST``: it imports ``module:function``
 by name, calls it on each item in turn and writes each result as soon as it has it, so a crash
 on item *k* keeps the results of the items before it; :func:`map_isolated` then starts a new
 child for the items after it. Work inside the child reports what it is doing with
@@ -35,7 +35,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from optimizer_core.errors import GraphtrimError
+from graphtrim.errors import GraphtrimError
 
 _STEP_ENV = "GRAPHTRIM_ISOLATION_STEP_FILE"
 DEFAULT_TIMEOUT = 1800.0  # seconds per item
@@ -179,7 +179,7 @@ def map_isolated(
             env = {**os.environ, _STEP_ENV: str(step_path)}
             with open(stderr_path, "wb") as err:
                 proc = subprocess.Popen(
-                    [sys.executable, "-m", "optimizer_core.isolation", str(request)],
+                    [sys.executable, "-m", "graphtrim.isolation", str(request)],
                     stdin=subprocess.DEVNULL,
                     stdout=err,
                     stderr=err,
@@ -317,6 +317,6 @@ def _child(request_path: str) -> int:
 
 if __name__ == "__main__":
     # the importable module, not ``__main__``: what it pickles must unpickle in the parent
-    from optimizer_core.isolation import _child as child
+    from graphtrim.isolation import _child as child
 
     sys.exit(child(sys.argv[1]))

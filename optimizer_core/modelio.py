@@ -34,7 +34,7 @@ import onnx
 import onnx_ir as ir
 from google.protobuf.message import DecodeError
 
-from optimizer_core.errors import GraphtrimError, InvalidModelError
+from graphtrim.errors import GraphtrimError, InvalidModelError
 
 # set in ``model.meta`` when the loader ran onnx shape inference on the model
 SHAPES_INFERRED = "graphtrim.shapes_inferred"

@@ -15,14 +15,14 @@ from typing import TYPE_CHECKING, Any
 import onnx
 import onnx_ir as ir
 
-from optimizer_core import __version__
-from optimizer_core.errors import GraphtrimError, VerificationError, VerificationUnavailable
-from optimizer_core.graph.framework import ChangeLog, Instrument, OptimizeOptions, ProgressFn
-from optimizer_core.graph.metadata import StrippedMetadata, strip_debug_metadata_stats
-from optimizer_core.graph.opset import passthrough_reason
-from optimizer_core.graph.optimizer import optimize_model
-from optimizer_core.graph.presets import resolve
-from optimizer_core.modelio import (
+from graphtrim import __version__
+from graphtrim.errors import GraphtrimError, VerificationError, VerificationUnavailable
+from graphtrim.graph.framework import ChangeLog, Instrument, OptimizeOptions, ProgressFn
+from graphtrim.graph.metadata import StrippedMetadata, strip_debug_metadata_stats
+from graphtrim.graph.opset import passthrough_reason
+from graphtrim.graph.optimizer import optimize_model
+from graphtrim.graph.presets import resolve
+from graphtrim.modelio import (
     deserialize,
     input_files,
     load_model,
@@ -31,12 +31,12 @@ from optimizer_core.modelio import (
     save_model,
     staging_dir,
 )
-from optimizer_core.ort_target import apply_target
-from optimizer_core.stats import ModelStats, before_after_table
+from graphtrim.ort_target import apply_target
+from graphtrim.stats import ModelStats, before_after_table
 
 if TYPE_CHECKING:
     # imported where a model is verified: optimizing alone does without them
-    from optimizer_core.verify import Tolerance, VerificationRecord
+    from graphtrim.verify import Tolerance, VerificationRecord
 
 
 @dataclasses.dataclass
@@ -185,13 +185,13 @@ def optimize_file(
     """Optimize the model at ``src`` into ``dst``.
 
     The input is never written. A valid model the passes do not handle (no default-domain
-    opset, or one below :data:`~optimizer_core.graph.opset.MIN_OPSET`) is written out unchanged
+    opset, or one below :data:`~graphtrim.graph.opset.MIN_OPSET`) is written out unchanged
     and the report says why (``log.passed_through``); there is nothing to verify then. With
     ``check`` the saved result is compared with the input in onnxruntime; with
     ``check_each_pass`` every pass is checked and the first one to change
     results is named. Either failure raises :class:`VerificationError` and leaves no output.
     Exporter debug metadata (node ``metadata_props``, doc strings: see
-    :mod:`optimizer_core.graph.metadata`) is removed from the output unless ``keep_metadata``;
+    :mod:`graphtrim.graph.metadata`) is removed from the output unless ``keep_metadata``;
     the model's own ``metadata_props`` always stay. The report says how much went.
 
     Raises:
@@ -231,7 +231,7 @@ def optimize_file(
     before = ModelStats.of(model, src_files)
     instruments: list[Instrument] = []
     if check_each_pass:
-        from optimizer_core.verify import VerifyEachPass
+        from graphtrim.verify import VerifyEachPass
 
         instruments.append(
             VerifyEachPass(
@@ -260,7 +260,7 @@ def optimize_file(
             str(src_p), str(dst_p), before, after, result.log, seconds, metadata_stripped=stripped
         )
         if check:
-            from optimizer_core.verify import verify
+            from graphtrim.verify import verify
 
             if progress is not None:
                 progress("verifying the optimized model against the input")

@@ -1,8 +1,8 @@
 """onnxruntime's offline fusions for the ``ort-cpu`` / ``ort-cuda`` targets, kept only where timing
-on the target's provider shows they help (see :mod:`optimizer_core.graph.targets` for the profiles).
+on the target's provider shows they help (see :mod:`graphtrim.graph.targets` for the profiles).
 
 This writes files and times onnxruntime sessions, so it sits above the graph layer: the file-level
-optimizer (:func:`optimizer_core.optimize_file.optimize_file`) applies it after the passes.
+optimizer (:func:`graphtrim.optimize_file.optimize_file`) applies it after the passes.
 """
 
 from __future__ import annotations
@@ -18,10 +18,10 @@ from typing import Any
 
 import onnx_ir as ir
 
-from optimizer_core.errors import GraphtrimError
-from optimizer_core.graph import _ir_utils as u
-from optimizer_core.graph.optimizer import OptimizeResult
-from optimizer_core.graph.targets import record_metadata
+from graphtrim.errors import GraphtrimError
+from graphtrim.graph import _ir_utils as u
+from graphtrim.graph.optimizer import OptimizeResult
+from graphtrim.graph.targets import record_metadata
 
 ORT_TARGETS = ("ort-cpu", "ort-cuda")
 
@@ -34,7 +34,7 @@ _PROVIDERS = {"ort-cpu": "CPUExecutionProvider", "ort-cuda": "CUDAExecutionProvi
 def _provider(target: str) -> str:
     import onnxruntime as ort
 
-    from optimizer_core.runtime import GPU_ON_CPU_ENV, providers_for
+    from graphtrim.runtime import GPU_ON_CPU_ENV, providers_for
 
     provider = _PROVIDERS[target]
     if provider == "CPUExecutionProvider":
@@ -64,8 +64,8 @@ def _p50s(
     of the models rotates from round to round, so no model always runs first."""
     import onnxruntime as ort
 
-    from optimizer_core.runtime import session_options
-    from optimizer_core.verify.compare import make_inputs
+    from graphtrim.runtime import session_options
+    from graphtrim.verify.compare import make_inputs
 
     sessions, loads = [], []
     for path in paths:
@@ -101,8 +101,8 @@ def tune_residual_sum(
     """Rewrite the model file at ``path`` with ``residual-sum`` when that makes it measurably
     faster on ``provider`` (as deployed, onnxruntime's optimizations on); the record says what
     was measured and what was kept. The file is replaced only by a complete new one."""
-    from optimizer_core.graph.passes.residual import ResidualSum
-    from optimizer_core.modelio import load_model, publish_model, save_model
+    from graphtrim.graph.passes.residual import ResidualSum
+    from graphtrim.modelio import load_model, publish_model, save_model
 
     target = Path(path)
     model = load_model(target)
@@ -121,8 +121,8 @@ def tune_residual_sum(
             "kept": "rewritten" if faster else "original",
         }
         if faster:
-            from optimizer_core.errors import VerificationError
-            from optimizer_core.verify import Tolerance, verify
+            from graphtrim.errors import VerificationError
+            from graphtrim.verify import Tolerance, verify
 
             check = verify(
                 target,
@@ -149,8 +149,8 @@ def _flipped_residuals(path: Path) -> tuple[ir.Model | None, str]:
     """The model at ``path`` with its residual sums in front of normalizations in the other
     form, and the rewrite's name; ``None`` where there is none to rewrite. A model with both
     forms gets its ``Add`` written as ``Sum``."""
-    from optimizer_core.graph.passes.residual import ResidualAdd, ResidualSum
-    from optimizer_core.modelio import load_model
+    from graphtrim.graph.passes.residual import ResidualAdd, ResidualSum
+    from graphtrim.modelio import load_model
 
     for rewrite in (ResidualSum, ResidualAdd):
         model = load_model(path)  # a copy, its weights mapped from the file's folder
@@ -194,7 +194,7 @@ def apply_ort_target(
     taken when it is not slower than the portable one by more than the noise margin (it also
     loads faster); a form of the other residual only when it is faster than the portable one by
     more than the margin. Of the forms taken, the one furthest inside its allowance is kept."""
-    from optimizer_core.modelio import load_model, save_model
+    from graphtrim.modelio import load_model, save_model
 
     if target not in _PROVIDERS:
         raise GraphtrimError(f"target {target} has no onnxruntime provider")

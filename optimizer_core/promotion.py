@@ -19,8 +19,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from optimizer_core.gates.policy import PromotionPolicy
-from optimizer_core.integrations.registry import Registry, RegistryError
+from graphtrim.gates.policy import PromotionPolicy
+from graphtrim.integrations.registry import Registry, RegistryError
 
 T = "graphtrim."
 

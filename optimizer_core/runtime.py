@@ -6,7 +6,7 @@ error, never a silent measurement on the CPU (a test deployment without GPUs tha
 routing of GPU stages sets ``GRAPHTRIM_TEST_GPU_ON_CPU=1`` explicitly, and every such session says
 so in the log).
 
-Unlike verification sessions (``optimizer_core.verify``), which disable onnxruntime's graph
+Unlike verification sessions (``graphtrim.verify``), which disable onnxruntime's graph
 optimizations to see the model as written, these sessions run as deployed: optimizations on,
 a fixed thread count, sequential execution.
 """
@@ -19,7 +19,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
-from optimizer_core.errors import GraphtrimError, InvalidModelError
+from graphtrim.errors import GraphtrimError, InvalidModelError
 
 Device = Literal["cpu", "gpu"]
 DEVICES: tuple[str, ...] = ("cpu", "gpu")
@@ -136,11 +136,11 @@ def load_probe(
 ) -> dict[str, Any]:
     """Open ``path`` as a serving process would (onnxruntime's default session options:
     ``ORT_ENABLE_ALL``, its own thread settings) on ``device`` and run ``feeds`` once (seeded
-    random inputs without them). Meant for a child process (:mod:`optimizer_core.isolation`):
+    random inputs without them). Meant for a child process (:mod:`graphtrim.isolation`):
     a model that crashes the runtime takes only the child down."""
     import onnxruntime as ort
 
-    from optimizer_core.isolation import step
+    from graphtrim.isolation import step
 
     providers = providers_for(device, tensorrt=tensorrt)
     step(f"opening an onnxruntime session (ORT_ENABLE_ALL, {providers[0]})")

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from optimizer_core.examples.digits import DigitsTask, make_digits_task
+from graphtrim.examples.digits import DigitsTask, make_digits_task
 
 REPO = Path(__file__).resolve().parents[1]
 

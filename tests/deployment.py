@@ -238,7 +238,7 @@ def deployment(
                 AIRFLOW__WORKERS__MIN_HEARTBEAT_INTERVAL="1",
                 # workers import graphtrim's stage modules (MLflow, onnx, boto3) once at start;
                 # each task process they fork inherits them instead of importing them again
-                AIRFLOW__CELERY__CELERY_CONFIG_OPTIONS="operators.airflow.celery_config.CELERY_CONFIG",
+                AIRFLOW__CELERY__CELERY_CONFIG_OPTIONS="graphtrim.airflow.celery_config.CELERY_CONFIG",
                 AIRFLOW_CONN_MLFLOW_DEFAULT=json.dumps(
                     {"conn_type": "graphtrim_mlflow", "host": mlflow_url}
                 ),

@@ -15,9 +15,9 @@ import onnx_ir as ir
 
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 
-from optimizer_core.graph.optimizer import OptimizeResult, optimize_model
-from optimizer_core.ort_target import apply_target
-from optimizer_core.verify import Tolerance, verify
+from graphtrim.graph.optimizer import OptimizeResult, optimize_model
+from graphtrim.ort_target import apply_target
+from graphtrim.verify import Tolerance, verify
 
 
 def parse(text: str) -> onnx.ModelProto:

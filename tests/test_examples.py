@@ -6,7 +6,7 @@ import shlex
 
 import yaml
 
-from optimizer_core.cli import build_parser
+from graphtrim.cli import build_parser
 from tests.conftest import REPO
 
 

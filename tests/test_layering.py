@@ -5,19 +5,22 @@ from __future__ import annotations
 
 import ast
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from tests.package_tree import module_files, package_dirs
+
 FORBIDDEN = {
-    "optimizer_core": {"airflow", "kfp"},
-    "optimizer_core.cli": {"airflow", "kfp", "torch"},
-    "optimizer_core.optimize_file": {"airflow", "kfp", "mlflow", "boto3", "torch"},
-    "optimizer_core.graph.optimizer": {"airflow", "kfp", "mlflow", "boto3", "torch"},
-    "optimizer_core.graph.presets": {"airflow", "kfp", "mlflow", "boto3", "torch"},
-    "optimizer_core.verify": {"airflow", "kfp", "mlflow", "boto3", "torch"},
+    "graphtrim": {"airflow", "kfp"},
+    "graphtrim.cli": {"airflow", "kfp", "torch"},
+    "graphtrim.optimize_file": {"airflow", "kfp", "mlflow", "boto3", "torch"},
+    "graphtrim.graph.optimizer": {"airflow", "kfp", "mlflow", "boto3", "torch"},
+    "graphtrim.graph.presets": {"airflow", "kfp", "mlflow", "boto3", "torch"},
+    "graphtrim.verify": {"airflow", "kfp", "mlflow", "boto3", "torch"},
 }
 
 
@@ -35,8 +38,8 @@ def test_module_imports_no_forbidden_layer(module):
 
 def test_graph_passes_import_only_ir_numpy_onnx_ort():
     code = (
-        "import json, sys, pkgutil, importlib, optimizer_core.graph.passes as p; "
-        "[importlib.import_module('optimizer_core.graph.passes.' + m.name) for m in pkgutil.iter_modules(p.__path__)]; "
+        "import json, sys, pkgutil, importlib, graphtrim.graph.passes as p; "
+        "[importlib.import_module('graphtrim.graph.passes.' + m.name) for m in pkgutil.iter_modules(p.__path__)]; "
         "print(json.dumps(sorted({m.split('.')[0] for m in sys.modules})))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
@@ -48,7 +51,7 @@ def test_cli_starts_without_importing_an_orchestrator_or_torch():
     """Building the parser (every command does) loads the adapters' command entry points but
     not their heavy libraries."""
     code = (
-        "import json, sys; from optimizer_core.cli import build_parser; build_parser(); "
+        "import json, sys; from graphtrim.cli import build_parser; build_parser(); "
         "print(json.dumps(sorted({m.split('.')[0] for m in sys.modules})))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
@@ -66,50 +69,48 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     (
         "errors and helpers",
         (
-            "optimizer_core",
-            "optimizer_core.errors",
-            "optimizer_core.redact",
-            "optimizer_core.isolation",
-            "optimizer_core.hashing",
+            "graphtrim",
+            "graphtrim.errors",
+            "graphtrim.redact",
+            "graphtrim.isolation",
+            "graphtrim.hashing",
         ),
     ),
-    ("IR I/O", ("optimizer_core.modelio", "optimizer_core.runtime")),
-    ("graph", ("optimizer_core.graph",)),
-    ("verify", ("optimizer_core.verify",)),
+    ("IR I/O", ("graphtrim.modelio", "graphtrim.runtime")),
+    ("graph", ("graphtrim.graph",)),
+    ("verify", ("graphtrim.verify",)),
     (
         "file optimizer and targets",
-        ("optimizer_core.stats", "optimizer_core.ort_target", "optimizer_core.optimize_file"),
+        ("graphtrim.stats", "graphtrim.ort_target", "graphtrim.optimize_file"),
     ),
-    ("data", ("optimizer_core.data",)),
-    ("quantize and gates", ("optimizer_core.quantize", "optimizer_core.gates")),
+    ("data", ("graphtrim.data",)),
+    ("quantize and gates", ("graphtrim.quantize", "graphtrim.gates")),
     (
         "exporters and integrations",
         (
-            "optimizer_core.integrations",
-            "optimizer_core.exporter",
-            "optimizer_core.torch_simplify",
-            "optimizer_core.promotion",
+            "graphtrim.integrations",
+            "graphtrim.exporter",
+            "graphtrim.torch_simplify",
+            "graphtrim.promotion",
         ),
     ),
-    ("stages", ("optimizer_core.stages",)),
-    ("example models", ("optimizer_core.examples",)),
-    ("CLI", ("optimizer_core.cli",)),
-    ("orchestrator adapters", ("operators",)),
+    ("stages", ("graphtrim.stages",)),
+    ("example models", ("graphtrim.examples",)),
+    ("CLI", ("graphtrim.cli",)),
+    ("orchestrator adapters", ("graphtrim.airflow", "graphtrim.kubeflow")),
     ("DAGs", ("dags",)),
 ]
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("optimizer_core", "operators", "dags")
+ADAPTERS = next(i for i, (name, _) in enumerate(LAYERS) if name == "orchestrator adapters")
 
 
 def _modules() -> dict[str, Path]:
-    found: dict[str, Path] = {}
-    for package in PACKAGES:
-        for path in sorted((ROOT / package).rglob("*.py")):
-            parts = list(path.relative_to(ROOT).with_suffix("").parts)
-            if parts[-1] == "__init__":
-                parts.pop()
-            found[".".join(parts)] = path
+    """Every module by the name it is imported as: the distribution's (``graphtrim``, whose
+    folders ``pyproject.toml`` names) and the DAG files (``dags.NAME``)."""
+    found = module_files()
+    for path in sorted((ROOT / "dags").glob("*.py")):
+        found[f"dags.{path.stem}"] = path
     return found
 
 
@@ -151,7 +152,7 @@ def layer_of(module: str) -> int | None:
     for index, (_, prefixes) in enumerate(LAYERS):
         for prefix in prefixes:
             # the core's package itself (its ``__init__``) is placed by name only
-            nested = prefix != "optimizer_core" and module.startswith(prefix + ".")
+            nested = prefix != "graphtrim" and module.startswith(prefix + ".")
             if module == prefix or nested:
                 if best is None or len(prefix) > best[0]:
                     best = (len(prefix), index)
@@ -221,7 +222,7 @@ def test_dags_compose_operators_only():
         for module, targets in import_graph().items()
         if module.startswith("dags")
         for target in sorted(targets)
-        if target.split(".")[0] == "optimizer_core"
+        if target.split(".")[0] == "graphtrim" and layer_of(target) != ADAPTERS
     ]
     assert not leaks, "DAGs importing the core:\n" + "\n".join(leaks)
 
@@ -229,12 +230,78 @@ def test_dags_compose_operators_only():
 def test_the_checks_see_a_circle_an_upward_arrow_and_a_dag_import():
     """The checks above on a made-up graph: each finds what it looks for."""
     graph = {
-        "optimizer_core.graph.a": {"optimizer_core.verify.b"},
-        "optimizer_core.verify.b": {"optimizer_core.graph.a"},
-        "dags.x": {"optimizer_core.errors"},
+        "graphtrim.graph.a": {"graphtrim.verify.b"},
+        "graphtrim.verify.b": {"graphtrim.graph.a"},
+        "dags.x": {"graphtrim.errors"},
     }
-    assert cycles(graph) == [["optimizer_core.graph.a", "optimizer_core.verify.b"]]
-    assert layer_of("optimizer_core.graph.a") < layer_of("optimizer_core.verify.b")
-    assert layer_of("optimizer_core.graph.passes.cse") == layer_of("optimizer_core.graph")
-    assert layer_of("dags.x") > layer_of("operators.airflow.hooks")
-    assert layer_of("optimizer_core.unplaced") is None
+    assert cycles(graph) == [["graphtrim.graph.a", "graphtrim.verify.b"]]
+    assert layer_of("graphtrim.graph.a") < layer_of("graphtrim.verify.b")
+    assert layer_of("graphtrim.graph.passes.cse") == layer_of("graphtrim.graph")
+    assert layer_of("dags.x") > layer_of("graphtrim.airflow.hooks")
+    assert layer_of("graphtrim.unplaced") is None
+
+
+# ---------------------------------------------------------------- import names
+#
+# The folders optimizer_core/ and operators/ install as the package graphtrim (pyproject.toml's
+# [tool.setuptools]). In a checkout the folders are importable under their own names too (the
+# repository root is on sys.path), so a module spelt with a folder's name would work in the tests
+# and fail where the wheel is installed.
+OLD_NAME = re.compile(r"(?<![\w./-])(optimizer_core|operators)\.[a-z_]")
+
+
+def test_every_source_folder_is_a_listed_package():
+    listed = {folder.resolve() for folder in package_dirs().values()}
+    on_disk = {
+        path.parent.resolve()
+        for top in ("optimizer_core", "operators")
+        for path in (ROOT / top).rglob("*.py")
+    }
+    missing = sorted(str(p.relative_to(ROOT)) for p in on_disk - listed)
+    assert not missing, f"folders the wheel would leave out (add them to pyproject.toml): {missing}"
+
+
+def test_no_module_is_named_by_its_folder():
+    tracked = subprocess.run(
+        ["git", "ls-files", "-co", "--exclude-standard"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    found = []
+    for name in tracked:
+        path = ROOT / name
+        if path.suffix not in {".py", ".toml", ".yaml", ".yml", ".md", ".cfg", ".txt"}:
+            continue
+        if not path.is_file():
+            continue
+        for number, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
+            if OLD_NAME.search(line):
+                found.append(f"{name}:{number}: {line.strip()}")
+    assert not found, "modules named by their folder (import them as graphtrim...):\n" + "\n".join(
+        found
+    )
+
+
+def test_the_old_names_check_sees_a_folder_name():
+    core, adapters = "optimizer_core", "operators"  # spelt apart: this file is searched too
+    assert OLD_NAME.search(f'function="{core}.stages.export:export"')
+    assert OLD_NAME.search(f"from {adapters}.airflow import hooks")
+    assert not OLD_NAME.search("from airflow.providers.standard.operators.python import x")
+    assert not OLD_NAME.search("see optimizer_core/graph/passes/cse.py")
+    assert not OLD_NAME.search("from tests.optimizer_core.graph import helpers")
+
+
+def test_the_installed_names_are_the_ones_imported():
+    """Importing the adapters and the CLI loads every module under ``graphtrim`` alone."""
+    code = (
+        "import json, sys, graphtrim.cli, graphtrim.airflow.operators, graphtrim.kubeflow.cli; "
+        "print(json.dumps(sorted({m.split('.')[0] for m in sys.modules})))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT
+    )
+    loaded = set(json.loads(out.stdout.strip().splitlines()[-1]))
+    assert "graphtrim" in loaded
+    assert not {"optimizer_core", "operators"} & loaded

@@ -58,7 +58,7 @@ class _Reader:
     def __init__(self, path: Path, count: int = 8) -> None:
         import onnxruntime as ort
 
-        from optimizer_core.verify import make_inputs
+        from graphtrim.verify import make_inputs
 
         sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
         specs = [(i.name, i.type, list(i.shape)) for i in sess.get_inputs()]

@@ -12,10 +12,10 @@ def get_provider_info() -> dict[str, Any]:
     sensor, triggers, extra links and plugin."""
     integration = "graphtrim"
     modules = {
-        "hooks": ["operators.airflow.hooks"],
-        "operators": ["operators.airflow.operators"],
-        "sensors": ["operators.airflow.sensors"],
-        "triggers": ["operators.airflow.triggers"],
+        "hooks": ["graphtrim.airflow.hooks"],
+        "operators": ["graphtrim.airflow.operators"],
+        "sensors": ["graphtrim.airflow.sensors"],
+        "triggers": ["graphtrim.airflow.triggers"],
     }
     return {
         "package-name": "graphtrim",
@@ -29,16 +29,16 @@ def get_provider_info() -> dict[str, Any]:
         "connection-types": [
             {
                 "connection-type": "graphtrim_mlflow",
-                "hook-class-name": "operators.airflow.hooks.MlflowRegistryHook",
+                "hook-class-name": "graphtrim.airflow.hooks.MlflowRegistryHook",
                 "hook-name": "MLflow (graphtrim)",
             }
         ],
         "extra-links": [
-            "operators.airflow.links.MlflowRunLink",
-            "operators.airflow.links.MlflowModelVersionLink",
-            "operators.airflow.links.GraphtrimReportLink",
+            "graphtrim.airflow.links.MlflowRunLink",
+            "graphtrim.airflow.links.MlflowModelVersionLink",
+            "graphtrim.airflow.links.GraphtrimReportLink",
         ],
         "plugins": [
-            {"name": "graphtrim", "plugin-class": "operators.airflow.plugin.GraphtrimPlugin"}
+            {"name": "graphtrim", "plugin-class": "graphtrim.airflow.plugin.GraphtrimPlugin"}
         ],
     }

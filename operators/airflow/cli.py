@@ -1,6 +1,6 @@
 """``graphtrim trigger``: start the optimize DAG on an Airflow deployment, for CI. A command the
 graphtrim CLI finds through the ``graphtrim.commands`` entry point, so that the core never
-imports an Airflow client (the REST client is :mod:`operators.airflow.rest`)."""
+imports an Airflow client (the REST client is :mod:`graphtrim.airflow.rest`)."""
 
 from __future__ import annotations
 
@@ -11,11 +11,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from operators.airflow.params import variant_choices
-from optimizer_core.cli.argtypes import csv, positive_float
-from optimizer_core.cli.exits import add_allow_failed, variants_exit
-from optimizer_core.errors import GraphtrimError
-from optimizer_core.redact import masked_command
+from graphtrim.airflow.params import variant_choices
+from graphtrim.cli.argtypes import csv, positive_float
+from graphtrim.cli.exits import add_allow_failed, variants_exit
+from graphtrim.errors import GraphtrimError
+from graphtrim.redact import masked_command
 
 Command = Callable[[argparse.Namespace], int]
 
@@ -100,7 +100,7 @@ def _client(url: str) -> Any:
             f"graphtrim trigger needs apache-airflow-client ({exc}): "
             "pip install 'graphtrim[airflow-client]'"
         ) from exc
-    from operators.airflow.rest import AirflowClient
+    from graphtrim.airflow.rest import AirflowClient
 
     return AirflowClient(url)
 
@@ -116,7 +116,7 @@ def cmd_trigger(args: argparse.Namespace) -> int:
     if args.variants:
         conf["variants"] = args.variants
     if args.policy:
-        from optimizer_core.gates.policy import GatePolicy
+        from graphtrim.gates.policy import GatePolicy
 
         GatePolicy.load(args.policy)  # refused here, not by a worker later
         conf["policy"] = yaml.safe_load(Path(args.policy).read_text()) or {}

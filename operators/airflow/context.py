@@ -3,7 +3,7 @@
 Every operator that calls ``optimizer_core`` hands it a :class:`StageContext`: the tracking URI
 and credentials of an MLflow connection (:class:`MlflowRegistryHook`), the endpoint and key pair
 of an S3 connection (:class:`ArtifactStoreHook`), and where the artifacts go. The credentials go
-to the clients the context builds, never into ``os.environ`` (see ``operators.airflow.hooks``).
+to the clients the context builds, never into ``os.environ`` (see ``graphtrim.airflow.hooks``).
 """
 
 from __future__ import annotations
@@ -11,11 +11,11 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any
 
-from operators.airflow.hooks import ArtifactStoreHook, MlflowRegistryHook
-from optimizer_core.errors import GraphtrimError
+from graphtrim.airflow.hooks import ArtifactStoreHook, MlflowRegistryHook
+from graphtrim.errors import GraphtrimError
 
 if TYPE_CHECKING:
-    from optimizer_core.stages.context import StageContext
+    from graphtrim.stages.context import StageContext
 
 ARTIFACTS_ENV = "GRAPHTRIM_ARTIFACTS"
 
@@ -47,7 +47,7 @@ def stage_context(
     not need the connection to exist. ``fields`` are the context's other fields (``workdir``,
     ``orchestrator_run_id``, ``progress``, ``worker``, ``allow_variant_source``, ...).
     """
-    from optimizer_core.stages.context import StageContext
+    from graphtrim.stages.context import StageContext
 
     if s3_connection is None:
         s3_connection = str(artifacts).startswith("s3://")

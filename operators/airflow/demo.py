@@ -5,7 +5,7 @@ export to ONNX, optimize, build int8 / fp16 variants, judge them with the accura
 size gates, register the ones that pass with their lineage and move the aliases, every stage its
 own task instance.
 
-Run with ``make demo`` (or ``python -m operators.airflow.demo [OUT_DIR]``). Everything lives in
+Run with ``make demo`` (or ``python -m graphtrim.airflow.demo [OUT_DIR]``). Everything lives in
 OUT_DIR (default ``out/demo``): the Airflow home, the MLflow database and artifacts, the
 graphtrim artifact store. Run twice, the second run registers nothing new. With
 ``--without-airflow`` the same pipeline runs through the command line
@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from optimizer_core.examples.digits import DigitsTask
+    from graphtrim.examples.digits import DigitsTask
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -36,8 +36,8 @@ def optimize_example(out_dir: Path) -> int:
     # the exporter warns about optional packages (torchvision) the example does not use
     logging.getLogger("torch.onnx._internal.exporter._registration").setLevel(logging.ERROR)
 
-    from optimizer_core.cli import main as cli_main
-    from optimizer_core.examples.models import export, simple_cnn
+    from graphtrim.cli import main as cli_main
+    from graphtrim.examples.models import export, simple_cnn
 
     src = out_dir / "simple_cnn.onnx"
     print(
@@ -51,7 +51,7 @@ def optimize_example(out_dir: Path) -> int:
 
 
 def train_digits(out_dir: Path) -> DigitsTask:
-    from optimizer_core.examples.digits import make_digits_task
+    from graphtrim.examples.digits import make_digits_task
 
     print("\ntraining a small CNN on scikit-learn's digits (a real accuracy task, a few seconds)")
     task = make_digits_task(out_dir / "digits")
@@ -70,7 +70,7 @@ def register_source(out_dir: Path, task: DigitsTask, name: str = "digits-cnn") -
     os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
     import mlflow
 
-    from optimizer_core.hashing import file_sha256
+    from graphtrim.hashing import file_sha256
 
     home = out_dir / "mlflow"
     home.mkdir(parents=True, exist_ok=True)
@@ -209,7 +209,7 @@ def run_without_airflow(out_dir: Path) -> int:
     task = train_digits(out_dir)
     tracking, model_uri = register_source(out_dir, task)
 
-    from optimizer_core.cli import main as cli_main
+    from graphtrim.cli import main as cli_main
 
     print(f"running the pipeline on {model_uri}\n")
     rc = cli_main(

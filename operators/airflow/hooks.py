@@ -20,10 +20,9 @@ import os
 from typing import Any
 
 from airflow.sdk import BaseHook
-
-from optimizer_core.errors import GraphtrimError
-from optimizer_core.integrations.artifacts import S3Auth
-from optimizer_core.integrations.registry import MlflowAuth, mlflow_client
+from graphtrim.errors import GraphtrimError
+from graphtrim.integrations.artifacts import S3Auth
+from graphtrim.integrations.registry import MlflowAuth, mlflow_client
 
 
 def _connection(conn_id: str | None) -> Any | None:
@@ -61,7 +60,7 @@ class MlflowRegistryHook(BaseHook):
     def ui_url(self) -> str | None:
         """The address of MLflow's UI that task links point at: the connection's extra
         ``ui_url``, else ``$GRAPHTRIM_MLFLOW_UI_URL``, else the tracking URI of a server."""
-        from optimizer_core.integrations.links import ui_base
+        from graphtrim.integrations.links import ui_base
 
         conn = _connection(self.mlflow_conn_id)
         override = (conn.extra_dejson or {}).get("ui_url") if conn is not None else None

@@ -2,7 +2,7 @@
 and its report, as buttons on the task's page in Airflow's UI.
 
 The stage operator works out the URLs when its stage is done
-(:func:`optimizer_core.integrations.links.record_links`) and keeps them on itself; Airflow asks
+(:func:`graphtrim.integrations.links.record_links`) and keeps them on itself; Airflow asks
 each link for its URL on the worker as the task ends and stores it in XCom, where the UI
 reads it. A task that made nothing to link to (or an MLflow without a UI address) shows the
 link disabled."""
@@ -12,8 +12,7 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from airflow.sdk import BaseOperatorLink
-
-from optimizer_core.integrations.links import LINKS
+from graphtrim.integrations.links import LINKS
 
 
 class _RecordLink(BaseOperatorLink):

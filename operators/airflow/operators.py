@@ -1,4 +1,4 @@
-"""The pipeline's stages as Airflow operators, derived from ``optimizer_core.stages.STAGES``: one
+"""The pipeline's stages as Airflow operators, derived from ``graphtrim.stages.STAGES``: one
 generic operator (:class:`GraphtrimStageOperator`) templates a stage's inputs, places itself on
 a CPU or GPU worker and calls the stage function the list names; its XCom is the stage's small
 JSON record (URIs, versions, verdicts), never a model. The operator per stage
@@ -27,14 +27,13 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, ClassVar, TextIO
 
 from airflow.sdk import BaseOperator
-
-from operators.airflow.context import artifact_store, stage_context
-from operators.airflow.hooks import ArtifactStoreHook, MlflowRegistryHook
-from operators.airflow.links import EXTRA_LINKS
-from operators.airflow.params import as_flag
-from optimizer_core.errors import GraphtrimError
-from optimizer_core.redact import redact
-from optimizer_core.stages import record_arg
+from graphtrim.airflow.context import artifact_store, stage_context
+from graphtrim.airflow.hooks import ArtifactStoreHook, MlflowRegistryHook
+from graphtrim.airflow.links import EXTRA_LINKS
+from graphtrim.airflow.params import as_flag
+from graphtrim.errors import GraphtrimError
+from graphtrim.redact import redact
+from graphtrim.stages import record_arg
 
 DEVICES = ("cpu", "gpu")
 
@@ -157,7 +156,7 @@ def fatal_signals_end_the_process() -> Iterator[None]:
 
 
 class GraphtrimStageOperator(BaseOperator):
-    """Run the pipeline stage ``stage`` (a name in ``optimizer_core.stages.STAGES``; the
+    """Run the pipeline stage ``stage`` (a name in ``graphtrim.stages.STAGES``; the
     operator per stage sets it): its inputs are the records of the stages the list names, given
     as ``exported``, ``optimized``, ``quantized``, ``validated`` (one record, or the records of
     a mapped task, merged) and ``registered``, or the argument :func:`record_arg` names for the
@@ -263,7 +262,7 @@ class GraphtrimStageOperator(BaseOperator):
             raise AirflowFailException(redact(f"{type(exc).__name__}: {exc}")) from exc
 
     def pipeline_config(self) -> Any:
-        from optimizer_core.stages.context import PipelineConfig
+        from graphtrim.stages.context import PipelineConfig
 
         return PipelineConfig.from_json(dict(self.config or {}))
 
@@ -272,7 +271,7 @@ class GraphtrimStageOperator(BaseOperator):
         mapped task merged into one)."""
         value: Any = getattr(self, record_arg(name), None)
         if name == "validate":
-            from optimizer_core.stages.records import ValidateRecord
+            from graphtrim.stages.records import ValidateRecord
 
             return ValidateRecord.merge(_records(value))
         return dict(value)
@@ -282,7 +281,7 @@ class GraphtrimStageOperator(BaseOperator):
         return {}
 
     def execute(self, context: Any) -> dict[str, Any]:
-        from optimizer_core.stages import stage
+        from graphtrim.stages import stage
 
         if self.stage is None:
             raise GraphtrimError(f"{self.task_id}: no stage: pass stage= (a pipeline stage name)")
@@ -309,7 +308,7 @@ class GraphtrimStageOperator(BaseOperator):
     def links(self, record: Mapping[str, Any]) -> dict[str, str]:
         """The MLflow UI addresses of what the stage made (:mod:`.links`); never fails the
         task: a link that cannot be worked out is left disabled."""
-        from optimizer_core.integrations.links import record_links
+        from graphtrim.integrations.links import record_links
 
         try:
             hook = MlflowRegistryHook(self.mlflow_conn_id)
@@ -326,7 +325,7 @@ class GraphtrimStageOperator(BaseOperator):
 
 def _record_args() -> set[str]:
     """The operator arguments of the records of every stage in the list."""
-    from optimizer_core.stages import STAGES
+    from graphtrim.stages import STAGES
 
     return {record_arg(s.name) for s in STAGES}
 
@@ -399,7 +398,7 @@ class MlflowVariantRegisterOperator(GraphtrimStageOperator):
     template_fields = (*GraphtrimStageOperator.template_fields, "optimized", "validated")
 
     def __init__(self, *, optimized: Any, validated: Any, **kwargs: Any):
-        from operators.airflow.assets import REGISTERED
+        from graphtrim.airflow.assets import REGISTERED
 
         kwargs.setdefault("outlets", [REGISTERED])
         super().__init__(optimized=optimized, validated=validated, **kwargs)
@@ -407,7 +406,7 @@ class MlflowVariantRegisterOperator(GraphtrimStageOperator):
     def asset_events(self, record: Mapping[str, Any]) -> list[tuple[Any, Any, dict[str, Any]]]:
         """An event on the registered model's asset per version created, through
         ``graphtrim-registered``."""
-        from operators.airflow.assets import REGISTERED, registered_events
+        from graphtrim.airflow.assets import REGISTERED, registered_events
 
         return [(REGISTERED, asset, extra) for asset, extra in registered_events(record)]
 
@@ -420,7 +419,7 @@ class MlflowAliasPromoteOperator(GraphtrimStageOperator):
     template_fields = (*GraphtrimStageOperator.template_fields, "validated", "registered")
 
     def __init__(self, *, validated: Any, registered: Any, **kwargs: Any):
-        from operators.airflow.assets import PROMOTED
+        from graphtrim.airflow.assets import PROMOTED
 
         kwargs.setdefault("outlets", [PROMOTED])
         super().__init__(validated=validated, registered=registered, **kwargs)
@@ -428,7 +427,7 @@ class MlflowAliasPromoteOperator(GraphtrimStageOperator):
     def asset_events(self, record: Mapping[str, Any]) -> list[tuple[Any, Any, dict[str, Any]]]:
         """An event on the registered model's asset per alias moved, through
         ``graphtrim-promoted``."""
-        from operators.airflow.assets import PROMOTED, promoted_events
+        from graphtrim.airflow.assets import PROMOTED, promoted_events
 
         target = str(self.stage_input("register").get("target") or "")
         return [(PROMOTED, asset, extra) for asset, extra in promoted_events(record, target)]
@@ -441,8 +440,7 @@ def plan_run(params: Mapping[str, Any] | None, device: str) -> dict[str, Any]:
     """A run's source URI and pipeline config from the DAG run's params, checked here, so a
     bad request fails (with no retry) before any work."""
     from airflow.sdk.exceptions import AirflowFailException
-
-    from optimizer_core.stages.context import PipelineConfig
+    from graphtrim.stages.context import PipelineConfig
 
     p = params or {}
     name = p.get("model_name")
@@ -478,8 +476,8 @@ def variant_table(validated: Any, registered: Any, promoted: Any) -> str:
     """The variant table of a run (gate verdicts, registered versions, aliases), as
     ``graphtrim pipeline run`` prints it, from the gate tasks' records (merged), the register
     record and the promote record."""
-    from optimizer_core.stages.records import ValidateRecord
-    from optimizer_core.stages.summary import table
+    from graphtrim.stages.records import ValidateRecord
+    from graphtrim.stages.summary import table
 
     merged = ValidateRecord.merge([dict(validated[i]) for i in range(len(validated))])
     return table(

@@ -1,7 +1,7 @@
 """What the DAGs offer in their run parameters, taken from ``optimizer_core``.
 
 The choices of a DAG's ``Param`` (the presets, the variants) are the core's own
-(``optimizer_core.graph.presets.PRESETS``, ``optimizer_core.quantize.VARIANTS``), not a copy
+(``graphtrim.graph.presets.PRESETS``, ``graphtrim.quantize.VARIANTS``), not a copy
 that drifts from them. The scheduler parses DAG files often, and those modules import the graph
 passes and quantizers (onnx, numpy): the names are read from the modules' source without
 importing them. A module whose table is not a literal there is imported after all (correct,
@@ -16,9 +16,9 @@ import importlib
 from pathlib import Path
 from typing import Any
 
-import optimizer_core
+import graphtrim
 
-_CORE = Path(optimizer_core.__file__).resolve().parent
+_CORE = Path(graphtrim.__file__).resolve().parent
 
 
 def as_flag(value: Any) -> bool:
@@ -73,21 +73,21 @@ def _names(module: str, name: str) -> tuple[str, ...]:
 
 
 def preset_choices() -> list[str]:
-    """The names of the optimizer's presets (``optimizer_core.graph.presets.PRESETS``), in its
+    """The names of the optimizer's presets (``graphtrim.graph.presets.PRESETS``), in its
     order: the ``preset`` parameter's choices."""
-    return list(_names("optimizer_core.graph.presets", "PRESETS"))
+    return list(_names("graphtrim.graph.presets", "PRESETS"))
 
 
 def variant_choices() -> list[str]:
-    """The variants graphtrim can build (the table ``optimizer_core.quantize.kinds``, a module
+    """The variants graphtrim can build (the table ``graphtrim.quantize.kinds``, a module
     that imports nothing heavy)."""
-    from optimizer_core.quantize.kinds import VARIANTS
+    from graphtrim.quantize.kinds import VARIANTS
 
     return list(VARIANTS)
 
 
 def default_variants() -> list[str]:
     """The variants a run builds when it names none."""
-    from optimizer_core.quantize.kinds import DEFAULT_VARIANTS
+    from graphtrim.quantize.kinds import DEFAULT_VARIANTS
 
     return list(DEFAULT_VARIANTS)

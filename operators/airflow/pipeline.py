@@ -1,5 +1,5 @@
-"""The optimize DAG's stage tasks, derived from ``optimizer_core.stages.STAGES``, as the Kubeflow
-pipeline's steps are (``operators.kubeflow.pipeline``): adding a stage to the list adds its task.
+"""The optimize DAG's stage tasks, derived from ``graphtrim.stages.STAGES``, as the Kubeflow
+pipeline's steps are (``graphtrim.kubeflow.pipeline``): adding a stage to the list adds its task.
 
 Each stage becomes one task of its operator (:func:`stage_operator`), in the list's order. The
 first stage takes the run's model URI; every other one takes the records its stage function
@@ -17,10 +17,10 @@ import inspect
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from operators.airflow import operators
-from operators.airflow.operators import GraphtrimStageOperator, placement
-from operators.airflow.timeouts import task_timeout
-from optimizer_core.stages import record_arg, variant_loops
+from graphtrim.airflow import operators
+from graphtrim.airflow.operators import GraphtrimStageOperator, placement
+from graphtrim.airflow.timeouts import task_timeout
+from graphtrim.stages import record_arg, variant_loops
 
 # the task ids that differ from their stage's name (the ones the UIs and run histories show)
 TASK_IDS = {"validate": "gate"}
@@ -32,8 +32,8 @@ def task_id(stage_name: str) -> str:
 
 
 def stage_operator(stage: Any) -> type[GraphtrimStageOperator]:
-    """The operator class of ``stage`` (a :class:`~optimizer_core.stages.Stage`): the named one
-    in :mod:`operators.airflow.operators` whose ``stage_name`` it is, else the generic operator
+    """The operator class of ``stage`` (a :class:`~graphtrim.stages.Stage`): the named one
+    in :mod:`graphtrim.airflow.operators` whose ``stage_name`` it is, else the generic operator
     with the stage named and its records (or the model URI) templated and taken by name."""
     for cls in vars(operators).values():
         if (
@@ -78,7 +78,7 @@ def stage_tasks(
     pool: str | None = None,
     stages: Sequence[Any] | None = None,
 ) -> dict[str, Any]:
-    """Add a task per stage of ``stages`` (by default ``optimizer_core.stages.STAGES``) to the
+    """Add a task per stage of ``stages`` (by default ``graphtrim.stages.STAGES``) to the
     DAG being defined, and return them by stage name.
 
     Args:
@@ -90,7 +90,7 @@ def stage_tasks(
         stages: the stages, in order.
     """
     if stages is None:
-        from optimizer_core.stages import STAGES
+        from graphtrim.stages import STAGES
 
         stages = STAGES
     # spelled out for the mapped tasks: their queue and pod are read before any operator exists

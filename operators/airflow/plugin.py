@@ -40,15 +40,15 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from airflow.plugins_manager import AirflowPlugin
 from fastapi import Depends, FastAPI, HTTPException
 from fastapi.responses import HTMLResponse
 from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import Headers
 from starlette.requests import Request
 
-from optimizer_core.errors import GraphtrimError
-from optimizer_core.redact import redact
+from airflow.plugins_manager import AirflowPlugin
+from graphtrim.errors import GraphtrimError
+from graphtrim.redact import redact
 
 logger = logging.getLogger("graphtrim.webhook")
 
@@ -93,7 +93,7 @@ def airflow_trigger(dag_id: str, run_id: str, conf: dict[str, Any]) -> str:
 
 def mlflow_version_tags(name: str, version: str) -> dict[str, str]:
     """A model version's tags, read from the MLflow registry."""
-    from operators.airflow.hooks import MlflowRegistryHook
+    from graphtrim.airflow.hooks import MlflowRegistryHook
 
     conn = os.environ.get("GRAPHTRIM_WEBHOOK_MLFLOW_CONN", MlflowRegistryHook.default_conn_name)
     client = MlflowRegistryHook(conn).get_client()  # the connection's token, in this client only
@@ -103,9 +103,9 @@ def mlflow_version_tags(name: str, version: str) -> dict[str, str]:
 def variants_page() -> str:
     """The graphtrim variants page: every variant in the registry of the webhook's MLflow
     connection, with links into MLflow's UI."""
-    from operators.airflow.hooks import MlflowRegistryHook
-    from optimizer_core.integrations.catalog import registered_variants, render_catalog
-    from optimizer_core.integrations.registry import Registry
+    from graphtrim.airflow.hooks import MlflowRegistryHook
+    from graphtrim.integrations.catalog import registered_variants, render_catalog
+    from graphtrim.integrations.registry import Registry
 
     conn = os.environ.get("GRAPHTRIM_WEBHOOK_MLFLOW_CONN", MlflowRegistryHook.default_conn_name)
     hook = MlflowRegistryHook(conn)
@@ -247,7 +247,7 @@ def create_app(
 
     async def _variant_skip(payload: dict[str, Any], conf: dict[str, Any]) -> str | None:
         """Why the event's version is not optimized (a graphtrim variant), or None."""
-        from optimizer_core.stages.scan import variant_skip_message
+        from graphtrim.stages.scan import variant_skip_message
 
         name, version = conf["model_name"], conf["version"]
         tags = (payload.get("data") or {}).get("tags")

@@ -1,4 +1,4 @@
-"""Imported once by a Celery worker at start (see :mod:`operators.airflow.celery_config`): the
+"""Imported once by a Celery worker at start (see :mod:`graphtrim.airflow.celery_config`): the
 modules graphtrim's stage tasks need, so that the task processes the worker forks inherit them.
 
 Only imports: no thread, session or connection is opened here, so forking stays safe. torch is
@@ -13,7 +13,7 @@ import importlib
 import logging
 import time
 
-from optimizer_core.stages import STAGES
+from graphtrim.stages import STAGES
 
 logger = logging.getLogger("graphtrim.preload")
 
@@ -26,13 +26,13 @@ MODULES = (
     "mlflow",
     "mlflow.tracking",
     "mlflow.onnx",
-    "optimizer_core.stages.pipeline",
+    "graphtrim.stages.pipeline",
     *(stage.function.partition(":")[0] for stage in STAGES),
-    "optimizer_core.integrations.registry",
-    "optimizer_core.integrations.artifacts",
-    "optimizer_core.gates",
-    "optimizer_core.quantize.build",
-    "operators.airflow.operators",
+    "graphtrim.integrations.registry",
+    "graphtrim.integrations.artifacts",
+    "graphtrim.gates",
+    "graphtrim.quantize.build",
+    "graphtrim.airflow.operators",
 )
 
 

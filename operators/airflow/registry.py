@@ -3,13 +3,13 @@
 Each returns the keyword arguments of one ``TriggerDagRunOperator`` per version (``conf`` and
 ``trigger_run_id``), to be expanded over a trigger of ``graphtrim_optimize_model``:
 
-- :class:`RegistryScanOperator` asks the registry (``optimizer_core.stages.scan``): the newest
+- :class:`RegistryScanOperator` asks the registry (``graphtrim.stages.scan``): the newest
   versions of the watched models that have neither a variant nor a finished or live run under
   the current config.
 - :class:`RegistryEventsOperator` reads the asset events that started its DAG run (one per new
   version, from ``MlflowNewModelVersionTrigger``).
 
-The run id is the work's idempotency key (``optimizer_core.stages.scan.run_key``): a second
+The run id is the work's idempotency key (``graphtrim.stages.scan.run_key``): a second
 scan, or an event and a scan, asking for the same version and config is skipped by Airflow's
 unique run id, not by luck.
 """
@@ -20,13 +20,12 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator
-
-from operators.airflow.context import stage_context
-from operators.airflow.hooks import ArtifactStoreHook, MlflowRegistryHook
-from operators.airflow.params import as_flag
+from graphtrim.airflow.context import stage_context
+from graphtrim.airflow.hooks import ArtifactStoreHook, MlflowRegistryHook
+from graphtrim.airflow.params import as_flag
 
 if TYPE_CHECKING:
-    from optimizer_core.stages.context import StageContext
+    from graphtrim.stages.context import StageContext
 
 
 def _trigger_arguments(found: Mapping[str, Any]) -> dict[str, Any]:
@@ -72,7 +71,7 @@ class RegistryScanOperator(BaseOperator):
         self.aws_conn_id = aws_conn_id
 
     def execute(self, context: Any) -> list[dict[str, Any]]:
-        from optimizer_core.stages.scan import unoptimized_versions
+        from graphtrim.stages.scan import unoptimized_versions
 
         artifacts = str(self.artifacts or "") or None
         ctx = stage_context(
@@ -113,7 +112,7 @@ def event_trigger_arguments(
     """Trigger arguments of one optimize run per version in the events, each once: the conf
     from the registered model's ``graphtrim.*`` tags, and the run id the registry scan would
     use for the same work (so the two never both run it)."""
-    from optimizer_core.stages.scan import conf_for
+    from graphtrim.stages.scan import conf_for
 
     out: list[dict[str, Any]] = []
     for event in event_versions(triggering_asset_events):

@@ -5,7 +5,7 @@ itself is imported, so the command runs on a machine with only the client instal
 Credentials come from the environment, never from arguments that land in shell history:
 ``GRAPHTRIM_AIRFLOW_TOKEN`` (a ready bearer token), else ``GRAPHTRIM_AIRFLOW_USERNAME`` and
 ``GRAPHTRIM_AIRFLOW_PASSWORD`` (exchanged at ``/auth/token``), else none (a deployment where
-every user is an admin). Both are registered with ``optimizer_core.redact``: whatever graphtrim
+every user is an admin). Both are registered with ``graphtrim.redact``: whatever graphtrim
 prints masks them, and error messages mask the URL's userinfo.
 
 A request that cannot connect, or that reads a gateway's 502 / 503 / 504, is tried again
@@ -23,8 +23,8 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
-from optimizer_core.errors import GraphtrimError
-from optimizer_core.redact import redact, register_secret
+from graphtrim.errors import GraphtrimError
+from graphtrim.redact import redact, register_secret
 
 TERMINAL = ("success", "failed")
 RETRY_STATUSES = (502, 503, 504)

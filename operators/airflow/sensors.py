@@ -7,10 +7,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from airflow.sdk import BaseSensorOperator, PokeReturnValue
-
-from operators.airflow.hooks import MlflowRegistryHook
-from operators.airflow.triggers import MlflowModelVersionTrigger, find_version
-from optimizer_core.errors import GraphtrimError
+from graphtrim.airflow.hooks import MlflowRegistryHook
+from graphtrim.airflow.triggers import MlflowModelVersionTrigger, find_version
+from graphtrim.errors import GraphtrimError
 
 
 class MlflowModelVersionSensor(BaseSensorOperator):

@@ -36,7 +36,7 @@ DEFAULT_MINUTES: dict[str, float] = {
     "candidates": 15,
     "trigger": 10,
 }
-# a task not listed above (a stage added to ``optimizer_core.stages.STAGES``)
+# a task not listed above (a stage added to ``graphtrim.stages.STAGES``)
 UNLISTED_MINUTES: float = 120
 
 

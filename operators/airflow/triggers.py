@@ -24,8 +24,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from airflow.triggers.base import BaseEventTrigger, BaseTrigger, TriggerEvent
-
-from optimizer_core.redact import redact
+from graphtrim.redact import redact
 
 WATERMARK = "graphtrim.watermark."
 
@@ -37,12 +36,12 @@ def _connect(tracking_uri: str | None, conn_id: str | None) -> tuple[str, Any]:
     The credentials are read from the connection here, in the triggerer, each time a trigger
     starts: they are never part of the trigger's serialized arguments, and never in the
     process's environment, which every other trigger of this triggerer shares."""
-    from optimizer_core.integrations.registry import mlflow_client
-    from optimizer_core.redact import redact
+    from graphtrim.integrations.registry import mlflow_client
+    from graphtrim.redact import redact
 
     if tracking_uri:
         return redact(tracking_uri), mlflow_client(tracking_uri)
-    from operators.airflow.hooks import MlflowRegistryHook
+    from graphtrim.airflow.hooks import MlflowRegistryHook
 
     hook = MlflowRegistryHook(conn_id or MlflowRegistryHook.default_conn_name)
     uri = hook.tracking_uri()
@@ -189,7 +188,7 @@ class MlflowNewModelVersionTrigger(BaseEventTrigger):
         )
 
     def _claim(self, client: Any) -> dict[str, Any] | None:
-        from optimizer_core.stages.scan import variant_skip_message
+        from graphtrim.stages.scan import variant_skip_message
 
         for item in new_versions(client, self.watcher, watch_tag=self.watch_tag):
             name, version = item["name"], item["version"]

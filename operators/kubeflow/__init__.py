@@ -1,2 +1,2 @@
 """graphtrim's Kubeflow Pipelines adapter: the stages as KFP v2 container components and the
-optimize pipeline (``operators.kubeflow.pipeline``), compiled by ``graphtrim kfp compile``."""
+optimize pipeline (``graphtrim.kubeflow.pipeline``), compiled by ``graphtrim kfp compile``."""

@@ -1,16 +1,21 @@
 """graphtrim on Kubeflow Pipelines (KFP v2): one container component per stage of
-``optimizer_core.stages.STAGES``, each running ``graphtrim pipeline stage`` in the graphtrim image,
+``graphtrim.stages.STAGES``, each running ``graphtrim pipeline stage`` in the graphtrim image,
 and a pipeline mirroring the Airflow DAG ``graphtrim_optimize_model``: export -> optimize -> one
 quantize / gate pair per variant (``ParallelFor``) -> register -> promote.
 
-Every step is derived from its :class:`~optimizer_core.stages.Stage`: the records it reads become
+Every step is derived from its :class:`~graphtrim.stages.Stage`: the records it reads become
 ``--input NAME=RECORD`` arguments and the edges of the DAG; a per-variant stage runs inside a
 ``ParallelFor`` over the run's variants (the first of a run of them takes the loop's variant as
 ``--only``; the ones after it read that variant's records), and a later stage reads all of the
 loop's records as one list (``dsl.Collected``). Adding a stage to ``STAGES`` adds its step.
 
 Records travel as KFP output parameters (small JSON: URIs, versions, verdicts); models stay in
-the artifact store (S3) under their content-addressed keys. The build steps are cached (their
+the artifact store (S3) under their content-addressed keys. A stage whose record carries reports
+(the gates, the registration) also outputs a ``report`` (``HTML``: the variant's evaluation, the
+run's comparison) and a ``metrics`` artifact (``Metrics``: the gate numbers, the versions
+registered) for the KFP UI: its step runs ``graphtrim kfp step``, which writes them from the
+record (:mod:`graphtrim.kubeflow.outputs`). Every step gets the MLflow and S3 credentials from a
+Kubernetes Secret as environment variables (``CREDENTIALS``), each key optional. The build steps are cached (their
 inputs, config included, are the cache key: same source, same config, same result); the steps
 that write to the registry (register, promote) are never cached. With ``device="gpu"`` the
 on-device steps (quantize, gate) ask for an NVIDIA GPU.
@@ -19,19 +24,39 @@ on-device steps (quantize, gate) ask for an NVIDIA GPU.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 import itertools
 import os
 from collections.abc import Sequence
 from typing import Any
 
-from kfp import compiler, dsl
+from kfp import compiler, dsl, kubernetes
 
-import optimizer_core.stages
-from optimizer_core.stages import Stage, record_arg, variant_loops
-from optimizer_core.stages.context import DEFAULT_VARIANTS
+import graphtrim.stages
+from graphtrim.kubeflow.outputs import METRICS, REPORT
+from graphtrim.stages import Stage, record_arg, variant_loops
+from graphtrim.stages.context import DEFAULT_VARIANTS
 
 DEFAULT_IMAGE = os.environ.get("GRAPHTRIM_IMAGE", "ghcr.io/graphtrim/graphtrim:0.1.0")
+
+DEFAULT_SECRET = "graphtrim-credentials"
+"""The Kubernetes Secret every step reads its credentials from, unless compiled with another."""
+
+CREDENTIALS = (
+    "AWS_ACCESS_KEY_ID",
+    "AWS_SECRET_ACCESS_KEY",
+    "AWS_SESSION_TOKEN",
+    "MLFLOW_TRACKING_USERNAME",
+    "MLFLOW_TRACKING_PASSWORD",
+    "MLFLOW_TRACKING_TOKEN",
+)
+"""The Secret's keys a step gets as the environment variables of the same names (S3 through
+boto3's chain, the tracking server through MLflow's): each optional, so a Secret holds those its
+deployment needs and a step without the Secret runs with the pod's own identity."""
+
+EXECUTOR_INPUT = "{{$}}"
+"""KFP's placeholder for a step's executor input (where its outputs go, its output file)."""
 
 # the names the KFP UI and run history show for a stage's step, where they differ from the stage's
 STEP_NAMES = {"validate": "gate"}
@@ -110,12 +135,23 @@ def takes_variant(stages: Sequence[Stage], stage: Stage) -> bool:
     )
 
 
+@functools.cache
+def reports(stage: Stage) -> bool:
+    """Whether ``stage``'s record carries reports: its step outputs them for the KFP UI."""
+    if not stage.record:
+        return False
+    return any(f.name == "reports" for f in dataclasses.fields(stage.record_type()))
+
+
 def stage_component(stages: Sequence[Stage], stage: Stage, image: str, device: str) -> Any:
     """The container component of ``stage``'s step in a pipeline of ``stages``: ``graphtrim
     pipeline stage NAME`` in ``image``, with the model (for the stage without inputs), a
     ``--input STAGE=RECORD`` per record it reads, its variant (``--only``), its output record
-    and the run's configuration (``CONFIG``) with ``--device device``."""
+    and the run's configuration (``CONFIG``) with ``--device device``. A stage whose record
+    carries reports runs as ``graphtrim kfp step --executor-input {{$}} NAME ...`` and outputs
+    them as its ``report`` and ``metrics``."""
     inputs = {record_arg(n): n for n in stage.inputs}
+    reporting = reports(stage)
     variant = takes_variant(stages, stage)
     params: list[RunParameter] = [MODEL] if not stage.inputs else []
     params += [
@@ -127,9 +163,14 @@ def stage_component(stages: Sequence[Stage], stage: Stage, image: str, device: s
     params += CONFIG
     names = [p.name for p in params] + [RECORD]
 
+    if reporting:
+        names += [REPORT, METRICS]
+
     def component(*values: Any) -> dsl.ContainerSpec:
         given = dict(zip(names, values, strict=True))
         args: list[Any] = ["pipeline", "stage", stage.name]
+        if reporting:
+            args = ["kfp", "step", "--executor-input", EXECUTOR_INPUT, stage.name]
         if not stage.inputs:
             args += [MODEL.flag, given[MODEL.name]]
         for p, n in inputs.items():
@@ -153,20 +194,32 @@ def stage_component(stages: Sequence[Stage], stage: Stage, image: str, device: s
     output = inspect.Parameter(
         RECORD, inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=dsl.OutputPath(str)
     )
+    outputs = [output]
+    if reporting:
+        outputs += [
+            inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=kind)
+            for n, kind in ((REPORT, dsl.Output[dsl.HTML]), (METRICS, dsl.Output[dsl.Metrics]))
+        ]
     signature = inspect.Signature(
-        [*(p.parameter(with_default=False) for p in params), output],
+        [*(p.parameter(with_default=False) for p in params), *outputs],
         return_annotation=dsl.ContainerSpec,
     )
     setattr(component, "__signature__", signature)  # noqa: B010
     return dsl.container_component(component)
 
 
-def build_pipeline(image: str = DEFAULT_IMAGE, device: str = "cpu", retries: int = 2) -> Any:
+def build_pipeline(
+    image: str = DEFAULT_IMAGE,
+    device: str = "cpu",
+    retries: int = 2,
+    credentials_secret: str | None = DEFAULT_SECRET,
+) -> Any:
     """The pipeline function for ``image``: a step per stage of ``STAGES``, its on-device steps on
-    ``device``."""
+    ``device``, each with the keys of ``credentials_secret`` (none: no Secret) as its
+    environment."""
     if device not in ("cpu", "gpu"):
         raise ValueError(f"device must be 'cpu' or 'gpu', not {device!r}")
-    stages = optimizer_core.stages.STAGES
+    stages = graphtrim.stages.STAGES
     components = {s.name: stage_component(stages, s, image, device) for s in stages}
     loop = variant_loops(stages)
     params = [MODEL, *CONFIG]
@@ -189,6 +242,10 @@ def build_pipeline(image: str = DEFAULT_IMAGE, device: str = "cpu", retries: int
         # write to the registry are never served from a cache
         task.set_caching_options(not stage.writes_registry)
         task.set_retry(num_retries=retries, backoff_duration="30s")
+        if credentials_secret:
+            kubernetes.use_secret_as_env(
+                task, credentials_secret, {k: k for k in CREDENTIALS}, optional=True
+            )
         tasks[stage.name] = task
 
     def optimize_model(*values: Any) -> None:
@@ -212,8 +269,13 @@ def build_pipeline(image: str = DEFAULT_IMAGE, device: str = "cpu", retries: int
 
 
 def compile_pipeline(
-    output: str | os.PathLike[str], *, image: str = DEFAULT_IMAGE, device: str = "cpu"
+    output: str | os.PathLike[str],
+    *,
+    image: str = DEFAULT_IMAGE,
+    device: str = "cpu",
+    credentials_secret: str | None = DEFAULT_SECRET,
 ) -> str:
     """Compile the pipeline to a KFP v2 YAML file, offline."""
-    compiler.Compiler().compile(build_pipeline(image, device), str(output))
+    pipeline = build_pipeline(image, device, credentials_secret=credentials_secret)
+    compiler.Compiler().compile(pipeline, str(output))
     return str(output)

@@ -4,6 +4,6 @@ pipeline, promote, rollback), ``main`` for the parser and the error handling, ``
 exit codes. Adapters add their own commands (``trigger``, ``kfp``) through the
 ``graphtrim.commands`` entry point group."""
 
-from optimizer_core.cli.main import build_parser, main
+from graphtrim.cli.main import build_parser, main
 
 __all__ = ["build_parser", "main"]

@@ -1,5 +1,5 @@
 import sys
 
-from optimizer_core.cli.main import main
+from graphtrim.cli.main import main
 
 sys.exit(main())

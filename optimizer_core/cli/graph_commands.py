@@ -12,8 +12,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from optimizer_core.cli.argtypes import csv as _csv
-from optimizer_core.cli.argtypes import (
+from graphtrim.cli.argtypes import csv as _csv
+from graphtrim.cli.argtypes import (
     finite_nonneg_float,
     fraction,
     lazy_choices,
@@ -21,8 +21,8 @@ from optimizer_core.cli.argtypes import (
     nonneg_int,
     positive_int,
 )
-from optimizer_core.cli.exits import EXIT_MISMATCH, EXIT_OK
-from optimizer_core.errors import GraphtrimError, VerificationUnavailable
+from graphtrim.cli.exits import EXIT_MISMATCH, EXIT_OK
+from graphtrim.errors import GraphtrimError, VerificationUnavailable
 
 
 def _dims(items: Sequence[str]) -> dict[str, int]:
@@ -80,11 +80,11 @@ def _add_verify_args(p: argparse.ArgumentParser) -> None:
 
 
 def _preset_names() -> list[str]:
-    return sorted(literal_names("optimizer_core.graph.presets", "PRESETS"))
+    return sorted(literal_names("graphtrim.graph.presets", "PRESETS"))
 
 
 def _target_names() -> list[str]:
-    return literal_names("optimizer_core.graph.framework", "TARGETS")
+    return literal_names("graphtrim.graph.framework", "TARGETS")
 
 
 def add_parsers(sub: Any) -> None:
@@ -236,14 +236,14 @@ def _check_report_path(report: str, model_paths: Sequence[str]) -> None:
 
 
 def _tolerance(args: argparse.Namespace) -> Any:
-    from optimizer_core.verify import Tolerance
+    from graphtrim.verify import Tolerance
 
     return Tolerance(rtol=args.rtol, atol=args.atol)
 
 
 def cmd_optimize(args: argparse.Namespace) -> int:
-    from optimizer_core.graph.framework import OptimizeOptions
-    from optimizer_core.optimize_file import optimize_file
+    from graphtrim.graph.framework import OptimizeOptions
+    from graphtrim.optimize_file import optimize_file
 
     if args.report:
         _check_report_path(
@@ -311,8 +311,8 @@ def cmd_optimize(args: argparse.Namespace) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    from optimizer_core.modelio import read_proto
-    from optimizer_core.verify import Tolerance, verify
+    from graphtrim.modelio import read_proto
+    from graphtrim.verify import Tolerance, verify
 
     read_proto(args.reference)
     read_proto(args.candidate)
@@ -333,7 +333,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 
 def cmd_passes(args: argparse.Namespace) -> int:
-    from optimizer_core.graph.presets import PASSES, PRESETS, all_rules
+    from graphtrim.graph.presets import PASSES, PRESETS, all_rules
 
     if args.rules:
         # every rule from the passes' tables: pass, rule, the op types it is tried on, its math

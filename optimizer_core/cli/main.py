@@ -14,9 +14,9 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from optimizer_core import __version__
-from optimizer_core.cli.exits import EXIT_BAD_INPUT, EXIT_MISMATCH, EXIT_OK, EXIT_PASS_FAILURE
-from optimizer_core.errors import (
+from graphtrim import __version__
+from graphtrim.cli.exits import EXIT_BAD_INPUT, EXIT_MISMATCH, EXIT_OK, EXIT_PASS_FAILURE
+from graphtrim.errors import (
     GraphtrimError,
     InvalidModelError,
     PassFailure,
@@ -29,8 +29,8 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     """The parser of every command; with ``argv``, the parser for that command line: where it
     names a command of the core, the adapters' commands (entry points) are left out, since
     parsing it never reaches them."""
-    from optimizer_core.cli import graph_commands, pipeline_commands, variant_commands
-    from optimizer_core.cli.argtypes import Parser
+    from graphtrim.cli import graph_commands, pipeline_commands, variant_commands
+    from graphtrim.cli.argtypes import Parser
 
     parser = Parser(
         prog="graphtrim",
@@ -82,7 +82,7 @@ EXTRAS = {
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from optimizer_core.cli import _lazy_sympy
+    from graphtrim.cli import _lazy_sympy
 
     _lazy_sympy.install()  # onnx_ir without sympy until a symbolic dim needs it
     argv = sys.argv[1:] if argv is None else list(argv)
@@ -139,7 +139,7 @@ def _internal_error(exc: BaseException) -> int:
 def _error_line(kind: str, exc: BaseException | str) -> None:
     """``graphtrim: KIND: message`` on one line of stderr (onnxruntime's messages span several),
     credentials masked."""
-    from optimizer_core.redact import redact
+    from graphtrim.redact import redact
 
     print(f"graphtrim: {kind}: {' '.join(redact(str(exc)).split())}", file=sys.stderr)
 

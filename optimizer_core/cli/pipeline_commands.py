@@ -11,11 +11,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from optimizer_core.cli.argtypes import csv as _csv
-from optimizer_core.cli.argtypes import lazy_choices, literal_names, positive_float
-from optimizer_core.cli.exits import add_allow_failed, variants_exit
-from optimizer_core.errors import GraphtrimError
-from optimizer_core.redact import masked_command, redact
+from graphtrim.cli.argtypes import csv as _csv
+from graphtrim.cli.argtypes import lazy_choices, literal_names, positive_float
+from graphtrim.cli.exits import add_allow_failed, variants_exit
+from graphtrim.errors import GraphtrimError
+from graphtrim.redact import masked_command, redact
 
 Command = Callable[[argparse.Namespace], int]
 
@@ -29,17 +29,17 @@ def _add_location_args(p: argparse.ArgumentParser) -> None:
 
 
 def _preset_names() -> list[str]:
-    return sorted(literal_names("optimizer_core.graph.presets", "PRESETS"))
+    return sorted(literal_names("graphtrim.graph.presets", "PRESETS"))
 
 
 def _stage_names() -> tuple[str, ...]:
-    from optimizer_core.stages import STAGE_NAMES
+    from graphtrim.stages import STAGE_NAMES
 
     return STAGE_NAMES
 
 
 def _add_pipeline_args(p: argparse.ArgumentParser) -> None:
-    from optimizer_core.quantize.kinds import DEFAULT_VARIANTS, VARIANTS
+    from graphtrim.quantize.kinds import DEFAULT_VARIANTS, VARIANTS
 
     _add_location_args(p)
     p.add_argument(
@@ -227,7 +227,7 @@ def _tracking(args: argparse.Namespace) -> str:
 def _context_and_config(args: argparse.Namespace) -> tuple[Any, Any]:
     import yaml
 
-    from optimizer_core.stages.context import PipelineConfig, StageContext
+    from graphtrim.stages.context import PipelineConfig, StageContext
 
     started = time.perf_counter()
 
@@ -241,8 +241,8 @@ def _context_and_config(args: argparse.Namespace) -> tuple[Any, Any]:
 
     policy = None
     if args.policy:
-        from optimizer_core.gates.policy import GatePolicy
-        from optimizer_core.stages.context import parse_policy
+        from graphtrim.gates.policy import GatePolicy
+        from graphtrim.stages.context import parse_policy
 
         loaded = GatePolicy.load(args.policy)  # clear errors for a bad file
         policy = yaml.safe_load(Path(args.policy).read_text()) or {}
@@ -303,9 +303,9 @@ def _quiet() -> None:
 
 @masked_command
 def cmd_pipeline(args: argparse.Namespace) -> int:
-    from optimizer_core.stages import STAGE_NAMES, pipeline, stage
-    from optimizer_core.stages.records import ValidateRecord
-    from optimizer_core.stages.summary import table
+    from graphtrim.stages import STAGE_NAMES, pipeline, stage
+    from graphtrim.stages.records import ValidateRecord
+    from graphtrim.stages.summary import table
 
     ctx, config = _context_and_config(args)
     if args.pipeline_command == "run":
@@ -385,8 +385,8 @@ def _write_json(path: Path, doc: Any) -> None:
 
 @masked_command
 def cmd_promote(args: argparse.Namespace) -> int:
-    from optimizer_core.integrations.registry import Registry, parse_models_uri
-    from optimizer_core.promotion import promote_version
+    from graphtrim.integrations.registry import Registry, parse_models_uri
+    from graphtrim.promotion import promote_version
 
     name, version, _ = parse_models_uri(args.model)
     if version is None:
@@ -402,8 +402,8 @@ def cmd_promote(args: argparse.Namespace) -> int:
 
 @masked_command
 def cmd_rollback(args: argparse.Namespace) -> int:
-    from optimizer_core.integrations.registry import Registry
-    from optimizer_core.promotion import rollback_alias
+    from graphtrim.integrations.registry import Registry
+    from graphtrim.promotion import rollback_alias
 
     result = rollback_alias(Registry(_tracking(args)), args.name, args.alias, why=args.why)
     print(f"{args.name}@{args.alias}: v{result['from']} -> v{result['to']}")

@@ -15,10 +15,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from optimizer_core.cli.argtypes import csv as _csv
-from optimizer_core.cli.argtypes import lazy_choices, literal_names, positive_int
-from optimizer_core.cli.exits import add_allow_failed, variants_exit
-from optimizer_core.quantize.kinds import DEFAULT_VARIANTS, variants_help
+from graphtrim.cli.argtypes import csv as _csv
+from graphtrim.cli.argtypes import lazy_choices, literal_names, positive_int
+from graphtrim.cli.exits import add_allow_failed, variants_exit
+from graphtrim.quantize.kinds import DEFAULT_VARIANTS, variants_help
 
 EXIT_OK, EXIT_FAILED = 0, 1
 
@@ -37,7 +37,7 @@ def _progress(args: argparse.Namespace) -> Callable[[str], None] | None:
 
 
 def _calibration_methods() -> list[str]:
-    return literal_names("optimizer_core.quantize.build", "CALIBRATION_METHODS")
+    return literal_names("graphtrim.quantize.build", "CALIBRATION_METHODS")
 
 
 def _add_quant_args(p: argparse.ArgumentParser) -> None:
@@ -115,7 +115,7 @@ def _add_data_args(p: argparse.ArgumentParser) -> None:
 
 
 def add_parsers(sub: Any) -> None:
-    from optimizer_core.quantize import VARIANTS
+    from graphtrim.quantize import VARIANTS
 
     q = sub.add_parser(
         "quantize",
@@ -191,7 +191,7 @@ def add_parsers(sub: Any) -> None:
 
 
 def _config(args: argparse.Namespace) -> Any:
-    from optimizer_core.quantize import QuantizeConfig
+    from graphtrim.quantize import QuantizeConfig
 
     return QuantizeConfig(
         preset=args.preset,
@@ -207,7 +207,7 @@ def _config(args: argparse.Namespace) -> Any:
 
 
 def _variant_name(item: str) -> tuple[str, str]:
-    from optimizer_core.quantize import VARIANTS
+    from graphtrim.quantize import VARIANTS
 
     name, sep, path = item.partition("=")
     if sep:
@@ -220,11 +220,11 @@ def _variant_name(item: str) -> tuple[str, str]:
 
 
 def cmd_quantize(args: argparse.Namespace) -> int:
-    from optimizer_core.data import input_specs, load_npz, random_data
-    from optimizer_core.gates.policy import GatePolicy
-    from optimizer_core.modelio import read_proto
-    from optimizer_core.quantize import build_variant
-    from optimizer_core.stages.quantize import accuracy_check
+    from graphtrim.data import input_specs, load_npz, random_data
+    from graphtrim.gates.policy import GatePolicy
+    from graphtrim.modelio import read_proto
+    from graphtrim.quantize import build_variant
+    from graphtrim.stages.quantize import accuracy_check
 
     read_proto(args.input)
     say = _progress(args)
@@ -280,7 +280,7 @@ def cmd_quantize(args: argparse.Namespace) -> int:
 def _print_result(
     evaluation: Any, reports: dict[str, Path], quiet: bool, allow_failed: bool = False
 ) -> int:
-    from optimizer_core.gates.report import render_markdown
+    from graphtrim.gates.report import render_markdown
 
     doc = evaluation.to_json()
     if not quiet:
@@ -293,10 +293,10 @@ def _print_result(
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
-    from optimizer_core.data import input_specs, load_npz
-    from optimizer_core.errors import GraphtrimError
-    from optimizer_core.gates import GatePolicy, evaluate
-    from optimizer_core.modelio import read_proto
+    from graphtrim.data import input_specs, load_npz
+    from graphtrim.errors import GraphtrimError
+    from graphtrim.gates import GatePolicy, evaluate
+    from graphtrim.modelio import read_proto
 
     read_proto(args.reference)
     named = [_variant_name(item) for item in args.variants]
@@ -335,9 +335,9 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
 
 def cmd_variants(args: argparse.Namespace) -> int:
-    from optimizer_core.gates import GatePolicy
-    from optimizer_core.modelio import read_proto
-    from optimizer_core.stages.pipeline import build_and_evaluate
+    from graphtrim.gates import GatePolicy
+    from graphtrim.modelio import read_proto
+    from graphtrim.stages.pipeline import build_and_evaluate
 
     read_proto(args.input)
     result = build_and_evaluate(
@@ -359,8 +359,8 @@ def cmd_variants(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from optimizer_core.errors import GraphtrimError
-    from optimizer_core.gates.report import render_html, render_markdown
+    from graphtrim.errors import GraphtrimError
+    from graphtrim.gates.report import render_html, render_markdown
 
     try:
         doc = json.loads(Path(args.evaluation).read_text())

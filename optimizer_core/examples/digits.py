@@ -69,7 +69,7 @@ def digits_cnn() -> Any:
 def make_digits_task(folder: str | Path, *, epochs: int = 12, seed: int = 0) -> DigitsTask:
     import torch
 
-    from optimizer_core.examples.models import export
+    from graphtrim.examples.models import export
 
     out = Path(folder)
     out.mkdir(parents=True, exist_ok=True)

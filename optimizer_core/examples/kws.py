@@ -10,7 +10,7 @@ initial weights depend only on ``seed``.
 (frequency, time) — a pair of bands with a class-dependent sweep — placed at a random time
 shift, with noise on top. ``train_kws`` fits a model to it (Adam, fixed seed).
 
-torch is imported on first use: ``import optimizer_core.examples.kws`` stays cheap, and
+torch is imported on first use: ``import graphtrim.examples.kws`` stays cheap, and
 ``KwsNet`` is built when first looked up.
 """
 

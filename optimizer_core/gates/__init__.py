@@ -4,8 +4,8 @@ Thresholds come from a declarative policy (``GatePolicy``); every result records
 and software it was measured on. Gates fail closed.
 """
 
-from optimizer_core.gates.evaluate import Evaluation, GateResult, VariantResult, evaluate
-from optimizer_core.gates.policy import GatePolicy, PolicyError
+from graphtrim.gates.evaluate import Evaluation, GateResult, VariantResult, evaluate
+from graphtrim.gates.policy import GatePolicy, PolicyError
 
 __all__ = [
     "Evaluation",

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from optimizer_core.data import EvalData
+from graphtrim.data import EvalData
 
 MetricFn = Callable[[np.ndarray, np.ndarray], float]
 

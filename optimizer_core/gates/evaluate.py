@@ -17,12 +17,12 @@ from typing import Any
 
 import onnx
 
-from optimizer_core.data import EvalData, input_specs, random_data
-from optimizer_core.gates import accuracy as acc
-from optimizer_core.gates import latency as lat
-from optimizer_core.gates.fingerprint import fingerprint
-from optimizer_core.gates.policy import GatePolicy, LatencyThresholds
-from optimizer_core.runtime import open_session, providers_for
+from graphtrim.data import EvalData, input_specs, random_data
+from graphtrim.gates import accuracy as acc
+from graphtrim.gates import latency as lat
+from graphtrim.gates.fingerprint import fingerprint
+from graphtrim.gates.policy import GatePolicy, LatencyThresholds
+from graphtrim.runtime import open_session, providers_for
 
 ProgressFn = Callable[[str], None]
 _BASELINE = "\x00reference"
@@ -140,7 +140,7 @@ class Evaluation:
 
     def write(self, folder: str | os.PathLike[str], *, stem: str = "evaluation") -> dict[str, Path]:
         """Write ``<stem>.json``, ``<stem>.md`` and ``<stem>.html`` into ``folder``."""
-        from optimizer_core.gates.report import write_reports
+        from graphtrim.gates.report import write_reports
 
         return write_reports(self.to_json(), folder, stem=stem)
 
@@ -294,10 +294,10 @@ def evaluate(
 
 
 def evaluate_job(variants: Mapping[str, str], **job: Any) -> Evaluation:
-    """:func:`evaluate` as a child process runs it (:mod:`optimizer_core.isolation`), from
+    """:func:`evaluate` as a child process runs it (:mod:`graphtrim.isolation`), from
     plain values: ``reference``, ``policy`` (the parsed :class:`GatePolicy`, a policy document,
     or None for the built-in policy), ``data``, ``device``, ``tensorrt``."""
-    from optimizer_core.isolation import step
+    from graphtrim.isolation import step
 
     policy = job["policy"]
     if not isinstance(policy, GatePolicy):

@@ -56,7 +56,7 @@ def fingerprint(
     import onnx
     import onnxruntime as ort
 
-    from optimizer_core import __version__
+    from graphtrim import __version__
 
     try:
         usable = len(os.sched_getaffinity(0))

@@ -36,8 +36,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from optimizer_core.errors import GraphtrimError
-from optimizer_core.quantize.kinds import KINDS, PROMOTION_ORDER
+from graphtrim.errors import GraphtrimError
+from graphtrim.quantize.kinds import KINDS, PROMOTION_ORDER
 
 
 class PolicyError(GraphtrimError):
@@ -154,7 +154,7 @@ _SECTIONS: dict[str, type] = {
 }
 
 # what a variant is expected to keep, when the file says nothing (each variant's line in
-# ``optimizer_core.quantize.kinds``)
+# ``graphtrim.quantize.kinds``)
 BUILTIN: dict[str, Any] = {
     "version": 1,
     "defaults": {},

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from optimizer_core.stats import _fmt_bytes
+from graphtrim.stats import _fmt_bytes
 
 _STATUS_MARK = {"pass": "PASS", "fail": "FAIL", "undecided": "UNDECIDED", "error": "ERROR"}
 

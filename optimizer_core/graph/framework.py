@@ -3,7 +3,7 @@
 A pass is an ``onnx_ir`` in-place pass that also counts the rules it fired. The driver runs a
 list of passes repeatedly until none changes the graph (capped), records per pass what changed
 and how long it took, and calls instruments after each pass. Verification of each pass is such an
-instrument (see ``optimizer_core.verify.instrument``), so no pass carries checking code.
+instrument (see ``graphtrim.verify.instrument``), so no pass carries checking code.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from typing import Any, ClassVar, Protocol
 
 import onnx_ir as ir
 
-from optimizer_core.errors import GraphtrimError, PassFailure
-from optimizer_core.graph import _ir_utils as u
+from graphtrim.errors import GraphtrimError, PassFailure
+from graphtrim.graph import _ir_utils as u
 
 logger = logging.getLogger("graphtrim.optimizer")
 
@@ -89,7 +89,7 @@ class GraphtrimPass(ir.passes.InPlacePass):
     summary: ClassVar[str] = ""
     # remove the nodes a rewrite made dead, so the change log credits the pass that did it
     sweeps_dead: ClassVar[bool] = True
-    # the pass's rule table (``optimizer_core.graph.rules.Rule``); ``hit`` takes only these names
+    # the pass's rule table (``graphtrim.graph.rules.Rule``); ``hit`` takes only these names
     rules: ClassVar[Sequence[Any]] = ()
     # a form chosen for the runtime rather than a simplification: it runs once, after the
     # fixed point, so that no other pass loses the pattern it rewrites
@@ -151,7 +151,7 @@ class ChangeLog:
     converged: bool = True
     seconds: float = 0.0
     notes: list[str] = dataclasses.field(default_factory=list)
-    # the target profile and what it applied (see ``optimizer_core.graph.targets``)
+    # the target profile and what it applied (see ``graphtrim.graph.targets``)
     target: dict[str, Any] = dataclasses.field(default_factory=dict)
     # why no pass ran and the model was left as it is (see ``graph.opset.passthrough_reason``)
     passed_through: str | None = None
@@ -255,7 +255,7 @@ class FixedPointDriver(GraphtrimPass):
     ``resolves_shapes`` changed the model, inference and those passes run in turn until they
     settle, before the iteration goes on. ``repairs`` run after every pass that changed the model, so that what a
     rewrite made visible to a runtime's static checks still loads (see
-    :mod:`optimizer_core.graph.passes.scalar_inputs`); their rewrites are credited to that pass
+    :mod:`graphtrim.graph.passes.scalar_inputs`); their rewrites are credited to that pass
     as rules ``<repair>:<rule>``. ``finishing`` passes are left out of the loop and run once, in
     their order, after it.
     """

@@ -15,8 +15,8 @@ import onnx.helper
 import onnx.version_converter
 import onnx_ir as ir
 
-from optimizer_core.errors import GraphtrimError
-from optimizer_core.graph import _ir_utils as u
+from graphtrim.errors import GraphtrimError
+from graphtrim.graph import _ir_utils as u
 
 # the lowest default-domain opset the passes are written for (older models pass through)
 MIN_OPSET = 7

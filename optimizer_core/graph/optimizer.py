@@ -8,19 +8,19 @@ from collections.abc import Sequence
 
 import onnx_ir as ir
 
-from optimizer_core.graph import _ir_utils as u
-from optimizer_core.graph.framework import (
+from graphtrim.graph import _ir_utils as u
+from graphtrim.graph.framework import (
     ChangeLog,
     FixedPointDriver,
     Instrument,
     OptimizeOptions,
     ProgressFn,
 )
-from optimizer_core.graph.opset import passthrough_reason, upgrade_opset
-from optimizer_core.graph.passes.scalar_inputs import ScalarInputs
-from optimizer_core.graph.presets import build, resolve
-from optimizer_core.graph.shape_inference import ShapeInference
-from optimizer_core.graph.targets import record_metadata
+from graphtrim.graph.opset import passthrough_reason, upgrade_opset
+from graphtrim.graph.passes.scalar_inputs import ScalarInputs
+from graphtrim.graph.presets import build, resolve
+from graphtrim.graph.shape_inference import ShapeInference
+from graphtrim.graph.targets import record_metadata
 
 logger = logging.getLogger("graphtrim.optimizer")
 
@@ -124,18 +124,18 @@ def optimize_model(
 
     Args:
         model: the model; it is modified in place.
-        preset: name of a preset in ``optimizer_core.graph.presets.PRESETS``.
+        preset: name of a preset in ``graphtrim.graph.presets.PRESETS``.
         passes: explicit pass names (overrides the preset).
         skip: pass names to leave out.
         options: folding budgets, iteration cap and the like.
         instruments: hooks called after every pass (e.g. per-pass verification).
         progress: called with a short line before each pass.
 
-    A model the passes do not handle (see :func:`~optimizer_core.graph.opset.passthrough_reason`)
+    A model the passes do not handle (see :func:`~graphtrim.graph.opset.passthrough_reason`)
     comes back untouched, ``modified`` false, with the reason in ``log.passed_through``.
 
     For the ``ort-cpu`` / ``ort-cuda`` targets this returns the portable model; onnxruntime's
-    fusions are chosen by timing, above this layer (:func:`optimizer_core.ort_target.apply_target`).
+    fusions are chosen by timing, above this layer (:func:`graphtrim.ort_target.apply_target`).
     """
     options = options or OptimizeOptions()
     names = resolve(preset, passes, skip)

@@ -11,33 +11,33 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from optimizer_core.errors import GraphtrimError
-from optimizer_core.graph.framework import GraphtrimPass, OptimizeOptions
-from optimizer_core.graph.passes.activations import RedundantActivations
-from optimizer_core.graph.passes.algebraic import AlgebraicSimplification
-from optimizer_core.graph.passes.casts import CastChainElimination
-from optimizer_core.graph.passes.channel_gather import ChannelGatherFusion
-from optimizer_core.graph.passes.constant_folding import ConstantFolding
-from optimizer_core.graph.passes.constants import LiftConstants
-from optimizer_core.graph.passes.control_flow import ConstantIfInlining
-from optimizer_core.graph.passes.cse import CommonSubexpressionElimination
-from optimizer_core.graph.passes.dead_code import DeadCodeElimination
-from optimizer_core.graph.passes.fusion import AffineFusion
-from optimizer_core.graph.passes.identity import IdentityElimination
-from optimizer_core.graph.passes.linear import GemmFusion
-from optimizer_core.graph.passes.loop_fuse import LoopFusion
-from optimizer_core.graph.passes.loop_hoist import LoopInvariantHoisting
-from optimizer_core.graph.passes.loop_unroll import LoopUnrolling
-from optimizer_core.graph.passes.pad import PadFusion
-from optimizer_core.graph.passes.qdq import QdqCleanup
-from optimizer_core.graph.passes.qdq_move import QdqMove
-from optimizer_core.graph.passes.reassociate import ReassociateConstants
-from optimizer_core.graph.passes.residual import ResidualAdd, ResidualSum
-from optimizer_core.graph.passes.rnn_defaults import RecurrentDefaults
-from optimizer_core.graph.passes.shapes import SymbolicShapes
-from optimizer_core.graph.passes.siblings import SiblingMatMulFusion
-from optimizer_core.graph.passes.space_to_depth import SpaceToDepthBlocks
-from optimizer_core.graph.passes.transformer import TransformerFusion
+from graphtrim.errors import GraphtrimError
+from graphtrim.graph.framework import GraphtrimPass, OptimizeOptions
+from graphtrim.graph.passes.activations import RedundantActivations
+from graphtrim.graph.passes.algebraic import AlgebraicSimplification
+from graphtrim.graph.passes.casts import CastChainElimination
+from graphtrim.graph.passes.channel_gather import ChannelGatherFusion
+from graphtrim.graph.passes.constant_folding import ConstantFolding
+from graphtrim.graph.passes.constants import LiftConstants
+from graphtrim.graph.passes.control_flow import ConstantIfInlining
+from graphtrim.graph.passes.cse import CommonSubexpressionElimination
+from graphtrim.graph.passes.dead_code import DeadCodeElimination
+from graphtrim.graph.passes.fusion import AffineFusion
+from graphtrim.graph.passes.identity import IdentityElimination
+from graphtrim.graph.passes.linear import GemmFusion
+from graphtrim.graph.passes.loop_fuse import LoopFusion
+from graphtrim.graph.passes.loop_hoist import LoopInvariantHoisting
+from graphtrim.graph.passes.loop_unroll import LoopUnrolling
+from graphtrim.graph.passes.pad import PadFusion
+from graphtrim.graph.passes.qdq import QdqCleanup
+from graphtrim.graph.passes.qdq_move import QdqMove
+from graphtrim.graph.passes.reassociate import ReassociateConstants
+from graphtrim.graph.passes.residual import ResidualAdd, ResidualSum
+from graphtrim.graph.passes.rnn_defaults import RecurrentDefaults
+from graphtrim.graph.passes.shapes import SymbolicShapes
+from graphtrim.graph.passes.siblings import SiblingMatMulFusion
+from graphtrim.graph.passes.space_to_depth import SpaceToDepthBlocks
+from graphtrim.graph.passes.transformer import TransformerFusion
 
 PASSES: dict[str, type[GraphtrimPass]] = {
     cls.name: cls

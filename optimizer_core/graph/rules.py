@@ -23,8 +23,8 @@ from typing import Any, ClassVar
 
 import onnx_ir as ir
 
-from optimizer_core.graph import _ir_utils as u
-from optimizer_core.graph.framework import GraphtrimPass
+from graphtrim.graph import _ir_utils as u
+from graphtrim.graph.framework import GraphtrimPass
 
 logger = logging.getLogger("graphtrim.optimizer")
 

@@ -13,8 +13,8 @@ import logging
 import onnx
 import onnx_ir as ir
 
-from optimizer_core.graph import _ir_utils as u
-from optimizer_core.modelio import SHAPES_INFERRED, merged_shape, unknown_dim
+from graphtrim.graph import _ir_utils as u
+from graphtrim.modelio import SHAPES_INFERRED, merged_shape, unknown_dim
 
 logger = logging.getLogger("graphtrim.optimizer")
 

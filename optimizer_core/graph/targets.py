@@ -13,7 +13,7 @@
   fuses those patterns itself).
 
 This module holds what the passes may emit; choosing between the portable and the fused model by
-measurement is :mod:`optimizer_core.ort_target`, above the graph layer. The chosen target, the
+measurement is :mod:`graphtrim.ort_target`, above the graph layer. The chosen target, the
 fusions applied and the measurement are recorded in the change log and
 in the model's metadata (``graphtrim.target``, ``graphtrim.fusions``).
 """

@@ -24,8 +24,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
-from optimizer_core.errors import GraphtrimError, transient
-from optimizer_core.redact import redact, register_secret
+from graphtrim.errors import GraphtrimError, transient
+from graphtrim.redact import redact, register_secret
 
 MODEL_FILE = "model.onnx"
 DATA_FILE = "model.onnx.data"

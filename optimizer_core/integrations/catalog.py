@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 from urllib.parse import quote
 
-from optimizer_core.integrations.registry import (
+from graphtrim.integrations.registry import (
     VARIANT_TAG,
     Registry,
     RegistryError,

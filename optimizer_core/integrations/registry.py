@@ -8,7 +8,7 @@ credential in the URI masked.
 Credentials travel with the client, never through the process environment: :func:`mlflow_client`
 builds an ``MlflowClient`` whose tracking store, registry store and artifact repositories
 (``mlflow-artifacts:`` proxied by the server, ``s3://`` written directly) all use the
-:class:`MlflowAuth` (and :class:`~optimizer_core.integrations.artifacts.S3Auth`) it was given.
+:class:`MlflowAuth` (and :class:`~graphtrim.integrations.artifacts.S3Auth`) it was given.
 Two clients for two servers in one process (Airflow's triggerer runs every DAG's triggers in one)
 each send their own token. Without an ``MlflowAuth`` the client is MLflow's own, reading
 ``$MLFLOW_TRACKING_TOKEN`` and friends as MLflow documents (the CLI's case).
@@ -29,11 +29,11 @@ import threading
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from optimizer_core.errors import GraphtrimError, transient
-from optimizer_core.redact import redact, register_secret
+from graphtrim.errors import GraphtrimError, transient
+from graphtrim.redact import redact, register_secret
 
 if TYPE_CHECKING:
-    from optimizer_core.integrations.artifacts import S3Auth
+    from graphtrim.integrations.artifacts import S3Auth
 
 TAG = "graphtrim."
 KEY_TAG = TAG + "key"

@@ -3,7 +3,7 @@ prediction. The registry receives only variants that pass this probe: a model th
 graphtrim's measuring sessions can still crash or be refused where it is served (onnxruntime's
 default optimization level, the flavor's own session options).
 
-:func:`serving_probe` is meant for a child process (:mod:`optimizer_core.isolation`).
+:func:`serving_probe` is meant for a child process (:mod:`graphtrim.isolation`).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from optimizer_core.isolation import step
+from graphtrim.isolation import step
 
 
 def signature(path: str | os.PathLike[str]) -> Any:
@@ -71,7 +71,7 @@ def save_onnx_model(path: str | os.PathLike[str], dest: str | os.PathLike[str], 
     import onnx
     from mlflow.models import Model
 
-    from optimizer_core.integrations.artifacts import model_files
+    from graphtrim.integrations.artifacts import model_files
 
     src = Path(path)
     files = model_files(src)
@@ -117,7 +117,7 @@ def serving_probe(
         step("loading the model with mlflow.pyfunc.load_model (ORT_ENABLE_ALL)")
         model = mlflow.pyfunc.load_model(str(folder))
         if feeds is None:
-            from optimizer_core.runtime import open_session, probe_feeds
+            from graphtrim.runtime import open_session, probe_feeds
 
             feeds = probe_feeds(open_session(path, optimize=False))
         step("predicting once through mlflow.pyfunc")

@@ -13,17 +13,17 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from optimizer_core.quantize.kinds import VARIANTS
+from graphtrim.quantize.kinds import VARIANTS
 
 # imported on first use: the variant table (``kinds``) is read where numpy and onnx are not
 _LAZY = {
-    "NodeError": "optimizer_core.quantize.sensitivity",
-    "node_errors": "optimizer_core.quantize.sensitivity",
-    "CALIBRATION_METHODS": "optimizer_core.quantize.build",
-    "Attempt": "optimizer_core.quantize.build",
-    "QuantizeConfig": "optimizer_core.quantize.build",
-    "VariantBuild": "optimizer_core.quantize.build",
-    "build_variant": "optimizer_core.quantize.build",
+    "NodeError": "graphtrim.quantize.sensitivity",
+    "node_errors": "graphtrim.quantize.sensitivity",
+    "CALIBRATION_METHODS": "graphtrim.quantize.build",
+    "Attempt": "graphtrim.quantize.build",
+    "QuantizeConfig": "graphtrim.quantize.build",
+    "VariantBuild": "graphtrim.quantize.build",
+    "build_variant": "graphtrim.quantize.build",
 }
 
 

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from optimizer_core.data import Feeds
+from graphtrim.data import Feeds
 
 # calibration batches used at most; seeded random input sets without calibration data
 MAX_BATCHES = 8
@@ -93,7 +93,7 @@ def _first_line(exc: BaseException) -> str:
 
 
 def _session(path: str | os.PathLike[str]) -> Any:
-    from optimizer_core.runtime import create_session, session_options
+    from graphtrim.runtime import create_session, session_options
 
     return create_session(path, session_options(1, optimize=False), ["CPUExecutionProvider"])
 
@@ -174,7 +174,7 @@ def measure_agreement(
     """Run ``reference`` (the float model) and ``candidate`` (a variant of it) on the same
     inputs and compare every output. Never raises for a model that cannot be measured: the
     result then says why."""
-    from optimizer_core.verify.compare import make_inputs
+    from graphtrim.verify.compare import make_inputs
 
     batches = list(calibration)[:MAX_BATCHES]
     inputs = (

@@ -7,7 +7,7 @@ calibration feeds, else on seeded random inputs): the build record's ``agreement
 numbers, or says why they could not be measured. With an accuracy check, a failing int8/fp16
 variant is rebuilt with the nodes that add the most error kept in float, up to
 ``max_attempts`` builds; every attempt is recorded. The output appears at its path only when
-complete, built in a staging folder beside it (:func:`optimizer_core.modelio.staging_dir`).
+complete, built in a staging folder beside it (:func:`graphtrim.modelio.staging_dir`).
 """
 
 from __future__ import annotations
@@ -28,16 +28,16 @@ from typing import Any
 import numpy as np
 import onnx
 
-from optimizer_core.data import CalibrationReader, Feeds
-from optimizer_core.errors import (
+from graphtrim.data import CalibrationReader, Feeds
+from graphtrim.errors import (
     GraphtrimError,
     InvalidModelError,
     PassFailure,
     VerificationError,
 )
-from optimizer_core.quantize.agreement import Agreement, measure_agreement
-from optimizer_core.quantize.kinds import VARIANTS, kind
-from optimizer_core.quantize.sensitivity import NodeError, node_errors
+from graphtrim.quantize.agreement import Agreement, measure_agreement
+from graphtrim.quantize.kinds import VARIANTS, kind
+from graphtrim.quantize.sensitivity import NodeError, node_errors
 
 logger = logging.getLogger("graphtrim.quantize")
 
@@ -289,7 +289,7 @@ def _sorted_output(raw: Path) -> Path:
     graph can end up produced after that node; such a model is valid once sorted."""
     import onnx_ir as ir
 
-    from optimizer_core.modelio import save_model
+    from graphtrim.modelio import save_model
 
     if not _unsorted(onnx.load(str(raw), load_external_data=False).graph):
         return raw
@@ -368,7 +368,7 @@ def fp16_overflow_nodes(
     run's successor removes."""
     import onnxruntime as ort
 
-    from optimizer_core.runtime import session_options
+    from graphtrim.runtime import session_options
 
     model = onnx.load(str(src))
     inferred = onnx.shape_inference.infer_shapes(model, check_type=False, strict_mode=False)
@@ -541,16 +541,16 @@ def build_variant(
             else the CPU) and run it once; a candidate that crashes or hangs the runtime is
             never written (:class:`QuantizeError` names the signal and the step).
     """
-    from optimizer_core.data import input_specs
-    from optimizer_core.modelio import publish_model, staging_dir
-    from optimizer_core.optimize_file import optimize_file
+    from graphtrim.data import input_specs
+    from graphtrim.modelio import publish_model, staging_dir
+    from graphtrim.optimize_file import optimize_file
 
     cfg = config or QuantizeConfig()
     cfg.validate()
     if variant not in VARIANTS:
         raise QuantizeError(f"unknown variant '{variant}': use one of {', '.join(VARIANTS)}")
     spec = kind(variant)
-    from optimizer_core.modelio import read_proto, refuse_overwrite
+    from graphtrim.modelio import read_proto, refuse_overwrite
 
     source, target = Path(src), Path(dst)
     proto = read_proto(source)  # an unusable input is an InvalidModelError, as ever
@@ -711,7 +711,7 @@ def build_variant(
                 break
             sens_feeds = feeds[:8]
             if not sens_feeds:
-                from optimizer_core.data import input_specs, random_data
+                from graphtrim.data import input_specs, random_data
 
                 sens_feeds = random_data(input_specs(pre), batches=4).batches
             _say(progress, f"{variant}: accuracy check failed; measuring per-node error")
@@ -736,14 +736,14 @@ def build_variant(
 def _probe(
     path: Path, variant: str, device: str, feeds: Feeds | None, timeout: float
 ) -> dict[str, Any]:
-    """:func:`optimizer_core.runtime.load_probe` in a child process; a crash or a hang there is
+    """:func:`graphtrim.runtime.load_probe` in a child process; a crash or a hang there is
     a :class:`QuantizeError` saying what happened."""
-    from optimizer_core.isolation import ChildFailed, call_isolated
-    from optimizer_core.runtime import DeviceUnavailableError
+    from graphtrim.isolation import ChildFailed, call_isolated
+    from graphtrim.runtime import DeviceUnavailableError
 
     try:
         result: dict[str, Any] = call_isolated(
-            "optimizer_core.runtime:load_probe",
+            "graphtrim.runtime:load_probe",
             str(path),
             common={"device": device, "feeds": feeds},
             timeout=timeout,
@@ -765,8 +765,8 @@ _TUNED_REWRITES = ("residual-sum",)
 def _tune(built: Path, device: str, feeds: Sequence[Feeds]) -> dict[str, Any]:
     """Keep ``residual-sum`` in the built model where it is measurably faster on ``device``
     (timed on the first calibration batch, or random inputs without calibration data)."""
-    from optimizer_core.ort_target import tune_residual_sum
-    from optimizer_core.runtime import providers_for
+    from graphtrim.ort_target import tune_residual_sum
+    from graphtrim.runtime import providers_for
 
     provider = providers_for(device)[0]
     try:

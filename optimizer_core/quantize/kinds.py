@@ -3,8 +3,8 @@
 A variant is a line here: its name, one line of help, the converter that turns the optimized
 float model into it (none for ``graph``: graph optimization only), what it needs, the gate
 thresholds it is held to when a policy says nothing, and its rank when an alias is moved.
-Everything else is derived from this table: the build (:func:`optimizer_core.quantize.build_variant`),
-the built-in gate policy and the promotion order (:mod:`optimizer_core.gates.policy`), the CLI's
+Everything else is derived from this table: the build (:func:`graphtrim.quantize.build_variant`),
+the built-in gate policy and the promotion order (:mod:`graphtrim.gates.policy`), the CLI's
 choices and help, the DAGs' parameters and the pipeline's default variants. Adding a variant is
 its converter and its line.
 
@@ -75,7 +75,7 @@ KINDS: tuple[VariantKind, ...] = (
     VariantKind(
         "int8-dynamic",
         "int8 weights, activations quantized at run time",
-        converter="optimizer_core.quantize.build:convert_int8_dynamic",
+        converter="graphtrim.quantize.build:convert_int8_dynamic",
         gates={"size": {"max_ratio": 0.35}},
         promotion=1,
         default=True,
@@ -83,7 +83,7 @@ KINDS: tuple[VariantKind, ...] = (
     VariantKind(
         "int8-static",
         "QDQ int8, needs --calibration",
-        converter="optimizer_core.quantize.build:convert_int8_static",
+        converter="graphtrim.quantize.build:convert_int8_static",
         needs_calibration=True,
         gates={"size": {"max_ratio": 0.35}},
         promotion=0,
@@ -92,7 +92,7 @@ KINDS: tuple[VariantKind, ...] = (
     VariantKind(
         "fp16",
         "float16, for GPU targets",
-        converter="optimizer_core.quantize.build:convert_fp16",
+        converter="graphtrim.quantize.build:convert_fp16",
         float16=True,
         gates={
             "accuracy": {"min_cosine": 0.999, "max_metric_drop": 0.005},

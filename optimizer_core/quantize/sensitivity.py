@@ -23,7 +23,7 @@ from collections.abc import Sequence
 import numpy as np
 import onnx
 
-from optimizer_core.data import Feeds
+from graphtrim.data import Feeds
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,7 +73,7 @@ def _with_outputs(
 def _session(model: onnx.ModelProto, folder: str) -> object:
     import onnxruntime as ort
 
-    from optimizer_core.runtime import session_options
+    from graphtrim.runtime import session_options
 
     path = os.path.join(folder, "model.onnx")
     onnx.save(model, path, save_as_external_data=model.ByteSize() > 1_500_000_000)

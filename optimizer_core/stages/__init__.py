@@ -65,15 +65,15 @@ STAGES: tuple[Stage, ...] = (
         "export",
         (),
         "resolve the registry version and export it to ONNX",
-        function="optimizer_core.stages.export:export",
-        record="optimizer_core.stages.records:ExportRecord",
+        function="graphtrim.stages.export:export",
+        record="graphtrim.stages.records:ExportRecord",
     ),
     Stage(
         "optimize",
         ("export",),
         "optimize the exported graph, verified against it",
-        function="optimizer_core.stages.optimize:optimize",
-        record="optimizer_core.stages.records:OptimizeRecord",
+        function="graphtrim.stages.optimize:optimize",
+        record="graphtrim.stages.records:OptimizeRecord",
     ),
     Stage(
         "quantize",
@@ -81,8 +81,8 @@ STAGES: tuple[Stage, ...] = (
         "build one variant of the optimized model",
         per_variant=True,
         on_device=True,
-        function="optimizer_core.stages.quantize:quantize",
-        record="optimizer_core.stages.records:QuantizeRecord",
+        function="graphtrim.stages.quantize:quantize",
+        record="graphtrim.stages.records:QuantizeRecord",
     ),
     Stage(
         "validate",
@@ -90,8 +90,8 @@ STAGES: tuple[Stage, ...] = (
         "measure one variant against the gates on its worker class",
         per_variant=True,
         on_device=True,
-        function="optimizer_core.stages.validate:validate",
-        record="optimizer_core.stages.records:ValidateRecord",
+        function="graphtrim.stages.validate:validate",
+        record="graphtrim.stages.records:ValidateRecord",
     ),
     Stage(
         "register",
@@ -99,8 +99,8 @@ STAGES: tuple[Stage, ...] = (
         "register the variants that passed, with lineage",
         writes_registry=True,
         takes=("optimize", "validate"),
-        function="optimizer_core.stages.register:register",
-        record="optimizer_core.stages.records:RegisterRecord",
+        function="graphtrim.stages.register:register",
+        record="graphtrim.stages.records:RegisterRecord",
     ),
     Stage(
         "promote",
@@ -108,8 +108,8 @@ STAGES: tuple[Stage, ...] = (
         "move aliases by the promotion policy",
         writes_registry=True,
         takes=("validate", "register"),
-        function="optimizer_core.stages.promote:promote",
-        record="optimizer_core.stages.records:PromoteRecord",
+        function="graphtrim.stages.promote:promote",
+        record="graphtrim.stages.records:PromoteRecord",
     ),
 )
 

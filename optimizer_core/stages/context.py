@@ -17,14 +17,14 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from optimizer_core.errors import GraphtrimError
-from optimizer_core.hashing import file_sha256
-from optimizer_core.quantize.kinds import DEFAULT_VARIANTS
+from graphtrim.errors import GraphtrimError
+from graphtrim.hashing import file_sha256
+from graphtrim.quantize.kinds import DEFAULT_VARIANTS
 
 if TYPE_CHECKING:
-    from optimizer_core.gates.policy import GatePolicy
-    from optimizer_core.integrations.artifacts import S3Auth
-    from optimizer_core.integrations.registry import MlflowAuth
+    from graphtrim.gates.policy import GatePolicy
+    from graphtrim.integrations.artifacts import S3Auth
+    from graphtrim.integrations.registry import MlflowAuth
 
 ProgressFn = Callable[[str], None]
 
@@ -53,8 +53,8 @@ class PipelineConfig:
     fx_simplify: bool = False
 
     def __post_init__(self) -> None:
-        from optimizer_core.graph.presets import PRESETS
-        from optimizer_core.quantize.build import VARIANTS
+        from graphtrim.graph.presets import PRESETS
+        from graphtrim.quantize.build import VARIANTS
 
         if not self.variants:
             raise PipelineError("no variants requested")
@@ -78,7 +78,7 @@ class PipelineConfig:
         if self.policy is None:
             # a deployment's policy (GRAPHTRIM_POLICY), embedded: every stage of the run, on
             # whatever worker, judges by this document, and the config hash covers it
-            from optimizer_core.gates.policy import GatePolicy, environment_policy_path
+            from graphtrim.gates.policy import GatePolicy, environment_policy_path
 
             if environment_policy_path() is not None:
                 parsed = GatePolicy.load(None)
@@ -155,7 +155,7 @@ def parse_policy(
     else:
         parsed = _PARSED_POLICIES.get(key)
     if parsed is None:
-        from optimizer_core.gates.policy import GatePolicy
+        from graphtrim.gates.policy import GatePolicy
 
         if policy is None:
             parsed = GatePolicy()
@@ -197,30 +197,30 @@ class StageContext:
             self.progress(line)
 
     def store(self) -> Any:
-        from optimizer_core.integrations.artifacts import open_store
+        from graphtrim.integrations.artifacts import open_store
 
         return open_store(self.artifacts, endpoint_url=self.s3_endpoint_url, auth=self.s3_auth)
 
     def registry(self) -> Any:
-        from optimizer_core.integrations.registry import Registry
+        from graphtrim.integrations.registry import Registry
 
         return Registry(self.tracking_uri, auth=self.mlflow_auth, s3=self.s3_auth)
 
     def mlflow_client(self) -> Any:
         """An ``MlflowClient`` for this context's tracking server, with its credentials."""
-        from optimizer_core.integrations.registry import mlflow_client
+        from graphtrim.integrations.registry import mlflow_client
 
         return mlflow_client(self.tracking_uri, self.mlflow_auth, s3=self.s3_auth)
 
     def fetch(self, uri: str, dest: str | os.PathLike[str]) -> Path:
         """The model entry at ``uri`` in ``dest``, fetched with this context's S3 connection."""
-        from optimizer_core.integrations.artifacts import fetch
+        from graphtrim.integrations.artifacts import fetch
 
         return fetch(uri, dest, endpoint_url=self.s3_endpoint_url, auth=self.s3_auth)
 
     def fetch_file(self, uri: str, dest: str | os.PathLike[str]) -> Path:
         """A single file at ``uri`` as a local path (see ``artifacts.fetch_file``)."""
-        from optimizer_core.integrations.artifacts import fetch_file
+        from graphtrim.integrations.artifacts import fetch_file
 
         return fetch_file(uri, dest, endpoint_url=self.s3_endpoint_url, auth=self.s3_auth)
 
@@ -274,7 +274,7 @@ class DataFiles:
     def load(self, model: Path) -> tuple[Any, Any]:
         """(calibration, evaluation) data for ``model``; random inputs when none is
         configured, and each file standing in for the other when only one is."""
-        from optimizer_core.data import input_specs, load_npz, random_data
+        from graphtrim.data import input_specs, load_npz, random_data
 
         specs = input_specs(model)
         calib = evald = None

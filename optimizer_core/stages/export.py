@@ -10,9 +10,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from optimizer_core.stages.context import DataFiles, PipelineConfig, PipelineError, StageContext
-from optimizer_core.stages.records import ExportRecord
-from optimizer_core.stages.tracking import (
+from graphtrim.stages.context import DataFiles, PipelineConfig, PipelineError, StageContext
+from graphtrim.stages.records import ExportRecord
+from graphtrim.stages.tracking import (
     T,
     client,
     log_metrics,
@@ -29,7 +29,7 @@ logger = logging.getLogger("graphtrim.stages")
 def refuse_variant_source(ctx: StageContext, source: Any) -> None:
     """A version graphtrim registered is a variant, not a new model: optimizing it again would
     feed the pipeline its own output. Refused unless asked for explicitly."""
-    from optimizer_core.integrations.registry import VARIANT_TAG, is_graphtrim_output
+    from graphtrim.integrations.registry import VARIANT_TAG, is_graphtrim_output
 
     if ctx.allow_variant_source or not is_graphtrim_output(source.tags):
         return
@@ -64,8 +64,8 @@ def prior_verdicts(
     variants registered under their lineage key (with the verdicts on their tags), and
     variants that failed in a finished run (with its recorded verdict). Looked up before any
     work, so a re-run rebuilds and re-times nothing it has an answer for."""
-    from optimizer_core.integrations.registry import RegistryError
-    from optimizer_core.stages.register import lineage_key
+    from graphtrim.integrations.registry import RegistryError
+    from graphtrim.stages.register import lineage_key
 
     registry = ctx.registry()
     src = source.to_json()
@@ -114,8 +114,8 @@ def prior_verdicts(
 def _check_data(ctx: StageContext, data: DataFiles, folder: Path) -> None:
     """Calibration and evaluation files against the registered model's input signature, before
     the export runs: a wrong file fails in seconds with one line, and no run is opened."""
-    from optimizer_core.data import check_data, input_specs, specs_from_signature
-    from optimizer_core.exporter import read_mlmodel
+    from graphtrim.data import check_data, input_specs, specs_from_signature
+    from graphtrim.exporter import read_mlmodel
 
     wanted = {
         role: key
@@ -145,9 +145,9 @@ def export(ctx: StageContext, config: PipelineConfig, model_uri: str) -> ExportR
     looked up (unless ``ctx.rejudge``: what is known is reported, not rebuilt), and the data
     files are checked against the model's signature (each file fetched once, for its hash and
     its check alike)."""
-    from optimizer_core.exporter import to_onnx
-    from optimizer_core.integrations.artifacts import model_files
-    from optimizer_core.modelio import read_proto
+    from graphtrim.exporter import to_onnx
+    from graphtrim.integrations.artifacts import model_files
+    from graphtrim.modelio import read_proto
 
     with ctx.scratch("export") as tmp:
         data = DataFiles(ctx, config, tmp / "data")

@@ -4,17 +4,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from optimizer_core.stages.context import PipelineConfig, StageContext
-from optimizer_core.stages.records import ExportRecord, OptimizeRecord
-from optimizer_core.stages.tracking import log_metrics, stage_run, worker
+from graphtrim.stages.context import PipelineConfig, StageContext
+from graphtrim.stages.records import ExportRecord, OptimizeRecord
+from graphtrim.stages.tracking import log_metrics, stage_run, worker
 
 
 def optimize(
     ctx: StageContext, config: PipelineConfig, exported: ExportRecord | Any
 ) -> OptimizeRecord:
     """Run the graph optimizer (verified against the export) and store the result."""
-    from optimizer_core.graph.presets import PRESETS
-    from optimizer_core.optimize_file import optimize_file
+    from graphtrim.graph.presets import PRESETS
+    from graphtrim.optimize_file import optimize_file
 
     config = config.resolved(ctx)
     exp = ExportRecord.take(exported, ("run_id", "source", "model"), "optimize")

@@ -1,4 +1,4 @@
-"""The pipeline: the stages of :data:`~optimizer_core.stages.STAGES`, composed in their order.
+"""The pipeline: the stages of :data:`~graphtrim.stages.STAGES`, composed in their order.
 
 ``export`` -> ``optimize`` -> ``quantize`` -> ``validate`` -> ``register`` -> ``promote``. Each
 stage fetches what it needs from the artifact store, writes what it makes back under a
@@ -24,15 +24,15 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from optimizer_core.quantize.kinds import DEFAULT_VARIANTS
-from optimizer_core.stages import STAGE_NAMES, STAGES, stage
-from optimizer_core.stages.context import PipelineConfig, StageContext
-from optimizer_core.stages.records import Record
+from graphtrim.quantize.kinds import DEFAULT_VARIANTS
+from graphtrim.stages import STAGE_NAMES, STAGES, stage
+from graphtrim.stages.context import PipelineConfig, StageContext
+from graphtrim.stages.records import Record
 
 if TYPE_CHECKING:
-    from optimizer_core.gates.evaluate import Evaluation
-    from optimizer_core.gates.policy import GatePolicy
-    from optimizer_core.quantize.build import QuantizeConfig
+    from graphtrim.gates.evaluate import Evaluation
+    from graphtrim.gates.policy import GatePolicy
+    from graphtrim.quantize.build import QuantizeConfig
 
 
 def run_pipeline(ctx: StageContext, config: PipelineConfig, model_uri: str) -> dict[str, Record]:
@@ -92,12 +92,12 @@ def build_and_evaluate(
     them all against it, in this process: the quantize stage's build (int8 and fp16 variants
     that fail their accuracy gate rebuilt with their most sensitive nodes in float) and the
     validate stage's gates, then the JSON, Markdown and HTML reports beside the variants."""
-    from optimizer_core.data import input_specs, load_npz, random_data
-    from optimizer_core.gates.policy import GatePolicy
-    from optimizer_core.quantize.build import VARIANTS, QuantizeError
-    from optimizer_core.runtime import providers_for
-    from optimizer_core.stages.quantize import build_variants
-    from optimizer_core.stages.validate import judge_variants
+    from graphtrim.data import input_specs, load_npz, random_data
+    from graphtrim.gates.policy import GatePolicy
+    from graphtrim.quantize.build import VARIANTS, QuantizeError
+    from graphtrim.runtime import providers_for
+    from graphtrim.stages.quantize import build_variants
+    from graphtrim.stages.validate import judge_variants
 
     unknown = [v for v in variants if v not in VARIANTS]
     if unknown:

@@ -1,5 +1,5 @@
 """The promote stage: move aliases by the policy's ``promotion`` section (the policy itself:
-:mod:`optimizer_core.promotion`) and close the pipeline's MLflow run."""
+:mod:`graphtrim.promotion`) and close the pipeline's MLflow run."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from optimizer_core.stages.context import PipelineConfig, StageContext
-from optimizer_core.stages.records import PromoteRecord, RegisterRecord, ValidateRecord
-from optimizer_core.stages.tracking import T, stage_run, worker
+from graphtrim.stages.context import PipelineConfig, StageContext
+from graphtrim.stages.records import PromoteRecord, RegisterRecord, ValidateRecord
+from graphtrim.stages.tracking import T, stage_run, worker
 
 
 def promote(
@@ -18,8 +18,8 @@ def promote(
     validated: ValidateRecord | Mapping[str, Any],
     registered: RegisterRecord | Mapping[str, Any],
 ) -> PromoteRecord:
-    """Move aliases by the policy's ``promotion`` section (see :mod:`optimizer_core.promotion`)."""
-    from optimizer_core.promotion import apply_policy
+    """Move aliases by the policy's ``promotion`` section (see :mod:`graphtrim.promotion`)."""
+    from graphtrim.promotion import apply_policy
 
     reg = RegisterRecord.take(registered, ("run_id", "target", "registered"), "promote")
     val = ValidateRecord.from_json(validated)

@@ -14,15 +14,15 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from optimizer_core.redact import redact
-from optimizer_core.stages.context import DataFiles, PipelineConfig, PipelineError, StageContext
-from optimizer_core.stages.records import ExportRecord, OptimizeRecord, QuantizeRecord
-from optimizer_core.stages.tracking import T, stage_run, worker
+from graphtrim.redact import redact
+from graphtrim.stages.context import DataFiles, PipelineConfig, PipelineError, StageContext
+from graphtrim.stages.records import ExportRecord, OptimizeRecord, QuantizeRecord
+from graphtrim.stages.tracking import T, stage_run, worker
 
 if TYPE_CHECKING:
-    from optimizer_core.data import EvalData
-    from optimizer_core.gates.policy import GatePolicy
-    from optimizer_core.quantize.build import QuantizeConfig
+    from graphtrim.data import EvalData
+    from graphtrim.gates.policy import GatePolicy
+    from graphtrim.quantize.build import QuantizeConfig
 
 logger = logging.getLogger("graphtrim.stages")
 
@@ -39,8 +39,8 @@ def accuracy_check(
     tensorrt: bool = False,
 ) -> Callable[[Path], tuple[bool, dict[str, Any]]]:
     """The accuracy gate of ``variant`` as a callable on a candidate file (for the fallback)."""
-    from optimizer_core.gates import accuracy as acc
-    from optimizer_core.runtime import open_session, providers_for
+    from graphtrim.gates import accuracy as acc
+    from graphtrim.runtime import open_session, providers_for
 
     thresholds = policy.for_variant(variant).accuracy
     providers = providers_for(device, tensorrt=tensorrt)
@@ -79,7 +79,7 @@ def build_variants(
     checked (``fallback``) against ``src`` on ``data``. Returns (builds: each built variant's
     build summary, outputs: its file, failed: each variant that could not be built, with why);
     a variant that cannot be built does not stop the others."""
-    from optimizer_core.quantize.build import QuantizeError, build_variant
+    from graphtrim.quantize.build import QuantizeError, build_variant
 
     builds: dict[str, dict[str, Any]] = {}
     outputs: dict[str, Path] = {}
@@ -112,7 +112,7 @@ def build_variants(
 
 
 def build_job(variant: str, **job: Any) -> Any:
-    """One variant's build as a child process runs it (:mod:`optimizer_core.isolation`): the
+    """One variant's build as a child process runs it (:mod:`graphtrim.isolation`): the
     accuracy check is made here from plain values, since a callable cannot cross processes.
 
     ``job``: ``src``, ``dst_root`` (the variant goes to ``dst_root/<variant>/model.onnx``),
@@ -121,9 +121,9 @@ def build_job(variant: str, **job: Any) -> Any:
     (:class:`EvalData`), ``policy`` (the parsed :class:`GatePolicy`, a policy document, or
     None for the built-in policy), ``device``, ``tensorrt``, ``probe_timeout``. Returns the
     :class:`VariantBuild`."""
-    from optimizer_core.isolation import step
-    from optimizer_core.quantize.build import build_variant
-    from optimizer_core.stages.context import parse_policy
+    from graphtrim.isolation import step
+    from graphtrim.quantize.build import build_variant
+    from graphtrim.stages.context import parse_policy
 
     policy = job["policy"]
     if policy is None or isinstance(policy, Mapping):
@@ -164,8 +164,8 @@ def quantize(
     variant that cannot be built, or whose build crashes or hangs the runtime, is recorded
     with its error; the others go on. Variants judged before (``exported.reused``) are not
     built again."""
-    from optimizer_core.isolation import map_isolated
-    from optimizer_core.quantize.build import QuantizeConfig
+    from graphtrim.isolation import map_isolated
+    from graphtrim.quantize.build import QuantizeConfig
 
     with ctx.scratch("quantize") as tmp:
         data = DataFiles(ctx, config, tmp / "data")
@@ -188,7 +188,7 @@ def quantize(
         if not wanted:
             record.worker = worker(ctx)
             return record
-        from optimizer_core.runtime import providers_for
+        from graphtrim.runtime import providers_for
 
         # here, not only in the children: a missing device fails the stage before any work,
         # and what the choice of provider says reaches this stage's log
@@ -203,7 +203,7 @@ def quantize(
             calib, evald = data.load(reference)
             ctx.say(f"quantize: building {', '.join(wanted)}, each in a child process")
             builds = map_isolated(
-                "optimizer_core.stages.quantize:build_job",
+                "graphtrim.stages.quantize:build_job",
                 wanted,
                 common={
                     "src": str(base),

@@ -17,7 +17,7 @@ import dataclasses
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, ClassVar, TypeVar
 
-from optimizer_core.stages.context import PipelineError, require
+from graphtrim.stages.context import PipelineError, require
 
 R = TypeVar("R", bound="Record")
 

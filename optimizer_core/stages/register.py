@@ -19,10 +19,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from optimizer_core.redact import redact
-from optimizer_core.stages.context import PipelineConfig, StageContext
-from optimizer_core.stages.records import OptimizeRecord, RegisterRecord, ValidateRecord
-from optimizer_core.stages.tracking import T, log_metrics, publish_reports, stage_run, worker
+from graphtrim.redact import redact
+from graphtrim.stages.context import PipelineConfig, StageContext
+from graphtrim.stages.records import OptimizeRecord, RegisterRecord, ValidateRecord
+from graphtrim.stages.tracking import T, log_metrics, publish_reports, stage_run, worker
 
 DESCRIPTION_LIMIT = 5000  # MLflow's column for a version's description
 COMPARISON = "comparison"
@@ -63,7 +63,7 @@ def log_onnx(
     from mlflow.entities import LoggedModelOutput, LoggedModelStatus
     from mlflow.models import Model
 
-    from optimizer_core.integrations.serving import save_onnx_model
+    from graphtrim.integrations.serving import save_onnx_model
 
     extra = {"mlflow.note.content": description} if description else {}
     logged = client.create_logged_model(
@@ -105,7 +105,7 @@ def comparison_report(
     evaluations combined, each variant's build record from the run): written to the artifact
     store beside the evaluations and to the run's ``graphtrim/reports``. (None, None) when the
     run judged nothing new (every verdict was recorded before)."""
-    from optimizer_core.gates.report import combine, write_reports
+    from graphtrim.gates.report import combine, write_reports
 
     every = [r for r in (val.all_reports or [val.reports]) if r and r.get("json")]
     if not every:
@@ -143,8 +143,8 @@ def describe(
     numbers against their limits (``gates``: the evaluation's gate documents; their verdicts
     alone without them), its key numbers and where the comparison report is (``report_link``:
     its page in MLflow's UI, when there is one)."""
-    from optimizer_core.gates.report import gate_numbers
-    from optimizer_core.stats import _fmt_bytes
+    from graphtrim.gates.report import gate_numbers
+    from graphtrim.stats import _fmt_bytes
 
     m = summary.get("metrics") or {}
     lines = [
@@ -216,9 +216,9 @@ def register(
     lineage, as a new version of the target model; write the run's comparison report first.
     Variants that failed are recorded in the run, never registered. A variant registered
     before (same lineage key) is reported, not registered again."""
-    from optimizer_core.integrations.links import record_links, ui_base
-    from optimizer_core.integrations.registry import GATES_TAG, KEY_TAG, format_gates
-    from optimizer_core.integrations.serving import library_versions
+    from graphtrim.integrations.links import record_links, ui_base
+    from graphtrim.integrations.registry import GATES_TAG, KEY_TAG, format_gates
+    from graphtrim.integrations.serving import library_versions
 
     config = config.resolved(ctx)
     opt = OptimizeRecord.from_json(optimized)

@@ -24,7 +24,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from optimizer_core.stages.context import DEFAULT_VARIANTS, PipelineConfig, StageContext
+from graphtrim.stages.context import DEFAULT_VARIANTS, PipelineConfig, StageContext
 
 T = "graphtrim."
 STALE_ENV = "GRAPHTRIM_SCAN_STALE_HOURS"
@@ -39,7 +39,7 @@ def variant_skip_message(
     """The one log line saying why a version is skipped as a graphtrim output (a variant
     graphtrim registered), or None for a source version. ``switch`` names what would let it
     through."""
-    from optimizer_core.integrations.registry import KEY_TAG, VARIANT_TAG, is_graphtrim_output
+    from graphtrim.integrations.registry import KEY_TAG, VARIANT_TAG, is_graphtrim_output
 
     if not is_graphtrim_output(tags):
         return None

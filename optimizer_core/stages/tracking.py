@@ -14,8 +14,8 @@ import logging
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from optimizer_core.redact import redact
-from optimizer_core.stages.context import PipelineConfig, PipelineError, StageContext
+from graphtrim.redact import redact
+from graphtrim.stages.context import PipelineConfig, PipelineError, StageContext
 
 logger = logging.getLogger("graphtrim.stages")
 
@@ -35,7 +35,7 @@ def artifact_location(ctx: StageContext) -> str | None:
         return None
     if ctx.artifacts.startswith("s3://"):
         return ctx.artifacts.rstrip("/") + "/mlflow-artifacts"
-    from optimizer_core.integrations.artifacts import local_path
+    from graphtrim.integrations.artifacts import local_path
 
     return (local_path(ctx.artifacts).resolve() / "mlflow-artifacts").as_uri()
 
@@ -109,7 +109,7 @@ def close_dead_runs(client: Any, experiment_id: str) -> list[str]:
     """End as KILLED the pipeline runs still RUNNING whose stage processes, on this host, are
     gone (killed, crashed, out of memory; :func:`..scan.dead_stages`): a run never stays
     RUNNING for a dead process, and the registry scan retries its version."""
-    from optimizer_core.stages.scan import dead_stages
+    from graphtrim.stages.scan import dead_stages
 
     closed: list[str] = []
     try:
@@ -232,7 +232,7 @@ def publish_reports(
     ``graphtrim/reports``; returns kind -> URI."""
     from pathlib import Path
 
-    from optimizer_core.integrations.artifacts import safe_part
+    from graphtrim.integrations.artifacts import safe_part
 
     prefix = "/".join(
         (

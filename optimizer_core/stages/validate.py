@@ -15,14 +15,14 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from optimizer_core.stages.context import DataFiles, PipelineConfig, PipelineError, StageContext
-from optimizer_core.stages.records import ExportRecord, QuantizeRecord, ValidateRecord
-from optimizer_core.stages.tracking import log_metrics, publish_reports, stage_run, worker
+from graphtrim.stages.context import DataFiles, PipelineConfig, PipelineError, StageContext
+from graphtrim.stages.records import ExportRecord, QuantizeRecord, ValidateRecord
+from graphtrim.stages.tracking import log_metrics, publish_reports, stage_run, worker
 
 if TYPE_CHECKING:
-    from optimizer_core.data import EvalData
-    from optimizer_core.gates.evaluate import Evaluation
-    from optimizer_core.gates.policy import GatePolicy
+    from graphtrim.data import EvalData
+    from graphtrim.gates.evaluate import Evaluation
+    from graphtrim.gates.policy import GatePolicy
 
 
 def summary(result: Any) -> dict[str, Any]:
@@ -62,7 +62,7 @@ def summary(result: Any) -> dict[str, Any]:
 def add_unbuilt(evaluation: Evaluation, failed: Mapping[str, str], order: Sequence[str]) -> None:
     """A failed ``build`` gate for each variant in ``failed`` (with why it was not built), and
     the variants sorted as in ``order``."""
-    from optimizer_core.gates.evaluate import GateResult, VariantResult
+    from graphtrim.gates.evaluate import GateResult, VariantResult
 
     for variant, reason in failed.items():
         evaluation.variants.append(
@@ -86,7 +86,7 @@ def judge_variants(
 ) -> Evaluation:
     """Every gate on the built variants ``outputs`` against ``src``, in this process; the
     variants in ``failed`` fail their ``build`` gate."""
-    from optimizer_core.gates.evaluate import evaluate
+    from graphtrim.gates.evaluate import evaluate
 
     evaluation = evaluate(
         src,
@@ -112,8 +112,8 @@ def evaluate_isolated(
     """The gates of ``paths`` in a child process. If that child dies (a runtime crash on one
     variant, a hang), each variant is measured alone in its own child: the one that crashes
     fails with the signal and the step, the others keep their verdicts."""
-    from optimizer_core.gates.evaluate import GateResult, ModelInfo, VariantResult
-    from optimizer_core.isolation import ChildFailed, map_isolated
+    from graphtrim.gates.evaluate import GateResult, ModelInfo, VariantResult
+    from graphtrim.isolation import ChildFailed, map_isolated
 
     job = {
         "reference": str(reference),
@@ -124,7 +124,7 @@ def evaluate_isolated(
     }
     todo = {k: str(v) for k, v in paths.items()}
     (together,) = map_isolated(
-        "optimizer_core.gates.evaluate:evaluate_job",
+        "graphtrim.gates.evaluate:evaluate_job",
         [todo],
         common=job,
         timeout=ctx.child_timeout,
@@ -138,7 +138,7 @@ def evaluate_isolated(
     ctx.say(f"validate: {together}; measuring each variant alone")
     names = list(todo)
     alone = map_isolated(
-        "optimizer_core.gates.evaluate:evaluate_job",
+        "graphtrim.gates.evaluate:evaluate_job",
         [{n: todo[n]} for n in names],
         common=job,
         timeout=ctx.child_timeout,
@@ -174,9 +174,9 @@ def validate(
     MLflow's ONNX flavor, loaded with ``mlflow.pyfunc.load_model`` at onnxruntime's default
     optimization level, one prediction), then the accuracy, latency and size gates. Variants
     judged before are reported with their recorded verdicts."""
-    from optimizer_core.gates.evaluate import GateResult, ModelInfo, VariantResult
-    from optimizer_core.gates.fingerprint import fingerprint_digest
-    from optimizer_core.isolation import map_isolated
+    from graphtrim.gates.evaluate import GateResult, ModelInfo, VariantResult
+    from graphtrim.gates.fingerprint import fingerprint_digest
+    from graphtrim.isolation import map_isolated
 
     with ctx.scratch("validate") as tmp:
         data = DataFiles(ctx, config, tmp / "data")
@@ -196,7 +196,7 @@ def validate(
             record.variants = reused
             record.policy_hash = config.gate_policy().digest()
             return record
-        from optimizer_core.runtime import providers_for
+        from graphtrim.runtime import providers_for
 
         providers_for(config.device, tensorrt=config.tensorrt)  # as in quantize
         store = ctx.store()
@@ -217,7 +217,7 @@ def validate(
                     f"validate: serving probe of {', '.join(paths)} (mlflow.pyfunc, child process)"
                 )
                 probes = map_isolated(
-                    "optimizer_core.integrations.serving:serving_probe",
+                    "graphtrim.integrations.serving:serving_probe",
                     [str(p) for p in paths.values()],
                     common={"feeds": evald.batches[0] if evald.batches else None},
                     timeout=min(600.0, ctx.child_timeout),

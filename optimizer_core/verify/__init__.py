@@ -1,6 +1,6 @@
 """Numerical verification of optimized models."""
 
-from optimizer_core.verify.compare import (
+from graphtrim.verify.compare import (
     EQUAL,
     MISMATCH,
     UNVERIFIABLE,
@@ -11,8 +11,8 @@ from optimizer_core.verify.compare import (
     make_inputs,
     verify,
 )
-from optimizer_core.verify.instrument import VerifyEachPass
-from optimizer_core.verify.nondeterminism import RANDOM_OPS, random_outputs
+from graphtrim.verify.instrument import VerifyEachPass
+from graphtrim.verify.nondeterminism import RANDOM_OPS, random_outputs
 
 __all__ = [
     "EQUAL",

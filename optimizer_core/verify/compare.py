@@ -4,7 +4,7 @@ Both models run with onnxruntime's own graph optimizations disabled, on the same
 random inputs of the right dtypes (symbolic dims bound consistently by name to sample sizes) or
 inputs the user gives. Every output is compared with explicit tolerances:
 ``|a - b| <= atol + rtol * |b|`` element-wise, plus a cosine similarity floor for float outputs.
-An output computed from a random op (see :mod:`optimizer_core.verify.nondeterminism`) is compared
+An output computed from a random op (see :mod:`graphtrim.verify.nondeterminism`) is compared
 by shape and dtype only.
 
 A comparison ends one of three ways: ``equal``; ``mismatch``, the candidate was run (or failed to
@@ -160,9 +160,9 @@ def shape_only_notes(shape_only: Mapping[str, str]) -> list[str]:
 
 
 def random_outputs_of(model: ModelLike) -> dict[str, str]:
-    """:func:`~optimizer_core.verify.nondeterminism.random_outputs` of a path, proto or model;
+    """:func:`~graphtrim.verify.nondeterminism.random_outputs` of a path, proto or model;
     empty where the model cannot be read (the session that follows says why)."""
-    from optimizer_core.verify.nondeterminism import random_outputs
+    from graphtrim.verify.nondeterminism import random_outputs
 
     try:
         if isinstance(model, str | os.PathLike):
@@ -217,7 +217,7 @@ class Session:
             raise
 
     def _from_ir(self, model: ir.Model) -> str | bytes:
-        from optimizer_core.modelio import (
+        from graphtrim.modelio import (
             PROTO_LIMIT_BYTES,
             has_external_data,
             initializer_bytes,
@@ -250,7 +250,7 @@ class Session:
 def _unique_node_names(source: str | bytes) -> bytes | None:
     """The model with repeated node names made unique (``name__2``, ...), serialized; ``None``
     where it cannot be held in one protobuf."""
-    from optimizer_core.modelio import PROTO_LIMIT_BYTES
+    from graphtrim.modelio import PROTO_LIMIT_BYTES
 
     try:
         if isinstance(source, bytes):

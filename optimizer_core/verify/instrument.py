@@ -13,9 +13,9 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import onnx_ir as ir
 
-from optimizer_core.errors import VerificationError, VerificationUnavailable
-from optimizer_core.graph.framework import PassRecord
-from optimizer_core.verify.compare import (
+from graphtrim.errors import VerificationError, VerificationUnavailable
+from graphtrim.graph.framework import PassRecord
+from graphtrim.verify.compare import (
     Session,
     Tolerance,
     compare_outputs,

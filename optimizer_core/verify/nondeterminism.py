@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import onnx_ir as ir
 
-from optimizer_core.graph import _ir_utils as u
+from graphtrim.graph import _ir_utils as u
 
 # the ops the passes never fold, merge or deduplicate, for the same reason
 RANDOM_OPS = u.NONDETERMINISTIC_OPS

@@ -109,7 +109,7 @@ def test_registry_dags_trigger_one_optimize_run_per_version_their_operator_finds
 ) -> None:
     from airflow.sdk.definitions.mappedoperator import MappedOperator
 
-    from operators.airflow import registry
+    from graphtrim.airflow import registry
 
     dag = dagbag.dags[dag_id]
     assert set(dag.task_ids) == {finder, "optimize"}
@@ -140,15 +140,15 @@ def test_registry_scan_takes_its_arguments_from_the_run_params(dagbag: Any) -> N
 
 
 def test_param_choices_are_the_cores_and_read_without_importing_it() -> None:
-    from operators.airflow.params import preset_choices, variant_choices
-    from optimizer_core.graph.presets import PRESETS
-    from optimizer_core.quantize import VARIANTS
+    from graphtrim.airflow.params import preset_choices, variant_choices
+    from graphtrim.graph.presets import PRESETS
+    from graphtrim.quantize import VARIANTS
 
     assert preset_choices() == list(PRESETS)
     assert "compact" in preset_choices()
     assert variant_choices() == list(VARIANTS)
     code = (
-        "import json, sys; from operators.airflow import params; "
+        "import json, sys; from graphtrim.airflow import params; "
         "c = [params.preset_choices(), params.variant_choices(), params.default_variants()]; "
         "print(json.dumps({'mods': sorted({m.split('.')[0] for m in sys.modules})}))"
     )
@@ -277,16 +277,16 @@ def test_a_stage_added_to_the_list_is_a_task_of_the_optimize_dag(
     reads the records it names. Nothing but the list (and the new stages' timeouts) changes."""
     from airflow.sdk.definitions.mappedoperator import MappedOperator
 
-    from operators.airflow import timeouts
-    from operators.airflow.operators import GraphtrimStageOperator
-    from optimizer_core.stages import STAGES, Stage
+    from graphtrim.airflow import timeouts
+    from graphtrim.airflow.operators import GraphtrimStageOperator
+    from graphtrim.stages import STAGES, Stage
 
     names = [s.name for s in STAGES]
     at = names.index("validate") + 1
     inspect = Stage("inspect", ("export", "validate"), "inspect a variant", True, True)
     judge = Stage("judge", ("optimize", "validate", "register"), "judge the run")
     stages = (*STAGES[:at], inspect, *STAGES[at:], judge)
-    monkeypatch.setattr("optimizer_core.stages.STAGES", stages)
+    monkeypatch.setattr("graphtrim.stages.STAGES", stages)
     monkeypatch.setitem(timeouts.DEFAULT_MINUTES, "inspect", 42)
     monkeypatch.setitem(timeouts.DEFAULT_MINUTES, "judge", 43)
     dag = _optimize_dag(device)
@@ -325,8 +325,8 @@ def test_the_records_of_added_stages_are_read_by_the_stages_after_them(
     over it in the same chain, one after the chain and one after promote."""
     from airflow.sdk.definitions.mappedoperator import MappedOperator
 
-    from operators.airflow import timeouts
-    from optimizer_core.stages import STAGES, Stage
+    from graphtrim.airflow import timeouts
+    from graphtrim.stages import STAGES, Stage
 
     names = [s.name for s in STAGES]
     at = names.index("validate") + 1
@@ -336,7 +336,7 @@ def test_the_records_of_added_stages_are_read_by_the_stages_after_them(
     )
     audit = Stage("audit", ("promote", "probe"), "audit the promotion")
     stages = (*STAGES[:at], *added, *STAGES[at:], audit)
-    monkeypatch.setattr("optimizer_core.stages.STAGES", stages)
+    monkeypatch.setattr("graphtrim.stages.STAGES", stages)
     for name in ("inspect", "probe"):
         monkeypatch.setitem(timeouts.DEFAULT_MINUTES, name, 5)
     dag = _optimize_dag("gpu")  # "audit" has no timeout entry: it gets the long default

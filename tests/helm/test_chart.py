@@ -249,7 +249,7 @@ def test_mlflow_runs_non_root_with_secrets_from_secret_refs() -> None:
 def test_connections_secret_and_policy_configmap() -> None:
     import json
 
-    from optimizer_core.gates.policy import GatePolicy
+    from graphtrim.gates.policy import GatePolicy
 
     docs = render(VALUE_SETS["minio-and-placement"])
     secret = next(d for d in docs if d["kind"] == "Secret")
@@ -423,7 +423,7 @@ def test_dockerfile_install_steps_resolve_with_the_constraints() -> None:
 def test_the_images_the_readme_builds_are_the_ones_the_deployments_run() -> None:
     """The README's `docker build` tags, the chart's image, the Airflow overlay's image and the
     KFP steps' default image name the same images."""
-    from operators.kubeflow.pipeline import DEFAULT_IMAGE
+    from graphtrim.kubeflow.pipeline import DEFAULT_IMAGE
 
     built = set(re.findall(r"docker build .*?-t (\S+) \.", (REPO / "README.md").read_text()))
     chart = yaml.safe_load((REPO / "helm" / "graphtrim" / "values.yaml").read_text())["image"]

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import requests
 
-from optimizer_core.examples.digits import DigitsTask
+from graphtrim.examples.digits import DigitsTask
 from tests.conftest import REPO
 from tests.servers import free_port, http_session, register_onnx, stop_process_group
 
@@ -148,7 +148,7 @@ def _trigger(
     user: str | None = None,
     password: str | None = None,
 ) -> tuple[int, str, str]:
-    from optimizer_core.cli import main
+    from graphtrim.cli import main
 
     for key in (
         "GRAPHTRIM_AIRFLOW_TOKEN",
@@ -247,7 +247,7 @@ def test_cli_trigger_refused_credentials_are_a_clear_error(
     assert code == 2
     assert "needs credentials" in err and "GRAPHTRIM_AIRFLOW_USERNAME" in err
     monkeypatch.setenv("GRAPHTRIM_AIRFLOW_URL", f"http://127.0.0.1:{free_port()}")
-    from optimizer_core.cli import main
+    from graphtrim.cli import main
 
     assert main(["trigger", "--model", "m", "--version", "1"]) == 2
     assert "cannot reach the Airflow API" in capsys.readouterr().err
@@ -263,7 +263,7 @@ def test_client_retries_gateway_answers_and_masks_credentials_in_refusals() -> N
     import threading
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-    from operators.airflow.rest import AirflowApiError, AirflowClient
+    from graphtrim.airflow.rest import AirflowApiError, AirflowClient
 
     token = "tok-" + os.urandom(8).hex()
     run = {

@@ -37,7 +37,7 @@ AIRFLOW = str(Path(sys.executable).with_name("airflow"))
 
 _CHILD = """
 import ctypes, signal, sys
-from operators.airflow.operators import fatal_signals_end_the_process
+from graphtrim.airflow.operators import fatal_signals_end_the_process
 
 def python_handler(signum, frame):  # what Airflow's DAG parser installs
     print("python handler", flush=True)
@@ -90,7 +90,7 @@ import time
 
 from airflow.sdk import DAG, BaseOperator
 
-from operators.airflow.operators import GraphtrimStageOperator
+from graphtrim.airflow.operators import GraphtrimStageOperator
 
 MARKS = pathlib.Path(os.environ["GRAPHTRIM_CRASH_MARKS"])
 BARE_TIMEOUT_S = 2

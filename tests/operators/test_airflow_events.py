@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from optimizer_core.examples.digits import DigitsTask
+from graphtrim.examples.digits import DigitsTask
 from tests.servers import register_onnx
 
 pytestmark = [pytest.mark.xdist_group("mlflow"), pytest.mark.slow]
@@ -28,7 +28,7 @@ def _register_variant(tracking: str, name: str, of_version: str, variant: str) -
     """Register a version of ``name`` the way graphtrim registers a variant it built (its
     ``graphtrim.variant`` and ``graphtrim.key`` tags set at creation); the model is the one of
     ``of_version``."""
-    from optimizer_core.integrations.registry import Registry
+    from graphtrim.integrations.registry import Registry
 
     registry = Registry(tracking)
     source = registry.client.get_model_version(name, of_version)
@@ -103,7 +103,7 @@ def _new_events(trigger: Any, polls: int = 3) -> list[dict[str, Any]]:
 def test_new_version_trigger_fires_once_per_version(
     servers: dict[str, str], digits_task: DigitsTask
 ) -> None:
-    from operators.airflow.triggers import MlflowNewModelVersionTrigger
+    from graphtrim.airflow.triggers import MlflowNewModelVersionTrigger
 
     name = f"watched-{uuid.uuid4().hex[:6]}"
     register_onnx(servers["mlflow"], digits_task.model, name, **{"graphtrim.optimize": "true"})
@@ -124,14 +124,14 @@ def test_new_version_trigger_fires_once_per_version(
     assert [e for e in _new_events(trigger()) if e["name"] == name] == []
     # a serialized round trip (what the triggerer stores) keeps the arguments
     path, kwargs = trigger().serialize()
-    assert path == "operators.airflow.triggers.MlflowNewModelVersionTrigger"
+    assert path == "graphtrim.airflow.triggers.MlflowNewModelVersionTrigger"
     assert kwargs["watcher"] == "test" and kwargs["tracking_uri"] == servers["mlflow"]
 
 
 def test_new_version_trigger_passes_over_graphtrim_variants(
     servers: dict[str, str], digits_task: DigitsTask, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from operators.airflow.triggers import MlflowNewModelVersionTrigger
+    from graphtrim.airflow.triggers import MlflowNewModelVersionTrigger
 
     tracking = servers["mlflow"]
     name = f"looped-{uuid.uuid4().hex[:6]}"
@@ -176,10 +176,10 @@ def test_sensor_defers_then_completes(
 ) -> None:
     from airflow.exceptions import TaskDeferred
 
-    from operators.airflow import triggers
-    from operators.airflow.sensors import MlflowModelVersionSensor
-    from operators.airflow.triggers import MlflowModelVersionTrigger
-    from optimizer_core.errors import GraphtrimError
+    from graphtrim.airflow import triggers
+    from graphtrim.airflow.sensors import MlflowModelVersionSensor
+    from graphtrim.airflow.triggers import MlflowModelVersionTrigger
+    from graphtrim.errors import GraphtrimError
 
     monkeypatch.setenv(
         "AIRFLOW_CONN_MLFLOW_DEFAULT",
@@ -243,7 +243,7 @@ def _runs(dag_id: str) -> list[Any]:
 
 
 def _post(client: Any, secret: str, payload: dict[str, Any], **over: Any) -> Any:
-    from operators.airflow.plugin import sign
+    from graphtrim.airflow.plugin import sign
 
     body = json.dumps(payload).encode()
     delivery = over.pop("delivery", uuid.uuid4().hex)
@@ -262,7 +262,7 @@ def _post(client: Any, secret: str, payload: dict[str, Any], **over: Any) -> Any
 def test_webhook_triggers_one_run_and_refuses_bad_requests(serialized_dags: str) -> None:
     from fastapi.testclient import TestClient
 
-    from operators.airflow.plugin import create_app
+    from graphtrim.airflow.plugin import create_app
 
     secret = "s3cret"
     dag_id = "graphtrim_optimize_model"
@@ -316,7 +316,7 @@ def test_webhook_passes_over_graphtrim_variants_unless_allowed(
     from fastapi.testclient import TestClient
     from mlflow import MlflowClient
 
-    from operators.airflow.plugin import create_app
+    from graphtrim.airflow.plugin import create_app
 
     tracking = servers["mlflow"]
     # the API server reads tags the event lacks through this connection
@@ -374,7 +374,7 @@ def test_webhook_cannot_read_the_tags_so_mlflow_delivers_again(
 ) -> None:
     from fastapi.testclient import TestClient
 
-    from operators.airflow.plugin import create_app
+    from graphtrim.airflow.plugin import create_app
     from tests.servers import free_port
 
     dead = f"http://127.0.0.1:{free_port()}"  # nothing listens there
@@ -404,7 +404,7 @@ def test_webhook_cannot_read_the_tags_so_mlflow_delivers_again(
 def test_webhook_without_a_secret_refuses_everything() -> None:
     from fastapi.testclient import TestClient
 
-    from operators.airflow.plugin import create_app
+    from graphtrim.airflow.plugin import create_app
 
     calls: list[Any] = []
     client = TestClient(create_app(secret="", trigger=lambda *a: calls.append(a) or "x"))
@@ -429,9 +429,9 @@ def test_plugin_is_discovered_by_airflow() -> None:
 def test_registry_scan_finds_versions_without_variants(
     servers: dict[str, str], digits_task: DigitsTask, tmp_path: Path
 ) -> None:
-    from optimizer_core.stages import pipeline
-    from optimizer_core.stages.context import PipelineConfig, StageContext
-    from optimizer_core.stages.scan import unoptimized_versions
+    from graphtrim.stages import pipeline
+    from graphtrim.stages.context import PipelineConfig, StageContext
+    from graphtrim.stages.scan import unoptimized_versions
 
     name = f"scanned-{uuid.uuid4().hex[:6]}"
     tags = {
@@ -486,9 +486,9 @@ def _watched_models(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[st
 def test_registry_scan_operator_hands_the_scan_to_the_trigger(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from operators.airflow.registry import RegistryScanOperator
-    from optimizer_core.stages.context import StageContext
-    from optimizer_core.stages.scan import unoptimized_versions
+    from graphtrim.airflow.registry import RegistryScanOperator
+    from graphtrim.stages.context import StageContext
+    from graphtrim.stages.scan import unoptimized_versions
 
     tracking, (v1, v2) = _watched_models(tmp_path, monkeypatch)
     scan = unoptimized_versions(StageContext(tracking, "."), versions_per_model=2)
@@ -525,9 +525,9 @@ def test_registry_events_operator_triggers_each_version_of_its_events_once(
     from airflow.sdk.execution_time.comms import AssetEventDagRunReferenceResult
     from airflow.sdk.execution_time.context import TriggeringAssetEventsAccessor
 
-    from operators.airflow.registry import RegistryEventsOperator
-    from optimizer_core.stages.context import StageContext
-    from optimizer_core.stages.scan import conf_for
+    from graphtrim.airflow.registry import RegistryEventsOperator
+    from graphtrim.stages.context import StageContext
+    from graphtrim.stages.scan import conf_for
 
     tracking, (v1, v2) = _watched_models(tmp_path, monkeypatch)
 
@@ -573,9 +573,9 @@ def test_registry_scan_passes_over_variants_and_retries_runs_that_did_not_finish
     tmp_path: Path,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    from optimizer_core.stages import pipeline
-    from optimizer_core.stages.context import PipelineConfig, StageContext
-    from optimizer_core.stages.scan import run_key, unoptimized_versions
+    from graphtrim.stages import pipeline
+    from graphtrim.stages.context import PipelineConfig, StageContext
+    from graphtrim.stages.scan import run_key, unoptimized_versions
 
     tracking = servers["mlflow"]
     name = f"rescanned-{uuid.uuid4().hex[:6]}"
@@ -638,8 +638,8 @@ def test_registry_scan_passes_over_variants_and_retries_runs_that_did_not_finish
 
 _DIE_IN_OPTIMIZE = """
 import os, signal, sys
-from optimizer_core.stages import pipeline
-from optimizer_core.stages.context import PipelineConfig, StageContext
+from graphtrim.stages import pipeline
+from graphtrim.stages.context import PipelineConfig, StageContext
 
 tracking, artifacts, name, version, eval_data = sys.argv[1:]
 

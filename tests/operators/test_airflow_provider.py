@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import yaml
 
-from optimizer_core.examples.digits import DigitsTask
+from graphtrim.examples.digits import DigitsTask
 from tests.conftest import BUCKET, REPO
 from tests.servers import register_onnx
 
@@ -23,7 +23,7 @@ def test_provider_entry_point_and_info_match_airflow_schema() -> None:
     from airflow import __file__ as airflow_init
 
     eps = metadata.entry_points(group="apache_airflow_provider")
-    ours = [ep for ep in eps if ep.value == "operators.airflow:get_provider_info"]
+    ours = [ep for ep in eps if ep.value == "graphtrim.airflow:get_provider_info"]
     assert ours, [ep.value for ep in eps]
     info = ours[0].load()()
     schema = json.loads((Path(airflow_init).parent / "provider_info.schema.json").read_text())
@@ -53,7 +53,7 @@ def test_provider_entry_point_and_info_match_airflow_schema() -> None:
     # the extra links, and the stage operators show them
     from airflow.sdk import BaseOperatorLink
 
-    from operators.airflow.operators import GraphtrimStageOperator
+    from graphtrim.airflow.operators import GraphtrimStageOperator
 
     links = []
     for path in info["extra-links"]:
@@ -78,7 +78,7 @@ def conn_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
 def test_mlflow_hook_reads_the_connection_and_keeps_the_token_out_of_the_environment(
     conn_env: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from operators.airflow.hooks import MlflowRegistryHook
+    from graphtrim.airflow.hooks import MlflowRegistryHook
 
     monkeypatch.delenv("MLFLOW_TRACKING_TOKEN", raising=False)
     conn_env(
@@ -98,8 +98,8 @@ def test_mlflow_hook_reads_the_connection_and_keeps_the_token_out_of_the_environ
 
 
 def test_mlflow_hook_without_connection(monkeypatch: pytest.MonkeyPatch) -> None:
-    from operators.airflow.hooks import MlflowRegistryHook
-    from optimizer_core.errors import GraphtrimError
+    from graphtrim.airflow.hooks import MlflowRegistryHook
+    from graphtrim.errors import GraphtrimError
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://from-env:5000")
     assert MlflowRegistryHook("absent_conn").tracking_uri() == "http://from-env:5000"
@@ -111,7 +111,7 @@ def test_mlflow_hook_without_connection(monkeypatch: pytest.MonkeyPatch) -> None
 def test_artifact_hook_uses_the_standard_aws_connection(
     conn_env: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from operators.airflow.hooks import ArtifactStoreHook
+    from graphtrim.airflow.hooks import ArtifactStoreHook
 
     for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
         monkeypatch.delenv(k, raising=False)
@@ -132,7 +132,7 @@ def test_artifact_hook_uses_the_standard_aws_connection(
 
 
 def test_placement(monkeypatch: pytest.MonkeyPatch) -> None:
-    from operators.airflow.operators import GPU_IMAGE_ENV, ModelGateOperator, placement
+    from graphtrim.airflow.operators import GPU_IMAGE_ENV, ModelGateOperator, placement
 
     monkeypatch.delenv(GPU_IMAGE_ENV, raising=False)
     assert placement("cpu") == {}
@@ -168,8 +168,8 @@ def test_every_stage_has_its_operator_taking_the_records_it_takes() -> None:
     stage function takes (by ``record_arg``), all running through the generic operator."""
     import inspect
 
-    from operators.airflow import operators
-    from optimizer_core.stages import STAGES, record_arg
+    from graphtrim.airflow import operators
+    from graphtrim.stages import STAGES, record_arg
 
     found = {
         cls.stage_name: cls
@@ -193,8 +193,8 @@ def test_the_generic_operator_calls_the_stage_the_list_names(
     """Its XCom is the record's JSON, the validate records of a mapped task merged first."""
     import sys
 
-    from operators.airflow import operators
-    from optimizer_core.stages import STAGES, Stage, records
+    from graphtrim.airflow import operators
+    from graphtrim.stages import STAGES, Stage, records
 
     calls: list[Any] = []
 
@@ -204,7 +204,7 @@ def test_the_generic_operator_calls_the_stage_the_list_names(
 
     monkeypatch.setattr(sys.modules[__name__], "fake_stage", fake, raising=False)
     extra = Stage("judge", ("validate",), "x", function=f"{__name__}:fake_stage")
-    monkeypatch.setattr("optimizer_core.stages.STAGES", (*STAGES, extra))
+    monkeypatch.setattr("graphtrim.stages.STAGES", (*STAGES, extra))
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
     one = {"stage": "validate", "run_id": "r", "variants": {"g": {"passed": True}}, "worker": {}}
     two = {**one, "variants": {"h": {"passed": False}}}
@@ -231,8 +231,8 @@ def test_the_operator_of_an_added_stage_takes_the_record_of_one_by_its_name(
     promote, which no earlier stage reads) are templated arguments named by ``record_arg``."""
     import sys
 
-    from operators.airflow.pipeline import stage_operator
-    from optimizer_core.stages import STAGES, Stage, records
+    from graphtrim.airflow.pipeline import stage_operator
+    from graphtrim.stages import STAGES, Stage, records
 
     calls: list[Any] = []
 
@@ -242,7 +242,7 @@ def test_the_operator_of_an_added_stage_takes_the_record_of_one_by_its_name(
 
     monkeypatch.setattr(sys.modules[__name__], "fake_audit", fake, raising=False)
     audit = Stage("audit", ("promote",), "x", function=f"{__name__}:fake_audit")
-    monkeypatch.setattr("optimizer_core.stages.STAGES", (*STAGES, audit))
+    monkeypatch.setattr("graphtrim.stages.STAGES", (*STAGES, audit))
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
     cls = stage_operator(audit)
     assert cls.stage_name == "audit" and "promoted" in cls.template_fields
@@ -255,7 +255,7 @@ def test_the_operator_of_an_added_stage_takes_the_record_of_one_by_its_name(
 def test_stage_operators_pass_allow_variant_source_to_the_stage(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from operators.airflow.operators import MlflowModelExportOperator
+    from graphtrim.airflow.operators import MlflowModelExportOperator
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
 
@@ -492,7 +492,7 @@ def test_a_dag_run_without_a_policy_takes_the_workers_deployment_policy(
     """The Helm overlay mounts the gate policy and sets GRAPHTRIM_POLICY on the workers: a DAG
     run whose conf names no policy plans with that document in its config (what every later
     task judges by); a policy in the conf wins."""
-    from operators.airflow.operators import plan_run
+    from graphtrim.airflow.operators import plan_run
 
     policy = tmp_path / "gates.yaml"
     policy.write_text("variants:\n  int8-static: {size: {max_ratio: 0.2}}\n")

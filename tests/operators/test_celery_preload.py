@@ -12,7 +12,7 @@ from pathlib import Path
 import yaml
 
 REPO = Path(__file__).resolve().parents[2]
-CONFIG = "operators.airflow.celery_config.CELERY_CONFIG"
+CONFIG = "graphtrim.airflow.celery_config.CELERY_CONFIG"
 
 
 def _fresh(code: str, tmp_path: Path, **env: str) -> str:
@@ -47,7 +47,7 @@ def test_airflow_reads_the_config_and_celery_imports_the_preload(tmp_path):
         "print(json.dumps({'imports': list(app.conf.imports), 'missing': missing}))\n"
     )
     out = json.loads(_fresh(code, tmp_path, AIRFLOW__CELERY__CELERY_CONFIG_OPTIONS=CONFIG))
-    assert "operators.airflow.preload" in out["imports"]
+    assert "graphtrim.airflow.preload" in out["imports"]
     assert out["missing"] == []  # Airflow's own settings (broker, serializers ...) all kept
 
 
@@ -56,7 +56,7 @@ def test_preload_imports_the_stage_modules_and_starts_no_thread(tmp_path):
     fork would copy half-way (a thread holding a lock)."""
     code = (
         "import json, sys, threading\n"
-        "import operators.airflow.preload as p\n"
+        "import graphtrim.airflow.preload as p\n"
         "print(json.dumps({'seconds': p.SECONDS, 'threads': threading.active_count(),\n"
         "                  'mlflow': 'mlflow' in sys.modules, 'torch': 'torch' in sys.modules}))\n"
     )
@@ -68,7 +68,7 @@ def test_preload_imports_the_stage_modules_and_starts_no_thread(tmp_path):
 
 
 def test_a_module_that_fails_to_import_does_not_stop_the_worker():
-    from operators.airflow.preload import preload
+    from graphtrim.airflow.preload import preload
 
     took = preload(("json", "graphtrim_no_such_module"))
     assert took["graphtrim_no_such_module"] == -1.0 and took["json"] >= 0

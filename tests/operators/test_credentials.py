@@ -153,7 +153,7 @@ def _connections(monkeypatch: pytest.MonkeyPatch, **docs: dict[str, Any]) -> Non
 
 
 def _operator(team: str, artifacts: str, **kw: Any) -> Any:
-    from operators.airflow.operators import GraphtrimStageOperator
+    from graphtrim.airflow.operators import GraphtrimStageOperator
 
     return GraphtrimStageOperator(
         task_id=f"stage_{team}",
@@ -170,7 +170,7 @@ def _use_registry(ctx: Any, team: str, onnx_path: Path, scratch: Path) -> str:
     server's artifact proxy), a registered version, and that version downloaded again."""
     from mlflow.entities import Param
 
-    from optimizer_core.stages import register, tracking
+    from graphtrim.stages import register, tracking
 
     client = tracking.client(ctx)
     experiment = tracking.experiment_id(client, f"team-{team}")
@@ -197,8 +197,8 @@ def test_two_mlflow_connections_in_one_process_each_send_only_their_own_token(
     tmp_path: Path,
     no_secrets_in_env: None,
 ) -> None:
-    from operators.airflow.sensors import MlflowModelVersionSensor
-    from operators.airflow.triggers import MlflowModelVersionTrigger
+    from graphtrim.airflow.sensors import MlflowModelVersionSensor
+    from graphtrim.airflow.triggers import MlflowModelVersionTrigger
 
     _connections(
         monkeypatch,
@@ -272,7 +272,7 @@ def test_the_deferred_sensor_hands_its_trigger_the_connection_not_a_token(
 ) -> None:
     from airflow.sdk.exceptions import TaskDeferred
 
-    from operators.airflow.sensors import MlflowModelVersionSensor
+    from graphtrim.airflow.sensors import MlflowModelVersionSensor
 
     _connections(
         monkeypatch,
@@ -360,7 +360,7 @@ def test_two_s3_connections_in_one_process_each_sign_with_their_own_keys(
 
     # MLflow's own artifacts, written straight to S3 (an embedded tracking URI puts them beside
     # graphtrim's): the run's client uses the context's S3 connection too
-    from optimizer_core.stages import tracking
+    from graphtrim.stages import tracking
 
     for team in ("a", "b", "a"):
         ctx = contexts[team]
@@ -378,7 +378,7 @@ def test_two_s3_connections_in_one_process_each_sign_with_their_own_keys(
 def test_hooks_write_nothing_into_the_environment(
     monkeypatch: pytest.MonkeyPatch, no_secrets_in_env: None
 ) -> None:
-    from operators.airflow.hooks import ArtifactStoreHook, MlflowRegistryHook
+    from graphtrim.airflow.hooks import ArtifactStoreHook, MlflowRegistryHook
 
     _connections(
         monkeypatch,

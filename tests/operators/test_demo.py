@@ -24,7 +24,7 @@ def test_airflow_demo_runs_and_a_second_run_registers_nothing_new(tmp_path: Path
 
     def run() -> str:
         proc = subprocess.run(
-            [sys.executable, "-m", "operators.airflow.demo", str(out)],
+            [sys.executable, "-m", "graphtrim.airflow.demo", str(out)],
             capture_output=True,
             text=True,
             cwd=REPO,

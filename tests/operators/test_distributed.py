@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import requests
 
-from optimizer_core.examples.digits import DigitsTask
+from graphtrim.examples.digits import DigitsTask
 from tests.servers import fake_aws_credentials, http_session, moto_server, register_onnx
 
 # the deadlines below only guard against a hang; the test limit is above their sum
@@ -222,8 +222,8 @@ def test_worker_killed_mid_stage_the_task_is_retried_and_nothing_is_doubled(
 def test_two_scans_at_once_optimize_each_version_once(
     deployed: dict[str, Any], digits_task: DigitsTask
 ) -> None:
-    from optimizer_core.stages.context import PipelineConfig
-    from optimizer_core.stages.scan import run_key
+    from graphtrim.stages.context import PipelineConfig
+    from graphtrim.stages.scan import run_key
 
     name = "digits-scanned"
     version = register_onnx(

@@ -4,6 +4,7 @@ against an embedded MLflow registry."""
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import re
@@ -15,9 +16,11 @@ from typing import Any
 import pytest
 import yaml
 
-from optimizer_core.cli import main
-from optimizer_core.examples.digits import DigitsTask
-from optimizer_core.stages import STAGES, Stage
+import graphtrim.kubeflow.outputs as outputs_module
+from graphtrim.cli import main
+from graphtrim.errors import GraphtrimError
+from graphtrim.examples.digits import DigitsTask
+from graphtrim.stages import STAGES, Stage
 from tests.servers import register_onnx
 
 pytest.importorskip("kfp")
@@ -30,8 +33,28 @@ def compiled(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, An
     for device in ("cpu", "gpu"):
         path = folder / f"{device}.yaml"
         assert main(["kfp", "compile", "-o", str(path), "--device", device, "--image", "gt:1"]) == 0
-        out[device] = yaml.safe_load(path.read_text())
+        out[device] = _documents(path)
     return out
+
+
+# the stages whose records carry reports (the gates' evaluations, the run's comparison)
+REPORTING = {"validate", "register"}
+
+
+def _documents(path: Path) -> dict[str, Any]:
+    """A compiled pipeline: its spec, with the Kubernetes platform spec (the second document)
+    under ``"platform"``."""
+    spec, *rest = yaml.safe_load_all(path.read_text())
+    return {**spec, "platform": rest[0] if rest else {}}
+
+
+def _stage_args(args: list[str]) -> list[str]:
+    """The ``graphtrim pipeline stage`` arguments of a step's command line: a reporting step's
+    (``kfp step --executor-input {{$}} NAME ...``) too."""
+    if args[:2] == ["kfp", "step"]:
+        assert args[2:4] == ["--executor-input", "{{$}}"], args[:5]
+        return ["pipeline", "stage", *args[4:]]
+    return args
 
 
 def _loop(doc: dict[str, Any]) -> dict[str, Any]:
@@ -82,8 +105,8 @@ def _producer(source: dict[str, Any]) -> str:
 
 
 def _check_steps_are_stages(doc: dict[str, Any], stages: tuple[Stage, ...]) -> None:
-    from operators.kubeflow.pipeline import step_name
-    from optimizer_core.stages import record_arg as record_parameter
+    from graphtrim.kubeflow.pipeline import step_name
+    from graphtrim.stages import record_arg as record_parameter
 
     steps = _steps(doc)
     by_name = {s.name: s for s in stages}
@@ -103,8 +126,19 @@ def _check_steps_are_stages(doc: dict[str, Any], stages: tuple[Stage, ...]) -> N
             source = inputs[record_parameter(name)]
             step = step_name(by_name[name])
             assert _producer(source) in (step, f"pipelinechannel--{step}-record"), source
-        args = executors[f"exec-{step_name(stage)}"]["container"]["args"]
+        raw = executors[f"exec-{step_name(stage)}"]["container"]["args"]
+        args = _stage_args(raw)
         assert args[:3] == ["pipeline", "stage", stage.name]
+        # a stage whose record carries reports outputs them (and its numbers) as artifacts
+        reporting = stage.name in REPORTING
+        assert (raw[:2] == ["kfp", "step"]) == reporting, stage.name
+        outputs = doc["components"][f"comp-{step_name(stage)}"]["outputDefinitions"]
+        kinds = {
+            n: a["artifactType"]["schemaTitle"] for n, a in outputs.get("artifacts", {}).items()
+        }
+        assert kinds == (
+            {"report": "system.HTML", "metrics": "system.Metrics"} if reporting else {}
+        )
         assert [
             json.loads(args[k + 1])["Concat"] for k, a in enumerate(args) if a == "--input"
         ] == [
@@ -127,8 +161,8 @@ def test_steps_are_the_stages(
 ) -> None:
     """One step per stage of ``STAGES``, wired by the stages' inputs; a stage added to the list
     is a step, with no change to the Kubeflow module."""
-    import optimizer_core.stages
-    from operators.kubeflow.pipeline import compile_pipeline
+    import graphtrim.stages
+    from graphtrim.kubeflow.pipeline import compile_pipeline
 
     _check_steps_are_stages(compiled["cpu"], STAGES)
     _check_steps_are_stages(compiled["gpu"], STAGES)
@@ -138,8 +172,8 @@ def test_steps_are_the_stages(
         *STAGES[4:],
         Stage("report", ("export", "benchmark"), "summarize the run"),
     )
-    monkeypatch.setattr(optimizer_core.stages, "STAGES", more)
-    doc = yaml.safe_load(Path(compile_pipeline(tmp_path / "more.yaml", image="gt:1")).read_text())
+    monkeypatch.setattr(graphtrim.stages, "STAGES", more)
+    doc = _documents(Path(compile_pipeline(tmp_path / "more.yaml", image="gt:1")))
     _check_steps_are_stages(doc, more)
     assert set(_loop(doc)["dependentTasks"]) == {"export", "optimize"}
     report = doc["components"]["comp-report"]["inputDefinitions"]["parameters"]
@@ -149,7 +183,7 @@ def test_steps_are_the_stages(
 def test_config_parameters_are_declared_once() -> None:
     """The run's configuration is one list in the Kubeflow module, used for the pipeline's
     parameters and every step's command line."""
-    import operators.kubeflow.pipeline as module
+    import graphtrim.kubeflow.pipeline as module
 
     config = (
         "tracking_uri",
@@ -192,10 +226,14 @@ def test_gpu_pipeline_requests_gpus_for_quantize_and_gate(
 # ---------------------------------------------------------------------------- launcher
 
 
-def _resolve(arg: str, inputs: dict[str, Any], output: Path) -> str:
+def _resolve(arg: str, inputs: dict[str, Any], output: Path, executor_input: str) -> str:
     """What KFP's launcher does to one argument: placeholders -> values (lists as JSON)."""
     if arg.startswith('{"Concat"'):
-        return "".join(_resolve(part, inputs, output) for part in json.loads(arg)["Concat"])
+        return "".join(
+            _resolve(part, inputs, output, executor_input) for part in json.loads(arg)["Concat"]
+        )
+    if arg == "{{$}}":
+        return executor_input
 
     def value(m: re.Match[str]) -> str:
         v = inputs[m.group(1)]
@@ -206,52 +244,114 @@ def _resolve(arg: str, inputs: dict[str, Any], output: Path) -> str:
     return arg.replace("{{$.pipeline_job_uuid}}", "job-1")
 
 
-def _run_step(doc: dict[str, Any], step: str, inputs: dict[str, Any], tmp: Path) -> str:
+@dataclasses.dataclass
+class Ran:
+    """A step run as KFP's launcher runs it: its record, and where the launcher would pick up
+    its output artifacts (under the object store's mount) and its output file."""
+
+    record: str
+    artifacts: dict[str, Path]
+    output_file: Path
+
+
+def _run_step(doc: dict[str, Any], step: str, inputs: dict[str, Any], tmp: Path) -> Ran:
     args = doc["deploymentSpec"]["executors"][f"exec-{step}"]["container"]["args"]
-    out = tmp / f"{step}-{len(list(tmp.iterdir()))}.json"
-    resolved = [_resolve(a, inputs, out) for a in args]
+    stem = f"{step}-{len(list(tmp.glob('*.json')))}"
+    out = tmp / f"{stem}.json"
+    outputs = doc["components"][f"comp-{step}"]["outputDefinitions"].get("artifacts", {})
+    uris = {name: f"minio://mlpipeline/v2/artifacts/job-1/{stem}/{name}" for name in outputs}
+    output_file = tmp / "outputs" / stem / "executor_output.json"
+    executor_input = {
+        "inputs": {"parameterValues": inputs},
+        "outputs": {
+            "artifacts": {
+                name: {
+                    "artifacts": [
+                        {"name": name, "type": outputs[name]["artifactType"], "uri": uris[name]}
+                    ]
+                }
+                for name in outputs
+            },
+            "parameters": {"record": {"outputFile": str(out)}},
+            "outputFile": str(output_file),
+        },
+    }
+    resolved = [_resolve(a, inputs, out, json.dumps(executor_input)) for a in args]
     assert main(resolved) == 0, (step, resolved)
-    return out.read_text()
+    return Ran(
+        out.read_text(),
+        {name: outputs_module.local_path(uri) for name, uri in uris.items()},
+        output_file,
+    )
 
 
 @pytest.mark.slow
 def test_compiled_steps_run_the_pipeline(
-    compiled: dict[str, dict[str, Any]], digits_task: DigitsTask, tmp_path: Path
+    compiled: dict[str, dict[str, Any]],
+    digits_task: DigitsTask,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     import mlflow
 
+    # the object store's mount in a step's container (KFP's launcher: minio:// -> /minio/)
+    monkeypatch.setattr(outputs_module, "MOUNT_ROOT", tmp_path / "mounts")
     tracking = f"sqlite:///{tmp_path / 'mlflow.db'}"
     register_onnx(tracking, digits_task.model, "digits-kfp", artifact_dir=tmp_path / "mlruns")
     doc = compiled["cpu"]
+    variants = ["graph", "int8-static"]
     params = {
         "model_uri": "models:/digits-kfp/1",
         "tracking_uri": tracking,
         "artifacts": str(tmp_path / "artifacts"),
         "s3_endpoint_url": "",
-        "variants": ["graph", "int8-static"],
+        "variants": variants,
         "preset": "default",
+        # what is checked here is the steps' wiring, not the speed of a variant on a loaded
+        # machine: the latency gates time the variants without judging them
         "policy": json.dumps(
-            {"variants": {"graph": {"latency": {"min_speedup": 0.5, "runs": 60}}}}
+            {
+                "variants": {
+                    v: {"latency": {"min_speedup": None, "runs": 20, "warmup": 3}} for v in variants
+                }
+            }
         ),
         "calibration": str(digits_task.calibration),
         "eval_data": str(digits_task.eval),
     }
     work = tmp_path / "outputs"
     work.mkdir()
-    exported = _run_step(doc, "export", params, work)
-    optimized = _run_step(doc, "optimize", {**params, "exported": exported}, work)
+    exported = _run_step(doc, "export", params, work).record
+    optimized = _run_step(doc, "optimize", {**params, "exported": exported}, work).record
     gates = []
-    for variant in params["variants"]:
+    for variant in variants:
         quantized = _run_step(
             doc,
             "quantize",
             {**params, "exported": exported, "optimized": optimized, "variant": variant},
             work,
-        )
+        ).record
         assert list(json.loads(quantized)["variants"]) == [variant]
-        gates.append(
-            _run_step(doc, "gate", {**params, "exported": exported, "quantized": quantized}, work)
+        gate = _run_step(
+            doc, "gate", {**params, "exported": exported, "quantized": quantized}, work
         )
+        gates.append(gate.record)
+        # the variant's evaluation report and its gate numbers, where KFP collects them
+        verdict = json.loads(gate.record)["variants"][variant]
+        assert verdict["passed"], verdict
+        html = gate.artifacts["report"].read_text()
+        assert html.lstrip().lower().startswith("<!doctype html") and variant in html
+        numbers = json.loads(gate.artifacts["metrics"].read_text())
+        assert numbers[f"{variant}.passed"] == 1.0
+        assert numbers[f"{variant}.speedup"] == pytest.approx(verdict["metrics"]["speedup"])
+        out = json.loads(gate.output_file.read_text())
+        (metrics,) = out["artifacts"]["metrics"]["artifacts"]
+        assert metrics["metadata"] == numbers
+        assert metrics["uri"].endswith("/metrics") and metrics["type"]["schemaTitle"] == (
+            "system.Metrics"
+        )
+        (report,) = out["artifacts"]["report"]["artifacts"]
+        assert report["uri"].endswith("/report")
     # dsl.Collected: the gate records as one list parameter
     registered = _run_step(
         doc,
@@ -262,12 +362,20 @@ def test_compiled_steps_run_the_pipeline(
     promoted = _run_step(
         doc,
         "promote",
-        {**params, "exported": exported, "validated": gates, "registered": registered},
+        {**params, "exported": exported, "validated": gates, "registered": registered.record},
         work,
-    )
-    reg = json.loads(registered)["registered"]
-    assert set(reg) == {"graph", "int8-static"}, json.loads(registered)
+    ).record
+    reg = json.loads(registered.record)["registered"]
+    assert set(reg) == set(variants), json.loads(registered.record)
     assert json.loads(promoted)["champion"]["moved"] is True
+    # the run's comparison report and the versions registered
+    comparison = registered.artifacts["report"].read_text()
+    assert all(v in comparison for v in variants)
+    numbers = json.loads(registered.artifacts["metrics"].read_text())
+    assert numbers["registered"] == 2.0 and numbers["failed"] == 0.0
+    assert {numbers[f"{v}.version"] for v in variants} == {
+        float(r["version"]) for r in reg.values()
+    }
     client = mlflow.MlflowClient(tracking, tracking)
     for variant, rec in reg.items():
         tags = client.get_model_version("digits-kfp", rec["version"]).tags
@@ -279,5 +387,122 @@ def test_compiled_steps_run_the_pipeline(
         "register",
         {**params, "exported": exported, "optimized": optimized, "validated": gates},
         work,
-    )
+    ).record
     assert all(not r["created"] for r in json.loads(again)["registered"].values())
+
+
+# ---------------------------------------------------------------------------- credentials
+
+
+def _secrets(doc: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
+    executors = doc["platform"].get("platforms", {}).get("kubernetes", {}).get("deploymentSpec", {})
+    return {
+        name: spec.get("secretAsEnv", []) for name, spec in executors.get("executors", {}).items()
+    }
+
+
+def test_every_step_reads_its_credentials_from_the_secret(
+    compiled: dict[str, dict[str, Any]],
+) -> None:
+    """Each step's pod gets MLflow's and S3's credentials from one Kubernetes Secret, each key
+    optional (a Secret holds what its deployment needs; without it, the pod's identity)."""
+    from graphtrim.kubeflow.pipeline import CREDENTIALS, DEFAULT_SECRET
+
+    for doc in compiled.values():
+        secrets = _secrets(doc)
+        assert set(secrets) == set(doc["deploymentSpec"]["executors"])
+        for name, uses in secrets.items():
+            (use,) = uses
+            assert use["secretName"] == DEFAULT_SECRET, name
+            assert use["optional"] is True, name
+            assert {(k["secretKey"], k["envVar"]) for k in use["keyToEnv"]} == {
+                (k, k) for k in CREDENTIALS
+            }
+        # no credential is ever a value written into the pipeline itself
+        for ex in doc["deploymentSpec"]["executors"].values():
+            assert not {e["name"] for e in ex["container"].get("env", [])} & set(CREDENTIALS)
+
+
+def test_the_secret_is_named_at_compile_time_or_left_out(tmp_path: Path) -> None:
+    named = tmp_path / "named.yaml"
+    assert main(["kfp", "compile", "-o", str(named), "--credentials-secret", "mlops-creds"]) == 0
+    assert {u["secretName"] for uses in _secrets(_documents(named)).values() for u in uses} == {
+        "mlops-creds"
+    }
+    none = tmp_path / "none.yaml"
+    assert main(["kfp", "compile", "-o", str(none), "--credentials-secret", ""]) == 0
+    assert not any(_secrets(_documents(none)).values())
+
+
+# ---------------------------------------------------------------------------- KFP outputs
+
+
+def test_metrics_of_a_gate_and_a_register_record() -> None:
+    gate = {
+        "variants": {
+            "int8-static": {
+                "passed": True,
+                "metrics": {"speedup": 2.5, "cosine": 0.999, "note": "text", "nan": float("nan")},
+            },
+            "fp16": {"passed": False, "metrics": {"speedup": 0.8, "flag": True}},
+        }
+    }
+    assert outputs_module.metrics_of(gate) == {
+        "fp16.passed": 0.0,
+        "fp16.speedup": 0.8,
+        "int8-static.passed": 1.0,
+        "int8-static.cosine": 0.999,
+        "int8-static.speedup": 2.5,
+    }
+    register = {"registered": {"graph": {"version": "7"}}, "failed": {"fp16": ["latency"]}}
+    assert outputs_module.metrics_of(register) == {
+        "registered": 1.0,
+        "failed": 1.0,
+        "graph.version": 7.0,
+    }
+
+
+def test_local_paths_are_the_launchers(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setattr(outputs_module, "MOUNT_ROOT", tmp_path)
+    assert outputs_module.local_path("s3://b/k/report") == tmp_path / "s3/b/k/report"
+    assert outputs_module.local_path("gs://b/k") == tmp_path / "gcs/b/k"
+    assert outputs_module.local_path("minio://mlpipeline/x") == tmp_path / "minio/mlpipeline/x"
+    with pytest.raises(GraphtrimError, match="not on an object store"):
+        outputs_module.local_path("https://example.com/x")
+
+
+def test_a_step_without_a_report_writes_its_metrics_only(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A registration run that judged nothing new has no comparison report: the metrics are
+    still written, the report artifact left alone, nothing fails."""
+    monkeypatch.setattr(outputs_module, "MOUNT_ROOT", tmp_path / "mnt")
+    executor_input = {
+        "outputs": {
+            "artifacts": {
+                n: {"artifacts": [{"name": n, "uri": f"s3://b/run/{n}"}]}
+                for n in ("report", "metrics")
+            },
+            "outputFile": str(tmp_path / "out" / "executor_output.json"),
+        }
+    }
+    written = outputs_module.write_outputs(
+        {"registered": {"graph": {"version": "3"}}, "failed": {}, "reports": None},
+        executor_input,
+    )
+    assert set(written) == {"metrics"}
+    assert not (tmp_path / "mnt" / "s3" / "b" / "run" / "report").exists()
+    out = json.loads((tmp_path / "out" / "executor_output.json").read_text())
+    assert set(out["artifacts"]) == {"metrics"}
+    assert out["artifacts"]["metrics"]["artifacts"][0]["metadata"]["graph.version"] == 3.0
+
+
+def test_a_step_with_a_bad_executor_input_exits_2_before_running(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = main(
+        ["kfp", "step", "--executor-input", "{not json", "export", "--output", str(tmp_path / "r")]
+    )
+    assert code == 2
+    assert "executor input" in capsys.readouterr().err
+    assert not (tmp_path / "r").exists()

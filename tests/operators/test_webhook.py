@@ -29,7 +29,7 @@ MIB = 1024 * 1024
 
 def _app(monkeypatch: pytest.MonkeyPatch, **kw: Any) -> tuple[Any, list[Any]]:
     """The webhook app with a trigger that records its calls instead of creating DAG runs."""
-    from operators.airflow.plugin import create_app
+    from graphtrim.airflow.plugin import create_app
 
     monkeypatch.delenv("GRAPHTRIM_ALLOW_VARIANT_SOURCE", raising=False)
     calls: list[Any] = []
@@ -45,7 +45,7 @@ def _app(monkeypatch: pytest.MonkeyPatch, **kw: Any) -> tuple[Any, list[Any]]:
 def _headers(body: bytes, **over: Any) -> dict[str, Any]:
     """MLflow's headers for ``body``, signed with ``SECRET`` over the (possibly overridden)
     delivery id and timestamp; ``signature`` replaces the signature."""
-    from operators.airflow.plugin import sign
+    from graphtrim.airflow.plugin import sign
 
     delivery = over.pop("delivery", uuid.uuid4().hex)
     stamp = over.pop("timestamp", str(int(time.time())))
@@ -244,7 +244,7 @@ def test_bad_limits_in_the_environment_are_refused(
     name: str, value: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A window of ``nan`` would let every timestamp through; a limit of 0 refuses everything."""
-    from operators.airflow.plugin import create_app
+    from graphtrim.airflow.plugin import create_app
 
     monkeypatch.setenv(name, value)
     with pytest.raises(ValueError, match=f"{name} must be a positive"):

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from optimizer_core.examples.digits import DigitsTask
+from graphtrim.examples.digits import DigitsTask
 
 
 @pytest.fixture

@@ -25,8 +25,8 @@ import onnx.numpy_helper as onh
 import onnxruntime as ort
 import pytest
 
-from optimizer_core.integrations import artifacts
-from optimizer_core.integrations.artifacts import (
+from graphtrim.integrations import artifacts
+from graphtrim.integrations.artifacts import (
     DATA_FILE,
     MANIFEST,
     MODEL_FILE,

@@ -29,7 +29,7 @@ HEAVY = {
 
 _RUN = """
 import json, sys
-from optimizer_core.cli.main import main
+from graphtrim.cli.main import main
 try:
     code = main({argv!r})
 except SystemExit as exc:
@@ -90,7 +90,7 @@ def test_optimize_help_imports_no_model_library():
     assert not (HEAVY | {"onnx", "onnx_ir", "numpy", "sympy", "onnxruntime"}) & loaded, sorted(
         loaded
     )
-    assert "optimizer_core.graph.presets" not in modules
+    assert "graphtrim.graph.presets" not in modules
     # a command of the core leaves the adapters' commands unloaded
     assert "operators" not in loaded
 
@@ -98,9 +98,9 @@ def test_optimize_help_imports_no_model_library():
 @pytest.mark.parametrize(
     ("module", "name"),
     [
-        ("optimizer_core.graph.presets", "PRESETS"),
-        ("optimizer_core.graph.framework", "TARGETS"),
-        ("optimizer_core.quantize.build", "CALIBRATION_METHODS"),
+        ("graphtrim.graph.presets", "PRESETS"),
+        ("graphtrim.graph.framework", "TARGETS"),
+        ("graphtrim.quantize.build", "CALIBRATION_METHODS"),
     ],
 )
 def test_choices_read_from_the_source_are_the_modules_own(module, name):
@@ -108,13 +108,13 @@ def test_choices_read_from_the_source_are_the_modules_own(module, name):
     must be the ones the module ends up with (read from the source, not just imported)."""
     import importlib
 
-    from optimizer_core.cli.argtypes import _source_literal
+    from graphtrim.cli.argtypes import _source_literal
 
     assert _source_literal(module, name) == list(getattr(importlib.import_module(module), name))
 
 
 def test_a_name_the_source_changes_after_its_literal_is_not_read_from_it(tmp_path, monkeypatch):
-    from optimizer_core.cli.argtypes import _source_literal, literal_names
+    from graphtrim.cli.argtypes import _source_literal, literal_names
 
     monkeypatch.syspath_prepend(str(tmp_path))
     cases = {
@@ -172,7 +172,7 @@ def test_symbolic_dims_compute_as_with_sympy_imported_eagerly(tmp_path, cli_firs
     src = _tiny_model(tmp_path / "tiny.onnx")
     argv = ["optimize", str(src), "-o", str(tmp_path / "out.onnx"), "-q"] if cli_first else []
     prelude = (
-        f"from optimizer_core.cli.main import main\nassert main({argv!r}) == 0\n"
+        f"from graphtrim.cli.main import main\nassert main({argv!r}) == 0\n"
         "assert 'sympy' not in sys.modules\n"
         if cli_first
         else ""
@@ -194,9 +194,9 @@ def test_symbolic_dims_compute_as_with_sympy_imported_eagerly(tmp_path, cli_firs
 
 
 def test_lazy_choices_check_values_and_show_in_help(capsys):
-    from optimizer_core.cli.main import build_parser
-    from optimizer_core.graph.framework import TARGETS
-    from optimizer_core.graph.presets import PRESETS
+    from graphtrim.cli.main import build_parser
+    from graphtrim.graph.framework import TARGETS
+    from graphtrim.graph.presets import PRESETS
 
     parser = build_parser()
     args = parser.parse_args(["optimize", "a.onnx", "-o", "b.onnx", "--preset", "safe"])

@@ -19,8 +19,8 @@ import onnx.numpy_helper as onh
 import onnxruntime as ort
 import pytest
 
-from optimizer_core import data as data_mod
-from optimizer_core.data import (
+from graphtrim import data as data_mod
+from graphtrim.data import (
     CalibrationReader,
     DataError,
     InputSpec,
@@ -29,7 +29,7 @@ from optimizer_core.data import (
     load_npz,
     specs_from_signature,
 )
-from optimizer_core.gates.accuracy import labels_of, run_outputs
+from graphtrim.gates.accuracy import labels_of, run_outputs
 
 FLOAT, INT64 = onnx.TensorProto.FLOAT, onnx.TensorProto.INT64
 

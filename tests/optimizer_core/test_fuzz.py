@@ -24,7 +24,7 @@ Whatever the case, the CLI must keep its contract:
   no temporary file), and after a non-zero exit no output at all.
 
 Most cases call the CLI's ``main`` in this process (fast); every ``SUBPROCESS_EVERY``-th runs
-``python -m optimizer_core.cli`` in a child process (the real exit code and stderr). A failure
+``python -m graphtrim.cli`` in a child process (the real exit code and stderr). A failure
 names the seed and the case, and how to run that case alone.
 """
 
@@ -714,7 +714,7 @@ def snapshot(folder: Path) -> dict[Path, str]:
 def run_in_process(args: list[str]) -> tuple[int, str]:
     """``graphtrim ARGS`` through the CLI's ``main`` here: its exit code and what it printed
     (stdout, stderr and the log together); an exception that escapes ``main`` is a traceback."""
-    from optimizer_core.cli import main
+    from graphtrim.cli import main
 
     buf = io.StringIO()
     handler = logging.StreamHandler(buf)
@@ -739,7 +739,7 @@ def run_subprocess(args: list[str], cwd: Path) -> tuple[int, str]:
     env = {**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true"}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
     proc = subprocess.run(
-        [sys.executable, "-m", "optimizer_core.cli", *args],
+        [sys.executable, "-m", "graphtrim.cli", *args],
         capture_output=True,
         text=True,
         cwd=cwd,

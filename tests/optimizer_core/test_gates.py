@@ -21,15 +21,15 @@ import onnx.numpy_helper as onh
 import onnxruntime as ort
 import pytest
 
-from optimizer_core.cli import main
-from optimizer_core.data import EvalData, input_specs, load_npz
-from optimizer_core.errors import GraphtrimError
-from optimizer_core.examples.digits import DigitsTask
-from optimizer_core.gates import GatePolicy, PolicyError, evaluate
-from optimizer_core.gates import latency as lat
-from optimizer_core.gates.policy import BUILTIN, LatencyThresholds
-from optimizer_core.quantize import build_variant
-from optimizer_core.runtime import DeviceUnavailableError, providers_for
+from graphtrim.cli import main
+from graphtrim.data import EvalData, input_specs, load_npz
+from graphtrim.errors import GraphtrimError
+from graphtrim.examples.digits import DigitsTask
+from graphtrim.gates import GatePolicy, PolicyError, evaluate
+from graphtrim.gates import latency as lat
+from graphtrim.gates.policy import BUILTIN, LatencyThresholds
+from graphtrim.quantize import build_variant
+from graphtrim.runtime import DeviceUnavailableError, providers_for
 
 FLOAT = onnx.TensorProto.FLOAT
 HAS_CUDA = "CUDAExecutionProvider" in ort.get_available_providers()
@@ -828,7 +828,7 @@ def test_a_pipeline_config_embeds_the_deployment_policy(
 ) -> None:
     """A run that names no policy takes the deployment's and carries the document in its config
     (the stages on other workers read it from there; the config hash covers it)."""
-    from optimizer_core.stages.context import PipelineConfig
+    from graphtrim.stages.context import PipelineConfig
 
     plain = PipelineConfig()
     document = {"variants": {"fp16": {"size": {"max_ratio": 0.25}}}}

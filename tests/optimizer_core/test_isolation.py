@@ -8,9 +8,9 @@ import time
 
 import pytest
 
-from optimizer_core.errors import GraphtrimError
-from optimizer_core.isolation import ChildFailed, call_isolated, map_isolated, step
-from optimizer_core.quantize.build import QuantizeError
+from graphtrim.errors import GraphtrimError
+from graphtrim.isolation import ChildFailed, call_isolated, map_isolated, step
+from graphtrim.quantize.build import QuantizeError
 
 HERE = "tests.optimizer_core.test_isolation"
 

@@ -13,7 +13,7 @@ import onnx
 import onnxruntime as ort
 import pytest
 
-from optimizer_core.examples.kws import (
+from graphtrim.examples.kws import (
     N_CLASSES,
     N_FRAMES,
     N_MELS,
@@ -23,12 +23,12 @@ from optimizer_core.examples.kws import (
     parameter_count,
     train_kws,
 )
-from optimizer_core.examples.models import export
+from graphtrim.examples.models import export
 
 
 def test_importing_the_example_does_not_import_torch():
     code = (
-        "import json, sys, optimizer_core.examples.kws; "
+        "import json, sys, graphtrim.examples.kws; "
         "print(json.dumps(sorted({m.split('.')[0] for m in sys.modules})))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
@@ -38,7 +38,7 @@ def test_importing_the_example_does_not_import_torch():
 def test_model_size_and_seeded_init():
     import torch
 
-    from optimizer_core.examples.kws import KwsNet
+    from graphtrim.examples.kws import KwsNet
 
     a, b, c = kws_net(0), kws_net(0), KwsNet(1)
     assert isinstance(a, KwsNet) and isinstance(a, torch.nn.Module)

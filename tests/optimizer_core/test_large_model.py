@@ -176,7 +176,7 @@ def test_large_external_data_model_streams(tmp_path):
         src_stat = (src.stat().st_mtime_ns, (work / "big.onnx.weights").stat().st_mtime_ns)
         out = work / "out" / "o.onnx"
         script = Path(sys.executable).parent / "graphtrim"
-        cmd = [str(script)] if script.exists() else [sys.executable, "-m", "optimizer_core.cli"]
+        cmd = [str(script)] if script.exists() else [sys.executable, "-m", "graphtrim.cli"]
         rc, stdout, stderr, peak_rss, peak_anon = run_measured(
             [*cmd, "optimize", str(src), "-o", str(out), "--report", str(work / "r.json")]
         )

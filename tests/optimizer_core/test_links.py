@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from optimizer_core.integrations.links import UI_ENV, record_links, ui_base
+from graphtrim.integrations.links import UI_ENV, record_links, ui_base
 
 
 def test_the_ui_address_prefers_the_override_then_the_environment_then_the_server(

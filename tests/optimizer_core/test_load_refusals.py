@@ -21,9 +21,9 @@ import onnx.helper as oh
 import onnx.numpy_helper as onh
 import pytest
 
-from optimizer_core.cli import main
-from optimizer_core.errors import InvalidModelError
-from optimizer_core.modelio import load_model
+from graphtrim.cli import main
+from graphtrim.errors import InvalidModelError
+from graphtrim.modelio import load_model
 from tests.optimizer_core.test_modelio_and_cli import one_line_error, snapshot
 
 REPO = Path(__file__).resolve().parents[2]
@@ -380,12 +380,12 @@ def test_variant_commands_refuse_a_model_onnxruntime_cannot_load(command, tmp_pa
 def test_build_variant_in_a_child_refuses_an_unloadable_source(tmp_path):
     """The pipeline builds each variant in a child process: the refusal comes back as the same
     error, one line, and the child writes nothing."""
-    from optimizer_core.isolation import map_isolated
-    from optimizer_core.quantize import QuantizeConfig
+    from graphtrim.isolation import map_isolated
+    from graphtrim.quantize import QuantizeConfig
 
     src = _op_without_kernel(tmp_path / "m.onnx")
     (result,) = map_isolated(
-        "optimizer_core.stages.quantize:build_job",
+        "graphtrim.stages.quantize:build_job",
         ["int8-dynamic"],
         common={
             "src": str(src),
@@ -475,7 +475,7 @@ def test_next_quantize_removes_the_staging_folder_of_a_killed_quantize(tmp_path)
 
 
 def test_staging_folders_of_live_processes_and_other_outputs_stay(tmp_path):
-    from optimizer_core.modelio import remove_stale_staging, staging_dir
+    from graphtrim.modelio import remove_stale_staging, staging_dir
 
     src = _matmul(tmp_path / "m.onnx")
     out = tmp_path / "o.onnx"
@@ -483,7 +483,7 @@ def test_staging_folders_of_live_processes_and_other_outputs_stay(tmp_path):
     mine = staging_dir(out)
     code = (
         f"import sys; sys.path.insert(0, {str(REPO)!r}); "
-        "from optimizer_core.modelio import staging_dir; "
+        "from graphtrim.modelio import staging_dir; "
         f"print(staging_dir({str(tmp_path / 'other.onnx')!r}))"
     )
     other = Path(subprocess.check_output([sys.executable, "-c", code], text=True).strip())
@@ -549,7 +549,7 @@ def test_quantize_without_data_prints_and_records_agreement(tmp_path, capsys):
     [("graph", False), ("int8-dynamic", False), ("int8-static", False), ("fp16", True)],
 )
 def test_every_variant_build_carries_its_agreement(variant, fp16_io, tmp_path):
-    from optimizer_core.quantize import QuantizeConfig, build_variant
+    from graphtrim.quantize import QuantizeConfig, build_variant
 
     src = _matmul(tmp_path / "m.onnx")
     rng = np.random.default_rng(1)
@@ -572,7 +572,7 @@ def test_every_variant_build_carries_its_agreement(variant, fp16_io, tmp_path):
 
 def test_agreement_that_cannot_be_measured_says_why(tmp_path):
     """Random inputs cannot fill a sequence input: the result says so rather than passing."""
-    from optimizer_core.quantize.agreement import measure_agreement
+    from graphtrim.quantize.agreement import measure_agreement
 
     proto = _model(
         [
@@ -605,9 +605,9 @@ def test_a_converter_output_that_cannot_be_read_fails_that_variant(tmp_path, mon
     """What the converter writes is not the user's input: a model it writes that cannot be read
     fails the variant (QuantizeError: the ``variants`` command goes on with the others), not
     the command as bad input."""
-    from optimizer_core.quantize import build as qv
-    from optimizer_core.quantize import build_variant
-    from optimizer_core.quantize.build import QuantizeError
+    from graphtrim.quantize import build as qv
+    from graphtrim.quantize import build_variant
+    from graphtrim.quantize.build import QuantizeError
 
     def broken_converter(src, dst, cfg, excluded, calibration=(), progress=None):
         dst.write_bytes(Path(src).read_bytes()[:40])  # cut short

@@ -8,9 +8,9 @@ import onnx
 import onnx.helper as oh
 import onnxruntime as ort
 
-from optimizer_core.cli import main
-from optimizer_core.verify import Tolerance
-from optimizer_core.verify.compare import compare_outputs
+from graphtrim.cli import main
+from graphtrim.verify import Tolerance
+from graphtrim.verify.compare import compare_outputs
 
 FLOAT, INT64 = onnx.TensorProto.FLOAT, onnx.TensorProto.INT64
 
@@ -87,7 +87,7 @@ def test_sequence_of_map_outputs_are_compared_element_by_element():
 
 
 def test_an_unexpected_error_is_one_line_and_exit_3(tmp_path, capsys, monkeypatch):
-    import optimizer_core.optimize_file as of
+    import graphtrim.optimize_file as of
 
     def broken(*args, **kwargs):
         raise KeyError("planted defect")

@@ -20,12 +20,12 @@ import onnx.helper as oh
 import onnx.numpy_helper as onh
 import pytest
 
-from optimizer_core.cli import main
-from optimizer_core.errors import InvalidModelError, VerificationError
-from optimizer_core.graph import presets
-from optimizer_core.modelio import load_model, read_proto
-from optimizer_core.optimize_file import optimize_file
-from optimizer_core.verify import verify
+from graphtrim.cli import main
+from graphtrim.errors import InvalidModelError, VerificationError
+from graphtrim.graph import presets
+from graphtrim.modelio import load_model, read_proto
+from graphtrim.optimize_file import optimize_file
+from graphtrim.verify import verify
 from tests.optimizer_core.test_verify import PlantedBug
 
 REPO = Path(__file__).resolve().parents[2]
@@ -354,7 +354,7 @@ def test_cli_refuses_an_unusable_output_path(target, expected, tmp_path, capsys)
 
 
 def test_cli_write_failure_is_one_line_and_leaves_nothing(tmp_path, capsys, monkeypatch):
-    import optimizer_core.optimize_file as optimize_module
+    import graphtrim.optimize_file as optimize_module
 
     real_save = optimize_module.save_model
 
@@ -452,7 +452,7 @@ def test_console_script_optimizes(tmp_path):
 
 def test_module_entry_point_lists_passes(tmp_path):
     proc = subprocess.run(
-        [sys.executable, "-m", "optimizer_core.cli", "passes"],
+        [sys.executable, "-m", "graphtrim.cli", "passes"],
         capture_output=True,
         text=True,
         cwd=REPO,
@@ -475,7 +475,7 @@ def test_a_reader_that_goes_away_is_not_an_error():
     """``graphtrim passes --rules | head -1``: the pipe closes before the output is written;
     the command ends quietly with 0, not with an error line and exit 2."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "optimizer_core.cli", "passes", "--rules"],
+        [sys.executable, "-m", "graphtrim.cli", "passes", "--rules"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         cwd=REPO,
@@ -551,7 +551,7 @@ def test_every_help_states_defaults_once_and_only_real_ones():
     """No ``(default: None)`` or ``(default: False)``, no default on a required option, and no
     option whose help gives its default twice; the alias that promote and rollback move is
     named, never a hidden default."""
-    from optimizer_core.cli.main import build_parser
+    from graphtrim.cli.main import build_parser
 
     commands = dict(_commands(build_parser()))
     assert {("optimize",), ("pipeline", "run"), ("promote",), ("trigger",)} <= set(commands)
@@ -742,7 +742,7 @@ def test_a_cycle_is_still_refused(tmp_path, capsys):
 def test_inference_at_load_leaves_weights_out_and_finds_the_same_types(tmp_path):
     # a 16 KiB weight and a 2 KiB int64 index table: inference needs the weight's type only,
     # the index table's values too (it fixes the Gather's output shape)
-    from optimizer_core.modelio import _without_weights
+    from graphtrim.modelio import _without_weights
 
     rng = np.random.default_rng(0)
     graph = oh.make_graph(
@@ -781,7 +781,7 @@ def test_inference_at_load_leaves_weights_out_and_finds_the_same_types(tmp_path)
 def test_large_weights_are_written_from_their_buffers_and_read_back_the_same(tmp_path):
     import onnx_ir as ir
 
-    from optimizer_core.modelio import save_model
+    from graphtrim.modelio import save_model
 
     rng = np.random.default_rng(0)
     big = rng.standard_normal((128, 256)).astype(np.float32)  # 128 KiB: written by hand

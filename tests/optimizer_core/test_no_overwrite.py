@@ -12,7 +12,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from optimizer_core.cli import main
+from graphtrim.cli import main
 
 
 def _external(name: str, array: np.ndarray, folder: Path, location: str) -> onnx.TensorProto:

@@ -14,19 +14,19 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from optimizer_core.cli import main
-from optimizer_core.examples.digits import DigitsTask
-from optimizer_core.exporter import ExportError
-from optimizer_core.integrations.artifacts import ArtifactStoreError
-from optimizer_core.integrations.registry import (
+from graphtrim.cli import main
+from graphtrim.examples.digits import DigitsTask
+from graphtrim.exporter import ExportError
+from graphtrim.integrations.artifacts import ArtifactStoreError
+from graphtrim.integrations.registry import (
     Registry,
     RegistryError,
     logged_model_id,
     parse_gates,
 )
-from optimizer_core.stages import pipeline
-from optimizer_core.stages.context import PipelineConfig, StageContext
-from optimizer_core.stages.register import lineage_key
+from graphtrim.stages import pipeline
+from graphtrim.stages.context import PipelineConfig, StageContext
+from graphtrim.stages.register import lineage_key
 from tests.conftest import BUCKET
 from tests.servers import free_port, register_onnx
 
@@ -199,7 +199,7 @@ def test_the_mlflow_copy_is_the_stored_bytes(
     servers: dict[str, str], digits_run: dict[str, Any], tmp_path: Path
 ) -> None:
     """The files MLflow serves for a registered variant hash to its graphtrim.sha256 tag."""
-    from optimizer_core.integrations.artifacts import model_files, sha256_files
+    from graphtrim.integrations.artifacts import model_files, sha256_files
 
     client = mlflow.MlflowClient(servers["mlflow"], servers["mlflow"])
     for variant, rec in digits_run["register"]["registered"].items():
@@ -668,7 +668,7 @@ def test_s3_down_is_a_clear_error_and_registers_nothing(
 
 
 def test_bad_config_is_refused_before_any_work() -> None:
-    from optimizer_core.stages.context import PipelineError
+    from graphtrim.stages.context import PipelineError
 
     with pytest.raises(PipelineError, match="unknown variant"):
         PipelineConfig(variants=("int3",))
@@ -815,7 +815,7 @@ def test_export_in_a_fresh_process_uses_only_the_given_registry(
         [
             sys.executable,
             "-m",
-            "optimizer_core.cli",
+            "graphtrim.cli",
             "pipeline",
             "stage",
             "export",
@@ -911,7 +911,7 @@ def test_the_variants_page_lists_every_registered_variant(
 ) -> None:
     """The registry's graphtrim variants as one table (the Airflow plugin's page), read from
     the real registry, opened in a browser."""
-    from optimizer_core.integrations.catalog import registered_variants, render_catalog
+    from graphtrim.integrations.catalog import registered_variants, render_catalog
     from tests.browser import open_page, parse
 
     registry = Registry(servers["mlflow"])

@@ -16,14 +16,14 @@ from typing import Any
 import numpy as np
 import pytest
 
-from optimizer_core.cli import main
-from optimizer_core.examples.digits import DigitsTask
-from optimizer_core.gates.policy import PromotionPolicy
-from optimizer_core.integrations.registry import Registry
-from optimizer_core.isolation import ChildFailed, map_isolated
-from optimizer_core.promotion import apply_policy, promote_version
-from optimizer_core.stages import tracking, validate
-from optimizer_core.stages.context import PipelineConfig, StageContext
+from graphtrim.cli import main
+from graphtrim.examples.digits import DigitsTask
+from graphtrim.gates.policy import PromotionPolicy
+from graphtrim.integrations.registry import Registry
+from graphtrim.isolation import ChildFailed, map_isolated
+from graphtrim.promotion import apply_policy, promote_version
+from graphtrim.stages import tracking, validate
+from graphtrim.stages.context import PipelineConfig, StageContext
 from tests.conftest import BUCKET, REPO
 from tests.servers import register_onnx
 
@@ -60,7 +60,7 @@ RELAXED = {
 
 @pytest.fixture(scope="module")
 def fp16_model(digits_task: DigitsTask, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from optimizer_core.quantize.build import build_variant
+    from graphtrim.quantize.build import build_variant
 
     out = tmp_path_factory.mktemp("fp16") / "digits.fp16.onnx"
     build_variant(digits_task.model, out, "fp16", probe=False)
@@ -78,7 +78,7 @@ def test_a_runtime_crash_in_the_gates_fails_that_variant_alone(
         monkeypatch.setenv(key, value)
     # the serving probe: the child dies of SIGABRT while loading; the graph model is served
     probes = map_isolated(
-        "optimizer_core.integrations.serving:serving_probe",
+        "graphtrim.integrations.serving:serving_probe",
         [str(fp16_model), str(digits_task.model)],
     )
     assert isinstance(probes[0], ChildFailed) and probes[0].signal_name == "SIGABRT"
@@ -86,7 +86,7 @@ def test_a_runtime_crash_in_the_gates_fails_that_variant_alone(
     assert probes[1]["flavor"] == "mlflow.onnx"
     # the gates: measured together, the crash takes the child down; each variant is then
     # measured alone and only fp16 fails, with the signal
-    from optimizer_core.data import input_specs, load_npz
+    from graphtrim.data import input_specs, load_npz
 
     data = load_npz(digits_task.eval, input_specs(digits_task.model))
     config = PipelineConfig(variants=("graph", "fp16"), policy=RELAXED)
@@ -113,7 +113,7 @@ def test_quantize_never_writes_a_model_that_crashes_the_runtime(
         [
             sys.executable,
             "-m",
-            "optimizer_core.cli",
+            "graphtrim.cli",
             "quantize",
             str(digits_task.model),
             "-o",
@@ -482,7 +482,7 @@ def test_a_run_left_running_by_a_dead_process_is_closed_on_the_next_start(
 
 
 def test_the_table_names_each_column_once_and_marks_recorded_verdicts() -> None:
-    from optimizer_core.stages.summary import table
+    from graphtrim.stages.summary import table
 
     summary = {
         "passed": True,
@@ -517,8 +517,8 @@ def test_a_stage_fetches_each_data_file_once(
     the config hash is the copy it checks and loads."""
     import boto3
 
-    from optimizer_core.integrations import artifacts
-    from optimizer_core.stages import pipeline
+    from graphtrim.integrations import artifacts
+    from graphtrim.stages import pipeline
 
     s3 = boto3.client("s3", endpoint_url=servers["s3"])
     uris = []

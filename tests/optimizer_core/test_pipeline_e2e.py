@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from optimizer_core.cli import main
+from graphtrim.cli import main
 from tests.servers import fake_aws_credentials, mlflow_server, moto_server
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("kws-e2e")]
@@ -54,7 +54,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
 @pytest.fixture(scope="module")
 def registered(stack: dict[str, Any]) -> dict[str, Any]:
     """KwsNet trained for a few seconds, logged with the pytorch flavor and registered."""
-    from optimizer_core.examples.kws import accuracy, kws_net, make_kws_data, train_kws
+    from graphtrim.examples.kws import accuracy, kws_net, make_kws_data, train_kws
 
     x, y = make_kws_data(1200, seed=1)
     model = kws_net(seed=0)

@@ -37,8 +37,8 @@ import onnx_ir as ir
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from optimizer_core.graph.optimizer import optimize_model
-from optimizer_core.verify import Session, Tolerance, verify
+from graphtrim.graph.optimizer import optimize_model
+from graphtrim.verify import Session, Tolerance, verify
 
 FLOAT = onnx.TensorProto.FLOAT
 MAX_BOUND = 4.0

@@ -23,14 +23,14 @@ import onnx.numpy_helper as onh
 import onnxruntime as ort
 import pytest
 
-from optimizer_core.cli import main
-from optimizer_core.data import DataError, EvalData, input_specs, load_npz
-from optimizer_core.errors import InvalidModelError
-from optimizer_core.examples.digits import DigitsTask
-from optimizer_core.gates.policy import GatePolicy
-from optimizer_core.quantize import NodeError, QuantizeConfig, VariantBuild, node_errors
-from optimizer_core.quantize.build import QuantizeError, build_variant
-from optimizer_core.stages.quantize import accuracy_check
+from graphtrim.cli import main
+from graphtrim.data import DataError, EvalData, input_specs, load_npz
+from graphtrim.errors import InvalidModelError
+from graphtrim.examples.digits import DigitsTask
+from graphtrim.gates.policy import GatePolicy
+from graphtrim.quantize import NodeError, QuantizeConfig, VariantBuild, node_errors
+from graphtrim.quantize.build import QuantizeError, build_variant
+from graphtrim.stages.quantize import accuracy_check
 
 FLOAT = onnx.TensorProto.FLOAT
 FLOAT16 = onnx.TensorProto.FLOAT16
@@ -729,7 +729,7 @@ def _residual_ln_model(path: Path) -> Path:
 
 @pytest.mark.parametrize("variant", ["graph", "int8-dynamic"])
 def test_variant_tuned_for_cpu_keeps_residual_sum_where_faster(tmp_path, monkeypatch, variant):
-    from optimizer_core import ort_target as targets
+    from graphtrim import ort_target as targets
 
     src = _residual_ln_model(tmp_path / "block.onnx")
     # timing replaced: the rewritten model "runs" twice as fast (real timing: test_residual.py)

@@ -76,7 +76,7 @@ SECRET = "s3cr3t-pw"
 def test_redact_masks_credentials_and_keeps_the_rest(
     text: str, gone: list[str], kept: list[str]
 ) -> None:
-    from optimizer_core.redact import redact
+    from graphtrim.redact import redact
 
     out = redact(text)
     for g in gone:
@@ -86,8 +86,8 @@ def test_redact_masks_credentials_and_keeps_the_rest(
 
 
 def test_redact_masks_known_secret_values() -> None:
-    from optimizer_core.integrations.registry import MlflowAuth
-    from optimizer_core.redact import redact
+    from graphtrim.integrations.registry import MlflowAuth
+    from graphtrim.redact import redact
 
     assert redact("sent token-of-team-A to B", ["token-of-team-A"]) == "sent *** to B"
     MlflowAuth(token="a-registered-token-value")  # a connection's secrets are registered
@@ -96,7 +96,7 @@ def test_redact_masks_known_secret_values() -> None:
 
 
 def test_log_filter_masks_messages_and_tracebacks() -> None:
-    from optimizer_core.redact import install_log_filter
+    from graphtrim.redact import install_log_filter
 
     logger = logging.getLogger("graphtrim.test_redact")
     logger.propagate = False
@@ -125,7 +125,7 @@ def test_cli_error_line_masks_the_tracking_uri_password(tmp_path: Path) -> None:
         [
             sys.executable,
             "-m",
-            "optimizer_core.cli",
+            "graphtrim.cli",
             "pipeline",
             "run",
             "--model",
@@ -174,9 +174,9 @@ def test_a_failed_stage_tags_its_run_with_the_error_masked(
     """A real export stage on a real MLflow server whose artifact store's endpoint carries a
     password: the stage fails on the store, and the run's ``graphtrim.error`` tag (and the
     error raised) say where, without the password."""
-    from optimizer_core.integrations.artifacts import ArtifactStoreError
-    from optimizer_core.stages import pipeline
-    from optimizer_core.stages.context import PipelineConfig, StageContext
+    from graphtrim.integrations.artifacts import ArtifactStoreError
+    from graphtrim.stages import pipeline
+    from graphtrim.stages.context import PipelineConfig, StageContext
 
     pytest.importorskip("mlflow")
     name = "redact-export"
@@ -207,8 +207,8 @@ def test_any_stage_error_is_masked_in_the_tag(servers: dict[str, str]) -> None:
     masked before it becomes the run's tag."""
     from mlflow import MlflowClient
 
-    from optimizer_core.stages import tracking
-    from optimizer_core.stages.context import StageContext
+    from graphtrim.stages import tracking
+    from graphtrim.stages.context import StageContext
 
     client = MlflowClient(servers["mlflow"], servers["mlflow"])
     exp = tracking.experiment_id(client, "redact-stage")

@@ -18,12 +18,12 @@ from typing import Any
 
 import pytest
 
-from optimizer_core.cli import main
-from optimizer_core.data import EvalData, input_specs, load_npz
-from optimizer_core.examples.digits import DigitsTask
-from optimizer_core.gates import GatePolicy, evaluate
-from optimizer_core.gates.report import HEADER, render_html, render_markdown
-from optimizer_core.stages.pipeline import VariantsResult, build_and_evaluate
+from graphtrim.cli import main
+from graphtrim.data import EvalData, input_specs, load_npz
+from graphtrim.examples.digits import DigitsTask
+from graphtrim.gates import GatePolicy, evaluate
+from graphtrim.gates.report import HEADER, render_html, render_markdown
+from graphtrim.stages.pipeline import VariantsResult, build_and_evaluate
 from tests.optimizer_core.test_gates import break_model
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -234,7 +234,7 @@ def _with_variant(doc: dict[str, Any], like: str, name: str, **changes: Any) -> 
 
 
 def test_the_pareto_front_holds_the_passing_variants_nothing_beats(doc: dict[str, Any]) -> None:
-    from optimizer_core.gates.report import pareto_front, points
+    from graphtrim.gates.report import pareto_front, points
 
     base = next(v for v in doc["variants"] if v["name"] == "int8-static")
     speed, _, ratio = points(doc)["int8-static"]
@@ -262,7 +262,7 @@ def test_the_pareto_front_holds_the_passing_variants_nothing_beats(doc: dict[str
 def test_evaluations_made_apart_combine_into_one_comparison(doc: dict[str, Any]) -> None:
     """One task per variant writes its own evaluation; the comparison puts them side by side
     under the reference's registry name, each with its own interleaved reference samples."""
-    from optimizer_core.gates.report import combine
+    from graphtrim.gates.report import combine
 
     parts = []
     for v in doc["variants"]:

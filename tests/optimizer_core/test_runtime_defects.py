@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from optimizer_core.isolation import ChildFailed, map_isolated
-from optimizer_core.quantize import build as qv
+from graphtrim.isolation import ChildFailed, map_isolated
+from graphtrim.quantize import build as qv
 from tests.crashers import crashing_model, reference_output, safe_model
 
 torch = pytest.importorskip("torch")
@@ -21,7 +21,7 @@ def test_the_crash_is_a_failed_item_with_signal_and_step(tmp_path: Path) -> None
     safe = safe_model(tmp_path / "safe.onnx")
     x = np.random.default_rng(0).standard_normal((2, 8, 8)).astype(np.float16)
     out = map_isolated(
-        "optimizer_core.runtime:load_probe", [str(crash), str(safe)], common={"feeds": {"x": x}}
+        "graphtrim.runtime:load_probe", [str(crash), str(safe)], common={"feeds": {"x": x}}
     )
     assert isinstance(out[0], ChildFailed)
     assert out[0].signal_name == "SIGSEGV"
@@ -31,9 +31,9 @@ def test_the_crash_is_a_failed_item_with_signal_and_step(tmp_path: Path) -> None
 
 @pytest.fixture(scope="module")
 def kws_onnx(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, np.ndarray]:
-    from optimizer_core.examples.kws import kws_net, make_kws_data
-    from optimizer_core.examples.models import export
-    from optimizer_core.optimize_file import optimize_file
+    from graphtrim.examples.kws import kws_net, make_kws_data
+    from graphtrim.examples.models import export
+    from graphtrim.optimize_file import optimize_file
 
     x, _ = make_kws_data(16, seed=0)
     folder = tmp_path_factory.mktemp("kws")
@@ -52,7 +52,7 @@ def test_fp16_of_attention_is_built_in_the_form_that_loads(
     assert [d["name"] for d in build.runtime_defects] == ["ort-fp16-transpose-matmul"]
     assert "SIGSEGV" in build.runtime_defects[0]["seen"]
     assert "Transpose" in build.config.fp16_keep_float
-    (probe,) = map_isolated("optimizer_core.runtime:load_probe", [str(out)])
+    (probe,) = map_isolated("graphtrim.runtime:load_probe", [str(out)])
     assert not isinstance(probe, BaseException), probe
     assert probe["level"] == "ORT_ENABLE_ALL"
 

@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from optimizer_core.stages import STAGES, Stage, context, pipeline, records
-from optimizer_core.stages.context import PipelineConfig, PipelineError, StageContext
+from graphtrim.stages import STAGES, Stage, context, pipeline, records
+from graphtrim.stages.context import PipelineConfig, PipelineError, StageContext
 
 WORKER = {"host": "h", "name": "", "pid": 1, "queue": "gpu", "task": "quantize"}
 SOURCE = {"name": "digits", "version": "3", "uri": "models:/digits/3", "tags": {}}
@@ -188,7 +188,7 @@ def test_the_pipeline_is_the_composition_of_the_stage_list(
 
 def test_listing_the_stages_imports_nothing_heavy() -> None:
     code = (
-        "import json, sys, optimizer_core.stages as s; "
+        "import json, sys, graphtrim.stages as s; "
         "[(st.function, st.record) for st in s.STAGES]; "
         "print(json.dumps(sorted({m.split('.')[0] for m in sys.modules})))"
     )
@@ -202,7 +202,7 @@ def test_the_gate_policy_is_parsed_once_per_config(
 ) -> None:
     """Made where the config is made; its copies (resolved, read back from a record) and every
     stage's use share that object."""
-    from optimizer_core.gates import policy as policy_module
+    from graphtrim.gates import policy as policy_module
 
     parsed: list[Any] = []
     real = policy_module.GatePolicy.__init__
@@ -231,8 +231,8 @@ def test_the_cli_parses_a_policy_file_once(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Any, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """The CLI reads the file (its errors name it) and the config it makes keeps that parse."""
-    from optimizer_core.cli import main
-    from optimizer_core.gates import policy as policy_module
+    from graphtrim.cli import main
+    from graphtrim.gates import policy as policy_module
 
     parsed: list[Any] = []
     real = policy_module.GatePolicy.__init__

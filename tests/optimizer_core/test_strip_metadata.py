@@ -18,9 +18,9 @@ import onnx.numpy_helper as onh
 import onnx_ir as ir
 import pytest
 
-from optimizer_core.cli import main
-from optimizer_core.graph.metadata import strip_debug_metadata, strip_debug_metadata_stats
-from optimizer_core.optimize_file import optimize_file
+from graphtrim.cli import main
+from graphtrim.graph.metadata import strip_debug_metadata, strip_debug_metadata_stats
+from graphtrim.optimize_file import optimize_file
 
 FLOAT = onnx.TensorProto.FLOAT
 

@@ -13,10 +13,10 @@ import pytest
 import torch
 from torch import nn
 
-from optimizer_core.exporter import _export_torch
-from optimizer_core.graph.optimizer import optimize_model
-from optimizer_core.stages.context import PipelineConfig
-from optimizer_core.torch_simplify import fx_simplify
+from graphtrim.exporter import _export_torch
+from graphtrim.graph.optimizer import optimize_model
+from graphtrim.stages.context import PipelineConfig
+from graphtrim.torch_simplify import fx_simplify
 
 
 class ConstantArithmetic(nn.Module):
@@ -125,7 +125,7 @@ def test_fx_simplify_enters_the_config_hash_only_when_on():
 
 
 def test_cli_pipeline_takes_fx_simplify():
-    from optimizer_core.cli import build_parser
+    from graphtrim.cli import build_parser
 
     args = build_parser().parse_args(["pipeline", "run", "--model", "models:/m/1", "--fx-simplify"])
     assert args.fx_simplify is True

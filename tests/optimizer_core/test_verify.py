@@ -7,12 +7,12 @@ import numpy as np
 import onnx_ir as ir
 import pytest
 
-from optimizer_core.errors import VerificationError, VerificationUnavailable
-from optimizer_core.graph import _ir_utils as u
-from optimizer_core.graph import presets
-from optimizer_core.graph.framework import GraphtrimPass
-from optimizer_core.graph.optimizer import optimize_model
-from optimizer_core.verify import Tolerance, VerifyEachPass, compare_outputs, verify
+from graphtrim.errors import VerificationError, VerificationUnavailable
+from graphtrim.graph import _ir_utils as u
+from graphtrim.graph import presets
+from graphtrim.graph.framework import GraphtrimPass
+from graphtrim.graph.optimizer import optimize_model
+from graphtrim.verify import Tolerance, VerifyEachPass, compare_outputs, verify
 from tests.helpers import parse, run_passes
 
 

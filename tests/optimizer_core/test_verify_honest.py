@@ -21,11 +21,11 @@ import onnx_ir as ir
 import pytest
 from onnx import TensorProto
 
-from optimizer_core.cli import main
-from optimizer_core.errors import VerificationError
-from optimizer_core.graph.optimizer import optimize_model
-from optimizer_core.verify import VerifyEachPass, compare_outputs, verify
-from optimizer_core.verify.compare import Tolerance, VerificationRecord
+from graphtrim.cli import main
+from graphtrim.errors import VerificationError
+from graphtrim.graph.optimizer import optimize_model
+from graphtrim.verify import VerifyEachPass, compare_outputs, verify
+from graphtrim.verify.compare import Tolerance, VerificationRecord
 
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 
@@ -208,7 +208,7 @@ def test_duplicate_node_names_are_verified_all_the_same(tmp_path, capsys):
 
 
 def test_verify_each_pass_raises_unavailable_not_a_verification_error():
-    from optimizer_core.errors import VerificationUnavailable
+    from graphtrim.errors import VerificationUnavailable
 
     model = ir.serde.deserialize_model(_custom_domain())
     with pytest.raises(VerificationUnavailable, match="cannot verify each pass") as info:
@@ -355,13 +355,13 @@ def _bool_constant(name: str, value: bool) -> onnx.NodeProto:
     ],
 )
 def test_random_outputs(build, expected):
-    from optimizer_core.verify import random_outputs
+    from graphtrim.verify import random_outputs
 
     assert random_outputs(ir.serde.deserialize_model(build())) == expected
 
 
 def test_random_outputs_are_found_through_subgraphs_and_functions():
-    from optimizer_core.verify import random_outputs
+    from graphtrim.verify import random_outputs
 
     then_branch = h.make_graph(
         [h.make_node("RandomUniformLike", ["x"], ["t"])], "then", [], [_x("t")]
@@ -543,7 +543,7 @@ def test_report_in_a_new_folder_is_written(tmp_path, capsys):
 
 
 def test_a_report_that_cannot_be_written_leaves_no_temporary_file(tmp_path, capsys, monkeypatch):
-    import optimizer_core.optimize_file as optimize
+    import graphtrim.optimize_file as optimize
 
     src = _save(_relu_chain(), tmp_path / "m.onnx")
     out = tmp_path / "out.onnx"

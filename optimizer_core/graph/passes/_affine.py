@@ -1,4 +1,4 @@
-"""Matchers of the affine fusions (pass ``fuse-affine``, :mod:`optimizer_core.graph.passes.fusion`)."""
+"""Matchers of the affine fusions (pass ``fuse-affine``, :mod:`graphtrim.graph.passes.fusion`)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import dataclasses
 import numpy as np
 import onnx_ir as ir
 
-from optimizer_core.graph import _ir_utils as u
+from graphtrim.graph import _ir_utils as u
 
 
 def per_channel(value: ir.Value | None, channels: int, out_rank: int) -> np.ndarray | None:

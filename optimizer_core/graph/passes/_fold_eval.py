@@ -10,8 +10,8 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 
-from optimizer_core.graph import _ir_utils as u
-from optimizer_core.graph.passes import _numpy_eval
+from graphtrim.graph import _ir_utils as u
+from graphtrim.graph.passes import _numpy_eval
 
 logger = logging.getLogger("graphtrim.optimizer")
 
@@ -21,7 +21,7 @@ Plan = tuple[ir.Value, list[ir.Node], list[ir.Value]]
 
 def run_numpy(plans: Sequence[Plan]) -> list[np.ndarray | None] | None:
     """Every planned value evaluated in numpy, or ``None`` when an op is not one numpy computes
-    exactly (see :mod:`optimizer_core.graph.passes._numpy_eval`)."""
+    exactly (see :mod:`graphtrim.graph.passes._numpy_eval`)."""
     nodes: dict[int, ir.Node] = {}
     feeds: dict[int, np.ndarray] = {}
     for _, closure, const_inputs in plans:

@@ -1,4 +1,4 @@
-"""Matchers of the Gemm fusions (pass ``fuse-gemm``, :mod:`optimizer_core.graph.passes.linear`)."""
+"""Matchers of the Gemm fusions (pass ``fuse-gemm``, :mod:`graphtrim.graph.passes.linear`)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from typing import Protocol, cast
 import numpy as np
 import onnx_ir as ir
 
-from optimizer_core.graph import _ir_utils as u
-from optimizer_core.graph.rules import RuleContext, replace
+from graphtrim.graph import _ir_utils as u
+from graphtrim.graph.rules import RuleContext, replace
 
 
 class _Named(Protocol):

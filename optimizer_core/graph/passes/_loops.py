@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 import onnx_ir as ir
 
-from optimizer_core.graph import _ir_utils as u
+from graphtrim.graph import _ir_utils as u
 
 
 def loops_innermost_first(model: ir.Model, *ops: str) -> Iterator[tuple[ir.Graph, ir.Node]]:

@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import onnx_ir as ir
 
-from optimizer_core.graph import _ir_utils as u
+from graphtrim.graph import _ir_utils as u
 
 Arrays = Sequence[np.ndarray | None]
 

@@ -9,7 +9,7 @@ import math
 import numpy as np
 import onnx_ir as ir
 
-from optimizer_core.graph import _ir_utils as u
+from graphtrim.graph import _ir_utils as u
 
 D = ir.DataType
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 
-from optimizer_core.graph import _ir_utils as u
-from optimizer_core.graph.rules import RuleContext
+from graphtrim.graph import _ir_utils as u
+from graphtrim.graph.rules import RuleContext
 
 
 def _gate(node: ir.Node) -> str | None:
@@ -112,7 +112,7 @@ def check_equal_dims(node: ir.Node, ctx: RuleContext) -> np.ndarray | str:
     """``Equal(s, c)`` of a shape ``s`` read entry by entry and a constant ``c`` (either order):
     decided where each entry is constant, a static dim, or a dim compared with a negative
     number (a dim is never negative: an ``expand(B, -1, -1)`` test for -1)."""
-    from optimizer_core.graph.passes._symbolic_dims import Dim, shape_entries
+    from graphtrim.graph.passes._symbolic_dims import Dim, shape_entries
 
     gate = _gate(node)
     if gate is not None:

@@ -12,7 +12,7 @@ import dataclasses
 import numpy as np
 import onnx_ir as ir
 
-from optimizer_core.graph import _ir_utils as u
+from graphtrim.graph import _ir_utils as u
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,7 +89,7 @@ def shape_entries(value: ir.Value | None, depth: int = 0) -> list[Entry] | None:
 def _arithmetic(node: ir.Node, depth: int) -> list[Entry] | None:
     """``a + b``, ``a - b`` and ``a * k`` (``k`` constant) of shape entries, entry by entry: a
     sum of dims and sizes is a dim named by its terms (:mod:`._dim_exprs`)."""
-    from optimizer_core.graph.passes import _dim_exprs as x
+    from graphtrim.graph.passes import _dim_exprs as x
 
     if u.rank(node.outputs[0]) not in (0, 1) or node.outputs[0].dtype != ir.DataType.INT64:
         return None

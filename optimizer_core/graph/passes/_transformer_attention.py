@@ -8,8 +8,8 @@ import dataclasses
 
 import onnx_ir as ir
 
-from optimizer_core.graph import _ir_utils as u
-from optimizer_core.graph.passes._transformer_common import (
+from graphtrim.graph import _ir_utils as u
+from graphtrim.graph.passes._transformer_common import (
     elem_type,
     fusion,
     private,
@@ -18,8 +18,8 @@ from optimizer_core.graph.passes._transformer_common import (
     sole_reader,
     split_const,
 )
-from optimizer_core.graph.rules import RuleContext, replace
-from optimizer_core.graph.targets import emits_allowed
+from graphtrim.graph.rules import RuleContext, replace
+from graphtrim.graph.targets import emits_allowed
 
 
 def _scaled(value: ir.Value | None) -> tuple[ir.Value | None, float, list[ir.Node]]:

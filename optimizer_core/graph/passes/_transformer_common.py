@@ -6,8 +6,8 @@ from typing import Protocol, cast
 
 import onnx_ir as ir
 
-from optimizer_core.graph import _ir_utils as u
-from optimizer_core.graph.rules import RuleContext
+from graphtrim.graph import _ir_utils as u
+from graphtrim.graph.rules import RuleContext
 
 
 class Fusion(Protocol):

@@ -11,7 +11,7 @@ Exact rules, applied only when broadcasting cannot change the output shape:
   copies no dim (no 0 entry): a Reshape reads only the element order, which ``R`` keeps.
 
 The rules that round differently (merging constant chains, ``Reciprocal`` pairs) are the
-``reassociate`` pass (:mod:`optimizer_core.graph.passes.reassociate`).
+``reassociate`` pass (:mod:`graphtrim.graph.passes.reassociate`).
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 
-from optimizer_core.graph import _ir_utils as u
-from optimizer_core.graph.rules import (
+from graphtrim.graph import _ir_utils as u
+from graphtrim.graph.rules import (
     Rule,
     RuleContext,
     RulePass,

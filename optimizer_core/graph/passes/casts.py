@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import onnx_ir as ir
 
-from optimizer_core.graph import _ir_utils as u
-from optimizer_core.graph.rules import Rule, RuleContext, RulePass, replace_output, reroute_refusal
+from graphtrim.graph import _ir_utils as u
+from graphtrim.graph.rules import Rule, RuleContext, RulePass, replace_output, reroute_refusal
 
 D = ir.DataType
 

@@ -17,8 +17,8 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 
-from optimizer_core.graph import _ir_utils as u
-from optimizer_core.graph.rules import Rule, RuleContext, RulePass
+from graphtrim.graph import _ir_utils as u
+from graphtrim.graph.rules import Rule, RuleContext, RulePass
 
 
 def _gather_conv(node: ir.Node, ctx: RuleContext) -> tuple[ir.Value, np.ndarray] | str:

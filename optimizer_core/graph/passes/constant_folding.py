@@ -33,16 +33,16 @@ from typing import cast
 import numpy as np
 import onnx_ir as ir
 
-from optimizer_core.graph import _ir_utils as u
-from optimizer_core.graph.passes._fold_eval import Plan, run_numpy, run_onnxruntime
-from optimizer_core.graph.passes._shape_values import (
+from graphtrim.graph import _ir_utils as u
+from graphtrim.graph.passes._fold_eval import Plan, run_numpy, run_onnxruntime
+from graphtrim.graph.passes._shape_values import (
     check_equal_dims,
     check_gather_shape,
     check_shape,
     check_size,
     check_slice_shape,
 )
-from optimizer_core.graph.rules import Rule, RuleContext, RulePass, replace
+from graphtrim.graph.rules import Rule, RuleContext, RulePass, replace
 
 logger = logging.getLogger("graphtrim.optimizer")
 

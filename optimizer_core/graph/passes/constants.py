@@ -10,8 +10,8 @@ from typing import Any
 
 import onnx_ir as ir
 
-from optimizer_core.graph import _ir_utils as u
-from optimizer_core.graph.rules import Rule, RuleContext, RulePass
+from graphtrim.graph import _ir_utils as u
+from graphtrim.graph.rules import Rule, RuleContext, RulePass
 
 
 def _liftable(node: ir.Node, ctx: RuleContext) -> Any:

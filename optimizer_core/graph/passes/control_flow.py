@@ -12,8 +12,8 @@ from collections.abc import Callable
 
 import onnx_ir as ir
 
-from optimizer_core.graph import _ir_utils as u
-from optimizer_core.graph.rules import Rule, RuleContext, RulePass
+from graphtrim.graph import _ir_utils as u
+from graphtrim.graph.rules import Rule, RuleContext, RulePass
 
 
 def _taken(branch_name: str, taken: bool) -> Callable[[ir.Node, RuleContext], ir.Graph | str]:

@@ -15,9 +15,9 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 
-from optimizer_core.graph import _ir_utils as u
-from optimizer_core.graph.framework import GraphtrimPass, OptimizeOptions
-from optimizer_core.graph.rules import Rule
+from graphtrim.graph import _ir_utils as u
+from graphtrim.graph.framework import GraphtrimPass, OptimizeOptions
+from graphtrim.graph.rules import Rule
 
 
 def _tensor_key(t: Any) -> Any:

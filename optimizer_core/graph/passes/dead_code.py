@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import onnx_ir as ir
 
-from optimizer_core.graph import _ir_utils as u
-from optimizer_core.graph.framework import GraphtrimPass
-from optimizer_core.graph.rules import Rule
+from graphtrim.graph import _ir_utils as u
+from graphtrim.graph.framework import GraphtrimPass
+from graphtrim.graph.rules import Rule
 
 # whole-graph rules: nodes in reverse order, so a removal can make its producers dead too
 RULES: tuple[Rule, ...] = (

@@ -32,8 +32,8 @@ from typing import cast
 import numpy as np
 import onnx_ir as ir
 
-from optimizer_core.graph import _ir_utils as u
-from optimizer_core.graph.passes._affine import (
+from graphtrim.graph import _ir_utils as u
+from graphtrim.graph.passes._affine import (
     Operand,
     affine_input,
     conv_affine,
@@ -44,7 +44,7 @@ from optimizer_core.graph.passes._affine import (
     tie_agrees,
     weight_scale,
 )
-from optimizer_core.graph.rules import Rule, RuleContext, RulePass, replace
+from graphtrim.graph.rules import Rule, RuleContext, RulePass, replace
 
 
 def _pass(ctx: RuleContext) -> AffineFusion:

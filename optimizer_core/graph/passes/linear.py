@@ -25,8 +25,8 @@ from __future__ import annotations
 
 import onnx_ir as ir
 
-from optimizer_core.graph import _ir_utils as u
-from optimizer_core.graph.passes._linear import (
+from graphtrim.graph import _ir_utils as u
+from graphtrim.graph.passes._linear import (
     GEMM_TYPES,
     broadcasts_to,
     check_after_gemm,
@@ -36,7 +36,7 @@ from optimizer_core.graph.passes._linear import (
     is_transpose_2d,
     scale_weight,
 )
-from optimizer_core.graph.rules import Rule, RuleContext, RulePass, replace
+from graphtrim.graph.rules import Rule, RuleContext, RulePass, replace
 
 # ---------------------------------------------------------------- Transpose into Gemm
 

@@ -15,10 +15,10 @@ import itertools
 
 import onnx_ir as ir
 
-from optimizer_core.graph import _ir_utils as u
-from optimizer_core.graph.framework import GraphtrimPass
-from optimizer_core.graph.passes._loops import body_of, nested_graphs, trip_count, typed_like
-from optimizer_core.graph.rules import Rule
+from graphtrim.graph import _ir_utils as u
+from graphtrim.graph.framework import GraphtrimPass
+from graphtrim.graph.passes._loops import body_of, nested_graphs, trip_count, typed_like
+from graphtrim.graph.rules import Rule
 
 
 def _reads(node: ir.Node) -> set[ir.Value]:

@@ -19,9 +19,9 @@ from typing import cast
 
 import onnx_ir as ir
 
-from optimizer_core.graph import _ir_utils as u
-from optimizer_core.graph.passes._loops import body_of, loops_innermost_first, typed_like
-from optimizer_core.graph.rules import Rule, RuleContext, RulePass, logger
+from graphtrim.graph import _ir_utils as u
+from graphtrim.graph.passes._loops import body_of, loops_innermost_first, typed_like
+from graphtrim.graph.rules import Rule, RuleContext, RulePass, logger
 
 
 def _movable_constant(value: ir.Value, body: ir.Graph) -> bool:

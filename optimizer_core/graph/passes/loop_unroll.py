@@ -20,15 +20,15 @@ import numpy as np
 import onnx_ir as ir
 from onnx_ir import _cloner
 
-from optimizer_core.graph import _ir_utils as u
-from optimizer_core.graph.passes._loops import (
+from graphtrim.graph import _ir_utils as u
+from graphtrim.graph.passes._loops import (
     body_of,
     loops_innermost_first,
     nested_graphs,
     trip_count,
     typed_like,
 )
-from optimizer_core.graph.rules import Rule, RuleContext, RulePass
+from graphtrim.graph.rules import Rule, RuleContext, RulePass
 
 
 def _node_count(graph: ir.Graph) -> int:

@@ -25,8 +25,8 @@ from collections.abc import Callable
 import numpy as np
 import onnx_ir as ir
 
-from optimizer_core.graph import _ir_utils as u
-from optimizer_core.graph.rules import Rule, RuleContext, RulePass
+from graphtrim.graph import _ir_utils as u
+from graphtrim.graph.rules import Rule, RuleContext, RulePass
 
 
 def _pad_widths(pad: ir.Node, rank: int | None) -> list[int] | None:

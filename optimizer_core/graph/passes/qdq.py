@@ -42,8 +42,8 @@ from typing import cast
 
 import onnx_ir as ir
 
-from optimizer_core.graph import _ir_utils as u
-from optimizer_core.graph.passes._qdq import (
+from graphtrim.graph import _ir_utils as u
+from graphtrim.graph.passes._qdq import (
     MOVABLE_TYPES,
     clone,
     copy_shape,
@@ -53,7 +53,7 @@ from optimizer_core.graph.passes._qdq import (
     round_trip_exact,
     same_params,
 )
-from optimizer_core.graph.rules import (
+from graphtrim.graph.rules import (
     Rule,
     RuleContext,
     RulePass,

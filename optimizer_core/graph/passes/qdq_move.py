@@ -1,6 +1,6 @@
 """Moving per-tensor QuantizeLinear / DequantizeLinear across data movement (pass ``qdq-move``).
 
-``qdq`` (see :mod:`optimizer_core.graph.passes.qdq`, which states the math) plus:
+``qdq`` (see :mod:`graphtrim.graph.passes.qdq`, which states the math) plus:
 
 - ``dq-sink`` of any tensor, not only of constants: ``M(DQ(x, s, zp)) -> DQ(M(x), s, zp)``;
 - ``q-hoist``: ``Q(M(y), s, zp) -> M(Q(y, s, zp))``;
@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import onnx_ir as ir
 
-from optimizer_core.graph import _ir_utils as u
-from optimizer_core.graph.passes._qdq import (
+from graphtrim.graph import _ir_utils as u
+from graphtrim.graph.passes._qdq import (
     DATA_MOVEMENT,
     MOVABLE_TYPES,
     clone,
@@ -24,7 +24,7 @@ from optimizer_core.graph.passes._qdq import (
     params,
     per_tensor,
 )
-from optimizer_core.graph.passes.qdq import (
+from graphtrim.graph.passes.qdq import (
     DQ_Q,
     Q_DQ_LOSSY,
     QdqCleanup,
@@ -32,7 +32,7 @@ from optimizer_core.graph.passes.qdq import (
     new_name,
     sink_dq,
 )
-from optimizer_core.graph.rules import Rule, RuleContext, replace
+from graphtrim.graph.rules import Rule, RuleContext, replace
 
 
 def check_q_hoist(q: ir.Node, ctx: RuleContext) -> tuple[ir.Node, ir.DataType] | str:

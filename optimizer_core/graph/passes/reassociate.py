@@ -15,8 +15,8 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 
-from optimizer_core.graph import _ir_utils as u
-from optimizer_core.graph.rules import (
+from graphtrim.graph import _ir_utils as u
+from graphtrim.graph.rules import (
     Rule,
     RuleContext,
     RulePass,

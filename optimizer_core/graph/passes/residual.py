@@ -9,7 +9,7 @@ multidirectional broadcasting from opset 8 on):
 
 Rule ``residual-add`` is its inverse (``Sum`` of two tensors in front of normalizations alone
 -> ``Add``), for runtimes where the fused kernel pays off: it is in no preset, and the
-onnxruntime targets time it (:mod:`optimizer_core.ort_target`).
+onnxruntime targets time it (:mod:`graphtrim.ort_target`).
 
 Why: onnxruntime's CPU provider fuses ``Add`` + ``LayerNormalization`` into its contrib
 ``SkipLayerNormalization`` when it loads a model (only where the sum has no other reader). On
@@ -25,8 +25,8 @@ from __future__ import annotations
 
 import onnx_ir as ir
 
-from optimizer_core.graph import _ir_utils as u
-from optimizer_core.graph.rules import Rule, RuleContext, RulePass
+from graphtrim.graph import _ir_utils as u
+from graphtrim.graph.rules import Rule, RuleContext, RulePass
 
 _NORMALIZATIONS = ("LayerNormalization", "RMSNormalization")
 _FLOAT_TYPES = frozenset(

@@ -19,8 +19,8 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 
-from optimizer_core.graph import _ir_utils as u
-from optimizer_core.graph.rules import Rule, RuleContext, RulePass
+from graphtrim.graph import _ir_utils as u
+from graphtrim.graph.rules import Rule, RuleContext, RulePass
 
 _MOVES = ("Slice", "Reshape", "Expand", "Squeeze", "Unsqueeze", "Transpose", "Flatten",
           "Identity", "Tile", "Gather")  # fmt: skip

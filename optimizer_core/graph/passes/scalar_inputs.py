@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import onnx_ir as ir
 
-from optimizer_core.graph import _ir_utils as u
-from optimizer_core.graph.rules import Rule, RuleContext, RulePass
+from graphtrim.graph import _ir_utils as u
+from graphtrim.graph.rules import Rule, RuleContext, RulePass
 
 # op -> positions of the inputs its definition declares as scalars (0-D tensors)
 SCALAR_INPUTS: dict[str, tuple[int, ...]] = {

@@ -42,9 +42,9 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 
-from optimizer_core.graph import _ir_utils as u
-from optimizer_core.graph.framework import GraphtrimPass
-from optimizer_core.graph.passes._symbolic_dims import (
+from graphtrim.graph import _ir_utils as u
+from graphtrim.graph.framework import GraphtrimPass
+from graphtrim.graph.passes._symbolic_dims import (
     Dim,
     Entry,
     name_reshape_dims,
@@ -54,7 +54,7 @@ from optimizer_core.graph.passes._symbolic_dims import (
     same,
     shape_entries,
 )
-from optimizer_core.graph.rules import Rule
+from graphtrim.graph.rules import Rule
 
 # whole-graph rules: they run in rounds with shape inference in between (see ``apply``)
 RULES: tuple[Rule, ...] = (
@@ -121,7 +121,7 @@ class SymbolicShapes(GraphtrimPass):
         derived from them; inference then runs at once and the rules again, so that what the
         new names prove is found in this run rather than one whole fixed-point iteration later
         (each iteration runs every pass again)."""
-        from optimizer_core.graph.shape_inference import ShapeInference
+        from graphtrim.graph.shape_inference import ShapeInference
 
         changed = False
         for _ in range(self.max_rounds):
@@ -227,7 +227,7 @@ class SymbolicShapes(GraphtrimPass):
         """``Concat(x1, x2, .., axis)`` has the sum of their dims on the axis (a sum of names is
         named by its terms: a KV cache's ``past`` and one new token make ``(past+1)``) and
         their common dims elsewhere."""
-        from optimizer_core.graph.passes import _dim_exprs as x
+        from graphtrim.graph.passes import _dim_exprs as x
 
         parts = [named(v) for v in node.inputs]
         if not parts or any(p is None for p in parts):

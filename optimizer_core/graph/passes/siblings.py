@@ -18,9 +18,9 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 
-from optimizer_core.graph import _ir_utils as u
-from optimizer_core.graph.framework import GraphtrimPass
-from optimizer_core.graph.rules import Rule
+from graphtrim.graph import _ir_utils as u
+from graphtrim.graph.framework import GraphtrimPass
+from graphtrim.graph.rules import Rule
 
 _SIBLINGS = (
     "for constant rank-2 weights Wi: [K, Ni] of one float type read only there, totalling at "

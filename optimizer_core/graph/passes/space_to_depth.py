@@ -18,8 +18,8 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 
-from optimizer_core.graph import _ir_utils as u
-from optimizer_core.graph.rules import Rule, RuleContext, RulePass, replace_output
+from graphtrim.graph import _ir_utils as u
+from graphtrim.graph.rules import Rule, RuleContext, RulePass, replace_output
 
 _TO_END = 2**31 - 1  # an end this large reads to the end of any dim
 

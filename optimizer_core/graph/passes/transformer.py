@@ -48,11 +48,11 @@ from __future__ import annotations
 
 import onnx_ir as ir
 
-from optimizer_core.graph import _ir_utils as u
-from optimizer_core.graph.passes._transformer_attention import check_attention, fuse_attention
-from optimizer_core.graph.passes._transformer_gelu import check_gelu, fuse_gelu
-from optimizer_core.graph.passes._transformer_norm import check_layernorm, check_rmsnorm, fuse_norm
-from optimizer_core.graph.rules import Rule, RulePass
+from graphtrim.graph import _ir_utils as u
+from graphtrim.graph.passes._transformer_attention import check_attention, fuse_attention
+from graphtrim.graph.passes._transformer_gelu import check_gelu, fuse_gelu
+from graphtrim.graph.passes._transformer_norm import check_layernorm, check_rmsnorm, fuse_norm
+from graphtrim.graph.rules import Rule, RulePass
 
 _EXCLUSIVE = "; every intermediate value read by the pattern alone"
 

@@ -10,7 +10,7 @@ import onnx
 import onnx.numpy_helper
 import pytest
 
-from optimizer_core.graph.presets import PASSES, PRESETS
+from graphtrim.graph.presets import PASSES, PRESETS
 from tests.helpers import assert_equivalent, op_types, parse, rules_fired, run_passes
 
 ALGEBRAIC = ["lift-constants", "algebraic", "dead-code"]
@@ -975,7 +975,7 @@ def test_a_reshape_that_merges_axes_between_transposes_stays():
     ],
 )
 def test_split_groups(y, z, groups):
-    from optimizer_core.graph.passes.algebraic import _split_groups
+    from graphtrim.graph.passes.algebraic import _split_groups
 
     assert _split_groups(y, z) == groups
 

@@ -6,7 +6,7 @@ import numpy as np
 import onnx_ir as ir
 import pytest
 
-from optimizer_core.graph.passes.casts import is_exact_cast
+from graphtrim.graph.passes.casts import is_exact_cast
 from tests.helpers import assert_equivalent, op_types, parse, rules_fired, run_passes
 
 D = ir.DataType

@@ -10,8 +10,8 @@ import onnx.numpy_helper
 import onnx.parser
 import pytest
 
-from optimizer_core.errors import GraphtrimError
-from optimizer_core.graph.framework import OptimizeOptions
+from graphtrim.errors import GraphtrimError
+from graphtrim.graph.framework import OptimizeOptions
 from tests.helpers import assert_equivalent, op_types, parse, rules_fired, run_passes
 from tests.optimizer_core.graph.rule_examples.constant_folding import pooled as pooled_model
 

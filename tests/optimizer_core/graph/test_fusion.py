@@ -164,7 +164,7 @@ def test_uniform_fill_weights_stay_fills():
 
 
 def test_fusion_is_not_in_the_safe_preset():
-    from optimizer_core.graph.presets import PRESETS
+    from graphtrim.graph.presets import PRESETS
 
     assert "fuse-affine" not in PRESETS["safe"]
     assert "fuse-affine" in PRESETS["default"]

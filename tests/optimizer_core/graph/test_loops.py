@@ -11,7 +11,7 @@ import numpy as np
 import onnx
 import pytest
 
-from optimizer_core.graph.framework import OptimizeOptions
+from graphtrim.graph.framework import OptimizeOptions
 from tests.helpers import assert_equivalent, op_types, parse, rules_fired, run_passes
 
 

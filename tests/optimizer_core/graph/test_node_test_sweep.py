@@ -24,9 +24,9 @@ import onnx_ir as ir
 import onnxruntime as ort
 import pytest
 
-from optimizer_core.cli import main
-from optimizer_core.graph.opset import MIN_OPSET
-from optimizer_core.graph.optimizer import optimize_model
+from graphtrim.cli import main
+from graphtrim.graph.opset import MIN_OPSET
+from graphtrim.graph.optimizer import optimize_model
 from tests.helpers import rules_fired
 
 

@@ -8,8 +8,8 @@ import onnx_ir as ir
 import pytest
 from onnx import helper, numpy_helper
 
-from optimizer_core.graph.passes import _numpy_eval
-from optimizer_core.verify import Session
+from graphtrim.graph.passes import _numpy_eval
+from graphtrim.verify import Session
 
 CASES = [
     (

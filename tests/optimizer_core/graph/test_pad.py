@@ -214,7 +214,7 @@ def test_runtime_pads_are_kept():
 
 
 def test_pad_fusion_is_exact_and_in_the_presets():
-    from optimizer_core.graph.presets import PASSES, PRESETS
+    from graphtrim.graph.presets import PASSES, PRESETS
 
     assert PASSES["fuse-pad"].exact
     assert "fuse-pad" in PRESETS["safe"]

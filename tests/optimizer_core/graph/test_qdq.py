@@ -8,8 +8,8 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from optimizer_core.graph.framework import OptimizeOptions
-from optimizer_core.graph.presets import PRESETS
+from graphtrim.graph.framework import OptimizeOptions
+from graphtrim.graph.presets import PRESETS
 from tests.helpers import assert_equivalent, op_types, rules_fired, run_passes
 
 # qdq-move: every rule (``qdq`` is the same pass without dq-sink and q-hoist)

@@ -13,11 +13,11 @@ import onnxruntime as ort
 import pytest
 from onnx import helper, numpy_helper
 
-from optimizer_core import ort_target as targets
-from optimizer_core.graph.framework import OptimizeOptions
-from optimizer_core.graph.optimizer import optimize_model
-from optimizer_core.graph.presets import PRESETS
-from optimizer_core.ort_target import tune_residual_sum
+from graphtrim import ort_target as targets
+from graphtrim.graph.framework import OptimizeOptions
+from graphtrim.graph.optimizer import optimize_model
+from graphtrim.graph.presets import PRESETS
+from graphtrim.ort_target import tune_residual_sum
 from tests.helpers import assert_equivalent, op_types, rules_fired, run_passes
 
 HIDDEN = 384

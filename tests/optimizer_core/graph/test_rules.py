@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from optimizer_core.graph.framework import OptimizeOptions
-from optimizer_core.graph.presets import PASSES, all_rules
+from graphtrim.graph.framework import OptimizeOptions
+from graphtrim.graph.presets import PASSES, all_rules
 from tests.helpers import assert_equivalent, run_passes
 from tests.optimizer_core.graph.rule_examples import all_examples
 

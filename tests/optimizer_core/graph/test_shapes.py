@@ -320,7 +320,7 @@ def test_inference_runs_again_once_a_pass_learned_a_shape_it_could_not():
     the values after it are inferred again, and ``learned`` says so."""
     import onnx_ir as ir
 
-    from optimizer_core.graph.shape_inference import ShapeInference
+    from graphtrim.graph.shape_inference import ShapeInference
 
     proto = parse(
         """
@@ -356,7 +356,7 @@ def test_a_dim_inference_could_only_name_unk_is_named_once_it_can_be():
     keeps the dims already known."""
     import onnx_ir as ir
 
-    from optimizer_core.graph.shape_inference import ShapeInference
+    from graphtrim.graph.shape_inference import ShapeInference
 
     proto = parse(
         """
@@ -382,7 +382,7 @@ def test_dims_named_in_different_inference_runs_never_look_equal():
     equal to it."""
     import onnx_ir as ir
 
-    from optimizer_core.graph.shape_inference import ShapeInference
+    from graphtrim.graph.shape_inference import ShapeInference
 
     proto = parse(
         """
@@ -508,7 +508,7 @@ def test_a_chain_of_computed_paddings_resolves_link_by_link_within_an_iteration(
 
 
 def test_sums_of_dims_get_one_canonical_name():
-    from optimizer_core.graph.passes import _dim_exprs as x
+    from graphtrim.graph.passes import _dim_exprs as x
 
     assert x.add("past", 1) == "(past+1)"
     assert x.add(1, "past") == x.add("past", 1)  # the same sum, the same name

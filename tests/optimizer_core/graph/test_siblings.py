@@ -85,7 +85,7 @@ def test_single_matmul_and_old_opset_are_left_alone():
 
 
 def test_size_cap():
-    from optimizer_core.graph.framework import OptimizeOptions
+    from graphtrim.graph.framework import OptimizeOptions
 
     proto = _qkv()
     _, result = run_passes(
@@ -95,7 +95,7 @@ def test_size_cap():
 
 
 def test_siblings_are_in_compact_not_default():
-    from optimizer_core.graph.presets import PRESETS
+    from graphtrim.graph.presets import PRESETS
 
     assert "fuse-siblings" in PRESETS["compact"]
     assert "fuse-siblings" not in PRESETS["default"]

@@ -9,9 +9,9 @@ import onnx
 import pytest
 from onnx import helper, numpy_helper
 
-from optimizer_core import ort_target as targets
-from optimizer_core.errors import GraphtrimError
-from optimizer_core.graph.framework import OptimizeOptions
+from graphtrim import ort_target as targets
+from graphtrim.errors import GraphtrimError
+from graphtrim.graph.framework import OptimizeOptions
 from tests.helpers import assert_equivalent, op_types, run_passes
 from tests.optimizer_core.graph.test_transformer import _gelu_tanh
 
@@ -100,7 +100,7 @@ def test_ort_cuda_without_cuda_is_a_clear_error(monkeypatch):
 
 
 def test_cli_target_flag(tmp_path):
-    from optimizer_core.cli import main
+    from graphtrim.cli import main
 
     src = tmp_path / "m.onnx"
     onnx.save(_gelu_tanh(20), src)

@@ -206,7 +206,7 @@ def test_gelu_from_torch_export_fuses_after_an_opset_upgrade():
 
     import onnx
 
-    from optimizer_core.graph.framework import OptimizeOptions
+    from graphtrim.graph.framework import OptimizeOptions
 
     class Block(torch.nn.Module):
         def __init__(self) -> None:
@@ -235,8 +235,8 @@ def test_gelu_from_torch_export_fuses_after_an_opset_upgrade():
 
 
 def test_opset_upgrade_refuses_an_unknown_opset():
-    from optimizer_core.errors import GraphtrimError
-    from optimizer_core.graph.framework import OptimizeOptions
+    from graphtrim.errors import GraphtrimError
+    from graphtrim.graph.framework import OptimizeOptions
 
     with pytest.raises(GraphtrimError, match="newer than this onnx knows"):
         run_passes(_gelu_tanh(20), options=OptimizeOptions(target_opset=999))
@@ -298,7 +298,7 @@ def test_attention_fused_at_opset_23(form):
 
 
 def test_attention_is_not_fused_with_a_nan_guard_old_opset_or_for_tensorrt():
-    from optimizer_core.graph.framework import OptimizeOptions
+    from graphtrim.graph.framework import OptimizeOptions
 
     _, result = run_passes(_attention(guard=True), ["fuse-transformer"])
     assert not rules_fired(result)
