@@ -29,12 +29,10 @@ COPY optimizer_core ./optimizer_core
 COPY operators ./operators
 COPY dags ./dags
 # torch first, pinned, from the index of the build's kind: later ranges resolve to it
-RUN if [ "$GPU" = "true" ]; then INDEX="$CUDA_INDEX"; else INDEX="$CPU_INDEX"; fi \
+# (onnxruntime-gpu has its own pin in the constraints: its releases trail the CPU build's)
+RUN if [ "$GPU" = "true" ]; then INDEX="$CUDA_INDEX"; ORT=gpu; else INDEX="$CPU_INDEX"; ORT=cpu; fi \
  && pip install "torch==${TORCH_VERSION}" --index-url "$INDEX" --extra-index-url https://pypi.org/simple \
- && if [ "$GPU" = "true" ]; then \
-      ORT="$(sed -n 's/^onnxruntime==//p' constraints.txt)" \
-      && pip install -c constraints.txt ".[gpu,pipeline]" "onnxruntime-gpu==${ORT}"; \
-    else pip install -c constraints.txt ".[cpu,pipeline]"; fi \
+ && pip install -c constraints.txt ".[${ORT},pipeline]" \
  && graphtrim --version
 USER 10001:10001
 ENTRYPOINT ["graphtrim"]
@@ -53,9 +51,6 @@ COPY --chown=airflow:root operators /opt/graphtrim/operators
 COPY --chown=airflow:root dags /opt/graphtrim/dags
 USER airflow
 # GPU=true: the image of GPU tasks (KubernetesExecutor pods, $GRAPHTRIM_GPU_IMAGE)
-RUN if [ "$GPU" = "true" ]; then INDEX="$CUDA_INDEX"; else INDEX="$CPU_INDEX"; fi \
+RUN if [ "$GPU" = "true" ]; then INDEX="$CUDA_INDEX"; ORT=gpu; else INDEX="$CPU_INDEX"; ORT=cpu; fi \
  && pip install --no-cache-dir "torch==${TORCH_VERSION}" --index-url "$INDEX" --extra-index-url https://pypi.org/simple \
- && if [ "$GPU" = "true" ]; then \
-      ORT="$(sed -n 's/^onnxruntime==//p' /opt/graphtrim/constraints.txt)" \
-      && pip install --no-cache-dir -c /opt/graphtrim/constraints.txt "/opt/graphtrim[gpu,pipeline,airflow]" "onnxruntime-gpu==${ORT}"; \
-    else pip install --no-cache-dir -c /opt/graphtrim/constraints.txt "/opt/graphtrim[cpu,pipeline,airflow]"; fi
+ && pip install --no-cache-dir -c /opt/graphtrim/constraints.txt "/opt/graphtrim[${ORT},pipeline,airflow]"

@@ -82,3 +82,10 @@ def airflow_db() -> str:
         )
         (Path(home) / ".migrated").write_text("ok")
     return home
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The tests marked ``early`` (minutes of installs, sharing nothing with the others) first:
+    the workers take tests in this order, so the long ones overlap the rest of the run instead
+    of leaving one worker busy at its end. The order is otherwise the collection's."""
+    items.sort(key=lambda item: item.get_closest_marker("early") is None)

@@ -11,8 +11,9 @@ from __future__ import annotations
 import os
 import shutil
 import sys
-import tomllib
 from pathlib import Path
+
+import tomllib
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -385,20 +385,22 @@ def test_dockerfile_runtime_stage() -> None:
     runs = " ".join(line for line in runtime if line.startswith("RUN"))
     # torch pinned before the project, the project under the committed constraints
     assert runs.index("torch==${TORCH_VERSION}") < runs.index("-c constraints.txt")
-    assert "onnxruntime-gpu" in runs and '"$GPU" = "true"' in runs
+    assert "ORT=gpu" in runs and '"$GPU" = "true"' in runs and "[${ORT},pipeline]" in runs
     assert "graphtrim --version" in runs
     assert "constraints.txt" in " ".join(runtime)
     airflow = stages["airflow"]
     assert [line for line in airflow if line.startswith("USER")][-1] == "USER airflow"
-    # its GPU build: CUDA torch and onnxruntime-gpu at the constraints' version
+    # its GPU build: CUDA torch and the gpu extra (onnxruntime-gpu at its own pin)
     runs = " ".join(line for line in airflow if line.startswith("RUN"))
-    assert '"$GPU" = "true"' in runs and "onnxruntime-gpu==${ORT}" in runs
+    assert '"$GPU" = "true"' in runs and "ORT=gpu" in runs and "[${ORT},pipeline,airflow]" in runs
     assert runs.index("torch==${TORCH_VERSION}") < runs.index("constraints.txt")
 
 
 @pytest.mark.slow
-def test_dockerfile_install_steps_resolve_with_the_constraints() -> None:
-    """The image's pip step, dry-run in this venv (torch already pinned here as in the image)."""
+@pytest.mark.parametrize("runtime", ["cpu", "gpu"])
+def test_dockerfile_install_steps_resolve_with_the_constraints(runtime: str) -> None:
+    """The image's pip step, CPU and GPU builds, dry-run in this venv (torch already pinned here
+    as in the image): every pin, onnxruntime-gpu's included, is one the registry has."""
     proc = subprocess.run(
         [
             sys.executable,
@@ -409,7 +411,7 @@ def test_dockerfile_install_steps_resolve_with_the_constraints() -> None:
             "--quiet",
             "-c",
             "constraints.txt",
-            ".[cpu,pipeline,airflow]",
+            f".[{runtime},pipeline,airflow]",
         ],
         cwd=REPO,
         capture_output=True,
