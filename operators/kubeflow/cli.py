@@ -46,8 +46,8 @@ def register(sub: Any) -> dict[str, Callable[[argparse.Namespace], int]]:
         metavar="NAME",
         help="Kubernetes Secret whose keys every step gets as environment variables, each "
         "optional: AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN, "
-        "MLFLOW_TRACKING_USERNAME, MLFLOW_TRACKING_PASSWORD, MLFLOW_TRACKING_TOKEN; '' for "
-        "none (the pods' own identity)",
+        "MLFLOW_TRACKING_USERNAME, MLFLOW_TRACKING_PASSWORD, MLFLOW_TRACKING_TOKEN; an empty "
+        "NAME for none (each pod's own identity)",
     )
     step = ksub.add_parser(
         "step",

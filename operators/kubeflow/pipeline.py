@@ -15,10 +15,11 @@ the artifact store (S3) under their content-addressed keys. A stage whose record
 run's comparison) and a ``metrics`` artifact (``Metrics``: the gate numbers, the versions
 registered) for the KFP UI: its step runs ``graphtrim kfp step``, which writes them from the
 record (:mod:`graphtrim.kubeflow.outputs`). Every step gets the MLflow and S3 credentials from a
-Kubernetes Secret as environment variables (``CREDENTIALS``), each key optional. The build steps are cached (their
-inputs, config included, are the cache key: same source, same config, same result); the steps
-that write to the registry (register, promote) are never cached. With ``device="gpu"`` the
-on-device steps (quantize, gate) ask for an NVIDIA GPU.
+Kubernetes Secret as environment variables (``CREDENTIALS``), each key optional.
+
+The build steps are cached (their inputs, config included, are the cache key: same source, same
+config, same result); the steps that write to the registry (register, promote) are never cached.
+With ``device="gpu"`` the on-device steps (quantize, gate) ask for an NVIDIA GPU.
 """
 
 from __future__ import annotations
@@ -161,10 +162,7 @@ def stage_component(stages: Sequence[Stage], stage: Stage, image: str, device: s
     if variant:
         params.append(ONLY)
     params += CONFIG
-    names = [p.name for p in params] + [RECORD]
-
-    if reporting:
-        names += [REPORT, METRICS]
+    names = [p.name for p in params] + [RECORD] + ([REPORT, METRICS] if reporting else [])
 
     def component(*values: Any) -> dsl.ContainerSpec:
         given = dict(zip(names, values, strict=True))
