@@ -128,7 +128,9 @@ class Venv:
     def install(self, extras: str) -> None:
         spec = f"graphtrim[{extras}] @ {self.wheel.as_uri()}" if extras else str(self.wheel)
         constraints = ["-c", str(REPO / "constraints.txt")]
-        done = _run([str(self.python), "-m", "pip", "install", "-q", *constraints, spec], self.env)
+        # no byte-compiling of every installed module (about a CPU minute per heavy extra here)
+        cmd = [str(self.python), "-m", "pip", "install", "-q", "--no-compile", *constraints, spec]
+        done = _run(cmd, self.env)
         assert done.returncode == 0, done.stderr[-3000:]
 
     def installed(self) -> set[str]:
