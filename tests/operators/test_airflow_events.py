@@ -174,7 +174,7 @@ def test_new_version_trigger_passes_over_graphtrim_variants(
 def test_sensor_defers_then_completes(
     servers: dict[str, str], digits_task: DigitsTask, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from airflow.exceptions import TaskDeferred
+    from airflow.sdk.exceptions import TaskDeferred
 
     from graphtrim.airflow import triggers
     from graphtrim.airflow.sensors import MlflowModelVersionSensor
