@@ -56,12 +56,10 @@ def link_tree(dest: Path) -> Path:
     if dest.exists():
         shutil.rmtree(dest)
     for name, path in module_files().items():
-        parts = name.split(".")
-        target = dest.joinpath(*parts, "__init__.py") if path.stem == "__init__" else None
-        if target is None:
-            target = dest.joinpath(*parts[:-1], parts[-1] + ".py")
-        target.parent.mkdir(parents=True, exist_ok=True)
-        os.symlink(path, target)
+        parts = name.split(".")  # a package's module is its __init__.py, inside its folder
+        folder = dest.joinpath(*(parts if path.stem == "__init__" else parts[:-1]))
+        folder.mkdir(parents=True, exist_ok=True)
+        os.symlink(path, folder / path.name)
     return dest
 
 
