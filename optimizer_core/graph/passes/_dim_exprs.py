@@ -58,3 +58,49 @@ def add(a: int | str, b: int | str, sign: int = 1) -> int | str:
 
 def scale(a: int | str, k: int) -> int | str:
     return name({s: c * k for s, c in terms(a).items()})
+
+
+Monomial = tuple[int, dict[str, int]]  # coefficient, name -> power
+
+
+def monomial(value: int | str) -> Monomial:
+    """``value`` as a coefficient times a product of names: ``(4*batch)`` is ``4 * batch``; a
+    sum of several terms (``(past+1)``) is one name of its own."""
+    if isinstance(value, int):
+        return value, {}
+    t = terms(value)
+    syms = [(s, c) for s, c in t.items() if s and c]
+    if len(syms) == 1 and not t.get("", 0):
+        return syms[0][1], {syms[0][0]: 1}
+    return 1, {str(name(t)): 1}
+
+
+def product(values: list[int | str]) -> Monomial:
+    coef, powers = 1, {}
+    for v in values:
+        c, p = monomial(v)
+        coef *= c
+        for s, k in p.items():
+            powers[s] = powers.get(s, 0) + k
+    return coef, powers
+
+
+def quotient(num: Monomial, den: Monomial) -> int | str | None:
+    """``num / den`` as a size or a dim name, or ``None`` when it is no whole size or name for
+    every value of the names (a fraction, a name left in the denominator, or a product of
+    names, which no dim name writes). Nothing is divided by a zero-sized product."""
+    (nc, np_), (dc, dp) = num, den
+    if nc == 0 or dc == 0 or nc % dc:
+        return None
+    powers = dict(np_)
+    for s, k in dp.items():
+        powers[s] = powers.get(s, 0) - k
+    left = {s: k for s, k in powers.items() if k}
+    if any(k < 0 for k in left.values()):
+        return None
+    coef = nc // dc
+    if not left:
+        return coef
+    if len(left) == 1 and next(iter(left.values())) == 1:
+        return scale(next(iter(left)), coef)
+    return None

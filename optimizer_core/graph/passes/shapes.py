@@ -311,8 +311,10 @@ class SymbolicShapes(GraphtrimPass):
     def _name_reshape(node: ir.Node, forgotten: list[ir.Value]) -> bool:
         """``Reshape(x, s)`` (allowzero 0) has the dims ``s`` says entry by entry: a size, a dim
         read from a tensor, 0 copying x's dim, and a -1 that is what the element count leaves
-        (x's dims over the other entries, computed when that leaves one named dim or none and
-        a whole static factor)."""
+        (the product of x's dims over the other entries', computed when that is a whole size or
+        one name times one: :func:`._dim_exprs.quotient`)."""
+        from graphtrim.graph.passes import _dim_exprs as x
+
         allowzero = node.attributes.get_int("allowzero", 0)
         if len(node.inputs) < 2 or node.inputs[1] is None or allowzero:
             return False
@@ -323,17 +325,9 @@ class SymbolicShapes(GraphtrimPass):
         x_dims = named(node.inputs[0])
         if entries is None or x_dims is None or entries.count(-1) > 1:
             return False
+        if any(d is None for d in x_dims):
+            return False
         dims: list[int | str | None] = []
-        left: dict[str, int] = {}  # named dims of x not yet accounted for
-        static = 1
-        for d in x_dims:
-            if d is None:
-                return False
-            if isinstance(d, int):
-                static *= d
-            else:
-                left[d] = left.get(d, 0) + 1
-        divisor = 1
         for j, e in enumerate(entries):
             t = e.value if isinstance(e, Dim) else e
             if t is None or (isinstance(e, Dim) and t == 0):
@@ -342,25 +336,18 @@ class SymbolicShapes(GraphtrimPass):
                 if j >= len(x_dims):
                     return False
                 t = x_dims[j]
-            if t == -1:
-                dims.append(None)
-                continue
-            dims.append(t)
-            if isinstance(t, int):
-                divisor *= t
-            elif t is not None:
-                left[t] = left.get(t, 0) - 1
+            dims.append(None if t == -1 else t)
         if None in dims:
-            names = [n for n, k in left.items() for _ in range(k)]
-            if any(k < 0 for k in left.values()) or divisor == 0 or static % divisor:
+            # the -1 is x's element count over the other entries, where that is a size or a
+            # dim name for every value of the names: (128*batch) x 16 elements over 32 x 16 x 4
+            # leave batch
+            rest = x.quotient(
+                x.product(x_dims),  # type: ignore[arg-type]
+                x.product([d for d in dims if d is not None]),
+            )
+            if rest is None:
                 return False
-            ratio = static // divisor
-            if not names:
-                dims[dims.index(None)] = ratio
-            elif len(names) == 1 and ratio == 1:
-                dims[dims.index(None)] = names[0]
-            else:
-                return False
+            dims[dims.index(None)] = rest
         return rename(node.outputs[0], [d for d in dims if d is not None], forgotten)
 
     @staticmethod
@@ -414,6 +401,15 @@ class SymbolicShapes(GraphtrimPass):
                 out.append(-1)
         if allowzero and any(e == 0 for e in entries if isinstance(e, int)):
             return None  # a literal zero would turn into "copy" under allowzero=0
+        if len(unproved) == 1 and out.count(-1) == 2:
+            # the shape's own -1 stands for a size the output's dims prove (the element count
+            # over the other entries, ``reshape-dims``): written out, it leaves the -1 to the
+            # entry nothing proves ([4*batch, 16, -1] of [batch, 4, 16, 32] is [-1, 16, 32])
+            out_dims = named(node.outputs[0])
+            own = next(j for j, t in enumerate(out) if t == -1 and j not in unproved)
+            size = out_dims[own] if out_dims is not None and len(out_dims) == len(out) else None
+            if isinstance(size, int) and size > 0:
+                out[own] = size
         if unproved and (len(unproved) > 1 or out.count(-1) > 1 or any(e == 0 for e in out)):
             # one entry nothing proves is inferred (-1): the Reshape's output has the input's
             # element count, which fixes that entry given the others, provided none is zero-sized

@@ -268,7 +268,8 @@ def test_reshape_transpose_reshape_with_a_longer_tail():
         """
     )
     out, result = run_passes(proto, ["symbolic-shapes", "dead-code"])
-    assert rules_fired(result) == {"reshape-transpose-reshape": 1}
+    # the first Reshape's output is named [(2*batch), 3, 4, 5] on the way
+    assert rules_fired(result)["reshape-transpose-reshape"] == 1
     assert op_types(out) == ["Transpose"]
     assert_equivalent(proto, out, dim_values={"batch": 3})
 
@@ -615,3 +616,65 @@ g (float[B, 3, H, W] x, float[8, 3, 3, 3] w) => (float[B, 4, H, W] y) {
     assert "slice-dims" not in rules_fired(result)
     assert op_types(out) == ["Conv", "Slice"]
     assert_equivalent(proto, out, dim_values={"B": 2, "H": 3, "W": 3})
+
+
+# MobileViT's unfold into patches and back, as the TorchScript exporter writes it: the batch is
+# merged into the patch axis, and the targets that split it off again read it from the input
+UNFOLD = """
+<ir_version: 8, opset_import: ["" : 17]>
+g (float[batch, 32, 8, 8] x) => (float[batch, 4, 16, 32] y)
+  <int64[4] patches = {-1, 2, 4, 2}, int64[4] back = {-1, 32, 16, 4}, int64 zero = {0},
+   int64[1] ax = {0}, int64 four = {4}, int64[2] t3 = {16, -1}, int64[3] t4 = {4, 16, -1}> {
+    s = Shape(x)
+    b = Gather(s, zero)
+    bu = Unsqueeze(b, ax)
+    b4 = Mul(b, four)
+    b4u = Unsqueeze(b4, ax)
+    r1 = Reshape(x, patches)
+    t1 = Transpose<perm = [0, 2, 1, 3]>(r1)
+    r2 = Reshape(t1, back)
+    t2 = Transpose<perm = [0, 3, 2, 1]>(r2)
+    s3 = Concat<axis = 0>(b4u, t3)
+    r3 = Reshape(t2, s3)
+    s4 = Concat<axis = 0>(bu, t4)
+    y = Reshape(r3, s4)
+}
+"""
+
+
+def test_a_minus_one_over_a_multiple_of_a_dim_is_named_and_the_batch_split_resolves():
+    """[(128*batch), 4, 2, 2] reshaped to [-1, 32, 16, 4] has batch in front (the element count
+    over the other entries); with it, both targets computed from the batch become constants:
+    [4*batch, 16, -1] of [batch, 4, 16, 32] is [-1, 16, 32], and [batch, 4, 16, -1] of
+    [4*batch, 16, 32] is [-1, 4, 16, 32]."""
+    proto = parse(UNFOLD)
+    out, result = run_passes(proto, ["symbolic-shapes", "dead-code"])
+    assert "Shape" not in op_types(out), op_types(out)
+    assert rules_fired(result)["reshape-copy-dims"] == 2
+    consts = {i.name: list(numpy_helper.to_array(i)) for i in out.graph.initializer}
+    targets = [consts[n.input[1]] for n in out.graph.node if n.op_type == "Reshape"]
+    assert targets[-2:] == [[-1, 16, 32], [-1, 4, 16, 32]]
+    assert_equivalent(proto, out, dim_values={"batch": 3})
+
+
+def test_a_minus_one_that_is_no_whole_dim_stays_unnamed():
+    from graphtrim.graph.passes import _dim_exprs as x
+
+    assert x.quotient(x.product(["(128*batch)", 4, 2, 2]), x.product([32, 16, 4])) == "batch"
+    assert x.quotient(x.product(["batch", 64]), x.product([16])) == "(4*batch)"
+    assert x.quotient(x.product(["(past+1)", 8]), x.product([4])) == "(2*past+2)"
+    assert x.quotient(x.product(["batch", 4]), x.product([8])) is None  # half a batch
+    assert x.quotient(x.product(["batch", "seq"]), x.product([1])) is None  # no dim name
+    assert x.quotient(x.product(["batch", 4]), x.product(["seq"])) is None
+    assert x.quotient(x.product(["batch", 0]), x.product([4])) is None  # empty: undetermined
+    # the pass leaves such a Reshape's output as inference had it
+    proto = parse(
+        """
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[batch, 4] x) => (float[A, 8] y) <int64[2] t = {-1, 8}> {
+            y = Reshape(x, t)
+        }
+        """
+    )
+    _, result = run_passes(proto, ["symbolic-shapes"])
+    assert "reshape-dims" not in rules_fired(result)
