@@ -76,7 +76,8 @@ def monomial(value: int | str) -> Monomial:
 
 
 def product(values: list[int | str]) -> Monomial:
-    coef, powers = 1, {}
+    coef = 1
+    powers: dict[str, int] = {}
     for v in values:
         c, p = monomial(v)
         coef *= c

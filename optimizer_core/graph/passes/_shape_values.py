@@ -151,3 +151,23 @@ def check_equal_dims(node: ir.Node, ctx: RuleContext) -> np.ndarray | str:
         else:
             return "an entry that is neither static nor compared with a negative number"
     return np.array(out, dtype=bool).reshape(out_shape)
+
+
+def check_dims_arithmetic(node: ir.Node, ctx: RuleContext) -> np.ndarray | str:
+    """``Add``, ``Sub``, ``Mul`` or ``Div`` of shape entries whose every result is a size for
+    every value of the dim names: ``(64*batch) / batch`` is 64, ``seq - seq`` is 0."""
+    from graphtrim.graph.passes._symbolic_dims import Dim, shape_entries
+
+    gate = _gate(node)
+    if gate is not None:
+        return gate
+    if all(v is not None and u.is_constant(v) for v in node.inputs):
+        return "every input is constant: folding evaluates it"
+    entries = shape_entries(node.outputs[0])
+    rank = u.rank(node.outputs[0])
+    if entries is None or rank not in (0, 1) or (rank == 0 and len(entries) != 1):
+        return "the result is no shape read entry by entry"
+    sizes = [e.value if isinstance(e, Dim) else e for e in entries]
+    if not all(isinstance(v, int) for v in sizes):
+        return "an entry depends on a dim's value"
+    return np.array(sizes, dtype=np.int64).reshape((len(sizes),) if rank else ())

@@ -74,7 +74,7 @@ def shape_entries(value: ir.Value | None, depth: int = 0) -> list[Entry] | None:
             found = _chosen(node, depth)
             if found is not None:
                 return found
-        if op in ("Add", "Sub", "Mul") and len(node.inputs) == 2:
+        if op in ("Add", "Sub", "Mul", "Div") and len(node.inputs) == 2:
             found = _arithmetic(node, depth)
             if found is not None:
                 return found
@@ -87,8 +87,10 @@ def shape_entries(value: ir.Value | None, depth: int = 0) -> list[Entry] | None:
 
 
 def _arithmetic(node: ir.Node, depth: int) -> list[Entry] | None:
-    """``a + b``, ``a - b`` and ``a * k`` (``k`` constant) of shape entries, entry by entry: a
-    sum of dims and sizes is a dim named by its terms (:mod:`._dim_exprs`)."""
+    """``a + b``, ``a - b``, ``a * k`` (``k`` constant) and an exact ``a / b`` of shape entries,
+    entry by entry: a sum of dims and sizes is a dim named by its terms (:mod:`._dim_exprs`), a
+    quotient is a size or a name where it is one for every value of the names
+    (``(64*batch) / batch`` is 64)."""
     from graphtrim.graph.passes import _dim_exprs as x
 
     if u.rank(node.outputs[0]) not in (0, 1) or node.outputs[0].dtype != ir.DataType.INT64:
@@ -105,9 +107,16 @@ def _arithmetic(node: ir.Node, depth: int) -> list[Entry] | None:
         if va is None or vb is None:
             out.append(None)
             continue
-        if node.op_type == "Mul":
+        r: int | str | None
+        if node.op_type == "Div":
+            q = x.quotient(x.monomial(va), x.monomial(vb))
+            if q is None:
+                out.append(None)  # no whole size or name for every value of the names
+                continue
+            r = q
+        elif node.op_type == "Mul":
             if isinstance(va, int) and isinstance(vb, int):
-                r: int | str = va * vb
+                r = va * vb
             elif isinstance(vb, int) and isinstance(ea, Dim) and not isinstance(eb, Dim):
                 r = x.scale(va, vb)
             elif isinstance(va, int) and isinstance(eb, Dim) and not isinstance(ea, Dim):

@@ -36,6 +36,7 @@ import onnx_ir as ir
 from graphtrim.graph import _ir_utils as u
 from graphtrim.graph.passes._fold_eval import Plan, run_numpy, run_onnxruntime
 from graphtrim.graph.passes._shape_values import (
+    check_dims_arithmetic,
     check_equal_dims,
     check_gather_shape,
     check_shape,
@@ -124,6 +125,18 @@ RULES: tuple[Rule, ...] = (
         ("Slice",),
         check_slice_shape,
         _materialize,
+    ),
+    *(
+        Rule(
+            f"{op.lower()}-dims",
+            f"{op}(a, b) of int64 shape entries (dims read from tensors, sizes) -> the constant "
+            "result when it is a size for every value of the dims (a sum whose names cancel, "
+            "(64*batch) / batch): nothing else is folded from a symbolic dim",
+            (op,),
+            check_dims_arithmetic,
+            _materialize,
+        )
+        for op in ("Sub", "Div")
     ),
     Rule(
         "equal-dims",

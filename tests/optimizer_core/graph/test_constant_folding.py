@@ -502,3 +502,28 @@ def test_growth_pool_is_shared_by_the_run(ratio, pooled):
 def test_growth_pool_ratio_out_of_range_is_refused():
     with pytest.raises(GraphtrimError, match="fold_max_growth_ratio"):
         OptimizeOptions(fold_max_growth_ratio=1.5)
+
+
+def test_dims_arithmetic_folds_only_what_holds_for_every_value_of_the_dims():
+    """``B / 4`` and ``B - S`` depend on the dims' values: left to run; ``(4*B) / B`` is 4 and
+    ``S - S`` is 0 for every B and S."""
+    proto = parse(
+        """
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[B, S] x, float[B, S] m) => (float[B, S] y)
+          <int64 i0 = {0}, int64 i1 = {1}, int64 four = {4}> {
+          sx = Shape(x)
+          b = Gather<axis = 0>(sx, i0)
+          s = Gather<axis = 0>(sx, i1)
+          q = Div(b, four)
+          d = Sub(b, s)
+          e = Add(q, d)
+          f = Cast<to = 1>(e)
+          y = Add(x, f)
+        }
+        """
+    )
+    out, result = run_passes(proto, ["constant-folding"])
+    assert {"div-dims", "sub-dims"}.isdisjoint(rules_fired(result))
+    assert {"Div", "Sub"} <= set(op_types(out))
+    assert_equivalent(proto, out, dim_values={"B": 8, "S": 3})

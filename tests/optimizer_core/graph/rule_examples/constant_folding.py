@@ -128,6 +128,48 @@ def _expand_test() -> onnx.ModelProto:
     )
 
 
+def _windows_per_image() -> onnx.ModelProto:
+    """GC ViT's global query tiled over the windows, as the TorchScript exporter writes it: the
+    repeat count is the window batch ``(4*B)`` read from one tensor over the batch ``B`` read
+    from another, 4 for every B."""
+    return parse(
+        """
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[B, 4, 8] x, float[B, 1, 8] q) => (float[M, 1, 8] y)
+          <int64[3] flat = {-1, 1, 8}, int64 i0 = {0}, int64[1] ax = {0}, int64[2] ones = {1, 1}> {
+          w = Reshape(x, flat)
+          sw = Shape(w)
+          n = Gather<axis = 0>(sw, i0)
+          sq = Shape(q)
+          b = Gather<axis = 0>(sq, i0)
+          k = Div(n, b)
+          ku = Unsqueeze(k, ax)
+          reps = Concat<axis = 0>(ku, ones)
+          t = Tile(q, reps)
+          y = Add(t, w)
+        }
+        """
+    )
+
+
+def _same_length() -> onnx.ModelProto:
+    """A length read from two tensors that share its dim, subtracted: 0 for every length."""
+    return parse(
+        """
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[B, S] x, float[B, S] m) => (float[B, S] y) <int64 i1 = {1}> {
+          sx = Shape(x)
+          a = Gather<axis = 0>(sx, i1)
+          sm = Shape(m)
+          b = Gather<axis = 0>(sm, i1)
+          d = Sub(a, b)
+          f = Cast<to = 1>(d)
+          y = Add(x, f)
+        }
+        """
+    )
+
+
 def _unevaluable() -> onnx.ModelProto:
     """``Erf`` of a double constant: a valid model, but onnxruntime's CPU provider has no
     double Erf kernel, so neither folding nor the comparison can run it."""
@@ -161,5 +203,9 @@ EXAMPLES = {
     ("constant-folding", "fold-pooled"): Example(model=pooled),
     ("constant-folding", "fill"): Example(model=_uniform_gather),
     ("constant-folding", "equal-dims"): Example(model=_expand_test),
+    ("constant-folding", "div-dims"): Example(
+        model=_windows_per_image, passes=("symbolic-shapes", "constant-folding")
+    ),
+    ("constant-folding", "sub-dims"): Example(model=_same_length),
     ("constant-folding", "skipped-unevaluable"): Example(model=_unevaluable, compare=False),
 }
