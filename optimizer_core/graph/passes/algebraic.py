@@ -489,6 +489,35 @@ def _merge_unsqueezes(node: ir.Node, match: tuple[ir.Value, list[int]], ctx: Rul
     node.replace_input_with(1, axes)
 
 
+def _computed_shape_of_flat(node: ir.Node, inner: ir.Node) -> ir.Value | str:
+    """Check: ``Reshape(Reshape(x, [-1]), s)`` with a computed ``s`` (``Shape(y)``, as a gathered
+    mask is put back into the shape of its indices). Reading x directly gives the same result
+    wherever the pair runs: the element count is the same, and an entry that may be 0 at run
+    time (a dim read from a tensor, which "copies" then) must be x's own dim at that position,
+    so that a copy reads that very size; the flat input has a single dim, which a copy at
+    position 0 reads as the element count, 0 exactly when x's dim there is."""
+    from graphtrim.graph.passes._symbolic_dims import Dim, named, shape_entries
+
+    if u.rank(node.inputs[0]) != 1:
+        return "the shape is computed and the input is not flat"
+    src = inner.inputs[0]
+    entries = shape_entries(node.inputs[1])
+    if entries is None:
+        return "the shape is computed and its entries are unknown"
+    if node.attributes.get_int("allowzero", 0):
+        return src  # each entry is the size it says
+    dims = named(src) or []
+    for j, e in enumerate(entries):
+        if isinstance(e, int) and e != 0:
+            continue  # a size, or the -1 the element count fixes (the same for x)
+        if isinstance(e, Dim) and isinstance(e.value, int) and e.value > 0:
+            continue
+        if isinstance(e, Dim) and j < len(dims) and dims[j] is not None and dims[j] == e.value:
+            continue  # copying x's dim there reads this very size
+        return "an entry may be 0 (copy) and is not proved to be x's dim at its position"
+    return src
+
+
 def _reshape_of(op: str) -> Callable[[ir.Node, RuleContext], Any]:
     """Check: the Reshape reads ``op``'s output and its constant shape copies no dim."""
 
@@ -500,6 +529,8 @@ def _reshape_of(op: str) -> Callable[[ir.Node, RuleContext], Any]:
         if len(node.inputs) < 2 or inner.inputs[0] is None:
             return "an input is missing"
         shape = u.const_ints(node.inputs[1])
+        if shape is None and op == "Reshape":
+            return _computed_shape_of_flat(node, inner)
         if shape is None:
             return "the shape is not constant"
         if 0 in shape and not node.attributes.get_int("allowzero", 0):
@@ -721,7 +752,13 @@ RULES: tuple[Rule, ...] = (
             f"{op.lower()}-reshape",
             f"Reshape({op}(x), s) -> Reshape(x, s) when s is constant and copies no dim (no 0 "
             f"entry, or allowzero=1) but ones x has at the same position (the same static size "
-            f"or name): a Reshape reads only the element order, which {op} keeps",
+            f"or name): a Reshape reads only the element order, which {op} keeps"
+            + (
+                "; or s is computed (Shape(y)), the inner Reshape flattens, and each entry "
+                "that may be 0 at run time is x's dim at its position"
+                if op == "Reshape"
+                else ""
+            ),
             ("Reshape",),
             _reshape_of(op),
             _read_source,

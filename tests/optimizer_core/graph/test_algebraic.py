@@ -997,3 +997,39 @@ def test_unsqueezes_with_attribute_axes_merge_too():
     assert op_types(out) == ["Unsqueeze"]
     assert list(out.graph.node[0].attribute[0].ints) == [0, 2, 3]
     assert_equivalent(proto, out, dim_values={"S": 5})
+
+
+GATHERED_MASK = """
+<ir_version: 8, opset_import: ["" : 17]>
+g (float[K, 1] table, int64[B, 1, 1, S] idx, float[A, C] other) => (float[B, 1, 1, S] y)
+  <int64[1] flat = {-1}> {
+  picked = Gather(table, idx)
+  r = Reshape(picked, flat)
+  s = Shape(TARGET)
+  y = Reshape(r, s)
+}
+"""
+
+
+def test_a_flattened_gather_put_back_into_its_indices_shape_is_one_reshape():
+    """A mask gathered from a flat table, flattened and reshaped to the indices' shape (BERT's
+    TorchScript export): ``Reshape(Reshape(x, [-1]), Shape(idx))`` reads x itself, since each
+    entry that may be 0 at run time copies x's very dim (x is ``[B, 1, 1, S, 1]``)."""
+    proto = parse(GATHERED_MASK.replace("TARGET", "idx"))
+    out, result = run_passes(proto, [*ALGEBRAIC, "dead-code"])
+    assert fired(result)["reshape-reshape"] == 1
+    assert op_types(out).count("Reshape") == 1
+    rng = np.random.default_rng(0)
+    for b, s in ((2, 5), (1, 1), (0, 3)):  # an empty batch too: the copied dim is 0 both ways
+        feeds = {
+            "table": rng.standard_normal((7, 1)).astype(np.float32),
+            "idx": rng.integers(0, 7, (b, 1, 1, s)).astype(np.int64),
+            "other": np.zeros((2, 3), np.float32),
+        }
+        assert_equivalent(proto, out, inputs=[feeds])
+    # a shape read from a tensor nothing relates to x: a 0 there would copy another dim
+    other = parse(
+        GATHERED_MASK.replace("TARGET", "other").replace("float[B, 1, 1, S] y", "float[A, C] y")
+    )
+    _, result = run_passes(other, ALGEBRAIC)
+    assert "reshape-reshape" not in fired(result)
