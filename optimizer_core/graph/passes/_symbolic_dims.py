@@ -237,12 +237,115 @@ def rename(out: ir.Value, dims: list[int | str], forgotten: list[ir.Value]) -> b
                     continue
                 seen.add(id(o))
                 found = u.symbolic_dims(o)
+                if _carry(user, o, found):
+                    pending.append(o)  # computed here: no inference round needed for it
+                    continue
                 if found is None:
                     continue
                 if any(isinstance(d, str) and d.startswith("unk__") for d in found):
                     o.shape = None
                     pending.append(o)
                     forgotten.append(o)
+    return True
+
+
+def _unknown(d: int | str | None) -> bool:
+    return d is None or (isinstance(d, str) and d.startswith("unk__"))
+
+
+def _broadcast(a: int | str | None, b: int | str | None) -> int | str | None:
+    """One dim of a valid broadcast: equal dims, the other side of a 1, and a static size over
+    a name (which must then be that size or 1); ``None`` where the operands do not decide it."""
+    if a == b:
+        return a
+    if a == 1:
+        return b
+    if b == 1:
+        return a
+    if isinstance(a, int) and not isinstance(b, int):
+        return a
+    if isinstance(b, int) and not isinstance(a, int):
+        return b
+    return None
+
+
+def _broadcast_all(shapes: list[list[int | str | None]]) -> list[int | str | None] | None:
+    rank = max(len(s) for s in shapes)
+    out: list[int | str | None] = []
+    for j in range(rank):
+        d: int | str | None = 1
+        for s in shapes:
+            k = j - (rank - len(s))
+            d = _broadcast(d, s[k] if k >= 0 else 1)
+            if d is None:
+                return None
+        out.append(d)
+    return out
+
+
+_SAME_SHAPE = u._SHAPE_KEEPING - {"LayerNormalization", "RMSNormalization", "Dropout"}
+_BROADCASTING = u._ELEMENTWISE | {"Where", "Equal", "Less", "Greater", "LessOrEqual",
+                                  "GreaterOrEqual", "And", "Or", "Xor", "Mod", "PRelu"}  # fmt: skip
+
+
+def _local_dims(node: ir.Node, o: ir.Value) -> list[int | str | None] | None:
+    """``o``'s dims as the op computes them from its inputs' (ops that keep, permute or
+    broadcast shapes, and MatMul); ``None`` for any other op or an unknown input rank."""
+    if not u.is_standard(node) or any(v is None for v in node.inputs) or not node.inputs:
+        return None
+    op = node.op_type
+    found = [named(v) for v in node.inputs]
+    ins = [d for d in found if d is not None]
+    if len(ins) != len(found):
+        return None
+    first = ins[0]
+    if op in _SAME_SHAPE or (
+        op in ("LayerNormalization", "RMSNormalization", "Dropout") and o is node.outputs[0]
+    ):
+        return list(first)
+    if op == "Transpose":
+        perm = node.attributes.get_ints("perm", None)
+        perm = list(range(len(first)))[::-1] if perm is None else list(perm)
+        if sorted(perm) != list(range(len(first))):
+            return None
+        return [first[p] for p in perm]
+    if op in _BROADCASTING:
+        return _broadcast_all(ins)
+    if op == "MatMul" and len(ins) == 2:
+        a, b = ins
+        if len(a) < 2 or len(b) < 2:
+            return None
+        batch = _broadcast_all([a[:-2], b[:-2]])
+        return None if batch is None else [*batch, a[-2], b[-1]]
+    return None
+
+
+def _carry(node: ir.Node, o: ir.Value, found: list[int | str | None] | None) -> bool:
+    """Give ``o`` the dims its op computes from its inputs where they name what ``o`` has
+    unnamed; whether ``o`` changed. Dims ``o`` already has (sizes, names) are kept."""
+    new = _local_dims(node, o)
+    if new is None or (found is not None and len(found) != len(new)):
+        return False
+    dims: list[int | str | None] = []
+    for j, d in enumerate(new):
+        old = found[j] if found is not None else None
+        if not _unknown(old):
+            if isinstance(old, int) and isinstance(d, int) and old != d:
+                return False  # conflicting facts: leave the value alone
+            dims.append(old)
+        else:
+            dims.append(None if _unknown(d) else d)
+    if found is not None and dims == found:
+        return False
+    if found is None and all(d is None for d in dims):
+        return False
+    current = o.shape.dims if o.shape is not None else None
+    o.shape = ir.Shape(
+        [
+            d if d is not None else (current[j] if current is not None else None)
+            for j, d in enumerate(dims)
+        ]
+    )
     return True
 
 

@@ -501,6 +501,8 @@ def _computed_shape_of_flat(node: ir.Node, inner: ir.Node) -> ir.Value | str:
     if u.rank(node.inputs[0]) != 1:
         return "the shape is computed and the input is not flat"
     src = inner.inputs[0]
+    if src is None:
+        return "an input is missing"
     entries = shape_entries(node.inputs[1])
     if entries is None:
         return "the shape is computed and its entries are unknown"

@@ -678,3 +678,58 @@ def test_a_minus_one_that_is_no_whole_dim_stays_unnamed():
     )
     _, result = run_passes(proto, ["symbolic-shapes"])
     assert "reshape-dims" not in rules_fired(result)
+
+
+def test_renamed_dims_are_carried_through_ops_that_keep_permute_or_broadcast_them():
+    """A dim named by a rewrite reaches the values after it at once through Transpose, unary
+    and broadcasting ops and MatMul (computed as the op does), with no inference round between:
+    only what those ops cannot compute is forgotten for inference to redo."""
+    import onnx_ir as ir
+
+    from graphtrim.graph.passes._symbolic_dims import _broadcast, rename
+
+    proto = parse(
+        """
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[batch, 8, 4] x, float[4, 6] w) => (float[M, 8, 6] y, float[M, 4, 1, 8] z)
+          <int64[3] s = {-1, 4, 8}, float[8, 1] bias = {1, 2, 3, 4, 5, 6, 7, 8}, int64[1] ax = {2}> {
+          r = Reshape(x, s)
+          t = Transpose<perm = [0, 2, 1]>(r)
+          a = Relu(t)
+          b = Add(a, bias)
+          c = Transpose<perm = [0, 2, 1]>(b)
+          y = MatMul(b, w)
+          z = Unsqueeze(c, ax)
+        }
+        """
+    )
+    model = ir.serde.deserialize_model(proto)
+    values = {v.name: v for n in model.graph for v in n.outputs}
+    tails = {
+        "r": [4, 8],
+        "t": [8, 4],
+        "a": [8, 4],
+        "b": [8, 4],
+        "c": [4, 8],
+        "y": [8, 6],
+        "z": [4, 1, 8],
+    }
+    for name, tail in tails.items():  # as inference left them, not knowing r's first dim
+        values[name].shape = ir.Shape(["unk__1_0", *tail])
+    forgotten: list[ir.Value] = []
+    assert rename(values["r"], ["batch", 4, 8], forgotten)
+    assert _dims(values["t"]) == ["batch", 8, 4]
+    assert _dims(values["b"]) == ["batch", 8, 4]
+    assert _dims(values["c"]) == ["batch", 4, 8]
+    assert _dims(values["y"]) == ["batch", 8, 6]
+    # Unsqueeze is not computed here: its output is left to inference
+    assert values["z"] in forgotten and values["z"].shape is None
+    assert forgotten == [values["z"]]
+    # a broadcast decides a dim from a 1, an equal dim, or a size against a name, never from
+    # two different names (either may be 1)
+    assert [_broadcast(1, "a"), _broadcast("a", 4), _broadcast(4, 4), _broadcast("a", "b")] == [
+        "a",
+        4,
+        4,
+        None,
+    ]
