@@ -219,6 +219,10 @@ def rename(out: ir.Value, dims: list[int | str], forgotten: list[ir.Value]) -> b
     inference derived downstream from the unnamed dims (named ``unk__*``, appended to
     ``forgotten``), so that the next inference names them too. False when there is nothing to
     do."""
+    if any(isinstance(d, str) and "unk__" in d and not d.startswith("unk__") for d in dims):
+        # a sum or multiple of a dim inference could not compute: a later run may compute
+        # that dim, and a name built on its placeholder would outlive it
+        return False
     current = u.symbolic_dims(out)
     if current == dims:
         return False  # a graph output too: the optimizer gives it back its declared names

@@ -733,3 +733,18 @@ def test_renamed_dims_are_carried_through_ops_that_keep_permute_or_broadcast_the
         4,
         None,
     ]
+
+
+def test_no_name_is_built_on_a_dim_inference_could_not_compute():
+    """``(64*unk__4_5)`` would name a multiple of a placeholder: inference forgets and
+    recomputes ``unk__`` dims each run, but a name built on one would stay and hide what it
+    computes later (a Swin TorchScript export stopped resolving its window shapes)."""
+    import onnx_ir as ir
+
+    from graphtrim.graph.passes._symbolic_dims import rename
+
+    value = ir.Value(name="v", shape=ir.Shape(["unk__4_5", 3]))
+    forgotten: list[ir.Value] = []
+    assert not rename(value, ["(64*unk__4_5)", 3], forgotten)
+    assert _dims(value) == ["unk__4_5", 3]
+    assert rename(value, ["(64*batch)", 3], forgotten)
