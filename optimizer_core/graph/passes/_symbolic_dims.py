@@ -315,6 +315,8 @@ def _local_dims(node: ir.Node, o: ir.Value) -> list[int | str | None] | None:
         return [first[p] for p in perm]
     if op in _BROADCASTING:
         return _broadcast_all(ins)
+    if op == "Tile":
+        return tiled(node)
     if op == "MatMul" and len(ins) == 2:
         a, b = ins
         if len(a) < 2 or len(b) < 2:
@@ -322,6 +324,27 @@ def _local_dims(node: ir.Node, o: ir.Value) -> list[int | str | None] | None:
         batch = _broadcast_all([a[:-2], b[:-2]])
         return None if batch is None else [*batch, a[-2], b[-1]]
     return None
+
+
+def tiled(node: ir.Node) -> list[int | str | None] | None:
+    """The dims of ``Tile(x, r)`` for constant repeats ``r``: each of x's dims times its repeat
+    (``None`` where x's dim is unknown)."""
+    from graphtrim.graph.passes import _dim_exprs as x
+
+    if len(node.inputs) != 2 or node.inputs[1] is None:
+        return None
+    dims, reps = named(node.inputs[0]), u.const_ints(node.inputs[1])
+    if dims is None or reps is None or len(reps) != len(dims) or any(r < 0 for r in reps):
+        return None
+    out: list[int | str | None] = []
+    for d, r in zip(dims, reps, strict=True):
+        if r == 0:
+            out.append(0)
+        elif d is None or _unknown(d):
+            out.append(None)
+        else:
+            out.append(x.scale(d, r))
+    return out
 
 
 def _carry(node: ir.Node, o: ir.Value, found: list[int | str | None] | None) -> bool:

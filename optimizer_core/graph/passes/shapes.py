@@ -88,6 +88,11 @@ RULES: tuple[Rule, ...] = (
         "decided: an entry or a dim of 1 takes the other side (named as range-dim)",
     ),
     Rule(
+        "tile-dims",
+        "Tile(x, r) has x's dims times the constant repeats r, dim by dim (a named dim times k "
+        "is named as range-dim: (16*batch))",
+    ),
+    Rule(
         "reshape-transpose-reshape",
         "Reshape(Transpose(Reshape(x, [-1, *tail]), p), [*lead, *t]) -> Transpose(x, [0, .., "
         "k-1, k-1+p[1], ..]) when the first Reshape merges x's leading dims lead = x[:k], p keeps "
@@ -151,6 +156,11 @@ class SymbolicShapes(GraphtrimPass):
             if node.op_type == "Concat":
                 if self._name_concat(node, forgotten):
                     self.hit("concat-dims")
+                    changed = True
+                continue
+            if node.op_type == "Tile":
+                if self._name_tile(node, forgotten):
+                    self.hit("tile-dims")
                     changed = True
                 continue
             if node.op_type == "Slice":
@@ -255,6 +265,17 @@ class SymbolicShapes(GraphtrimPass):
                     return False  # unknown everywhere, or two names nothing relates
                 dims.append(known.pop())
         return rename(node.outputs[0], dims, forgotten)
+
+    @staticmethod
+    def _name_tile(node: ir.Node, forgotten: list[ir.Value]) -> bool:
+        """``Tile(x, r)`` with constant repeats has x's dims times them (onnx's inference
+        cannot name a multiple of a named dim)."""
+        from graphtrim.graph.passes._symbolic_dims import tiled
+
+        dims = tiled(node)
+        if dims is None or any(d is None for d in dims):
+            return False
+        return rename(node.outputs[0], dims, forgotten)  # type: ignore[arg-type]
 
     @staticmethod
     def _name_slice(node: ir.Node, forgotten: list[ir.Value], opset: int) -> bool:

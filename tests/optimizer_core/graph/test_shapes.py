@@ -748,3 +748,21 @@ def test_no_name_is_built_on_a_dim_inference_could_not_compute():
     assert not rename(value, ["(64*unk__4_5)", 3], forgotten)
     assert _dims(value) == ["unk__4_5", 3]
     assert rename(value, ["(64*batch)", 3], forgotten)
+
+
+def test_a_tile_by_constant_repeats_multiplies_the_named_dims():
+    """onnx's inference cannot name ``Tile([B, 8], [4, 1])``'s first dim; named ``(4*B)``, it
+    is the windows' own, and what is computed from both knows it (GC ViT's global query)."""
+    import onnx_ir as ir
+
+    from graphtrim.graph.passes.shapes import SymbolicShapes
+    from graphtrim.graph.shape_inference import ShapeInference
+    from tests.optimizer_core.graph.rule_examples.shapes import TILE_DIMS
+
+    model = ir.serde.deserialize_model(parse(TILE_DIMS))
+    ShapeInference().call(model)
+    values = {v.name: v for n in model.graph for v in n.outputs}
+    assert _dims(values["s"])[0] != "(4*B)"
+    SymbolicShapes().call(model)
+    assert _dims(values["t"]) == ["(4*B)", 8]
+    assert _dims(values["s"]) == ["(4*B)", 8]

@@ -40,6 +40,18 @@ g (float[B, 4, 8] x) => (float[B, 5, 8] y)
 }
 """
 
+# GC ViT's global query tiled over the windows of each image: [B, 8] by [4, 1] is [(4*B), 8], the
+# windows' own first dim, so the sum below has it too
+TILE_DIMS = """
+<ir_version: 8, opset_import: ["" : 17]>
+g (float[B, 8] q, float[B, 4, 8] x) => (float[M, 8] y) <int64[2] reps = {4, 1}, int64[2] flat = {-1, 8}> {
+    t = Tile(q, reps)
+    w = Reshape(x, flat)
+    s = Add(t, w)
+    y = Relu(s)
+}
+"""
+
 # a Reshape to [-1, 8] of [B, 2, 4]: -1 is B
 RESHAPE_DIMS = """
 <ir_version: 8, opset_import: ["" : 17]>
@@ -91,4 +103,5 @@ EXAMPLES: dict[tuple[str, str], Example] = {
     ("symbolic-shapes", "reshape-dims"): Example(model=lambda: parse(RESHAPE_DIMS)),
     ("symbolic-shapes", "concat-dims"): Example(model=lambda: parse(KV)),
     ("symbolic-shapes", "slice-dims"): Example(model=lambda: parse(SLICE_DIMS)),
+    ("symbolic-shapes", "tile-dims"): Example(model=lambda: parse(TILE_DIMS)),
 }
