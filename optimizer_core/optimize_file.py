@@ -18,7 +18,11 @@ import onnx_ir as ir
 from graphtrim import __version__
 from graphtrim.errors import GraphtrimError, VerificationError, VerificationUnavailable
 from graphtrim.graph.framework import ChangeLog, Instrument, OptimizeOptions, ProgressFn
-from graphtrim.graph.metadata import StrippedMetadata, strip_debug_metadata_stats
+from graphtrim.graph.metadata import (
+    StrippedMetadata,
+    strip_debug_metadata_stats,
+    strip_intermediate_shapes,
+)
 from graphtrim.graph.opset import passthrough_reason
 from graphtrim.graph.optimizer import optimize_model
 from graphtrim.graph.presets import resolve
@@ -50,6 +54,8 @@ class OptimizeReport:
     verification: VerificationRecord | None = None
     # exporter debug metadata removed from the output; None when it was kept
     metadata_stripped: StrippedMetadata | None = None
+    # intermediate values whose type and shape annotations were removed; None when kept
+    shapes_stripped: int | None = None
 
     def table(self) -> str:
         return before_after_table(self.before, self.after, self.seconds)
@@ -66,6 +72,11 @@ class OptimizeReport:
             "debug_metadata": (
                 {"stripped": True, **self.metadata_stripped.to_json()}
                 if self.metadata_stripped is not None
+                else {"stripped": False}
+            ),
+            "intermediate_shapes": (
+                {"stripped": True, "values": self.shapes_stripped}
+                if self.shapes_stripped is not None
                 else {"stripped": False}
             ),
             "verification": self.verification.to_json() if self.verification else None,
@@ -181,6 +192,7 @@ def optimize_file(
     dim_values: Mapping[str, int] | None = None,
     progress: ProgressFn | None = None,
     keep_metadata: bool = False,
+    keep_shapes: bool = False,
 ) -> OptimizeReport:
     """Optimize the model at ``src`` into ``dst``.
 
@@ -192,7 +204,10 @@ def optimize_file(
     results is named. Either failure raises :class:`VerificationError` and leaves no output.
     Exporter debug metadata (node ``metadata_props``, doc strings: see
     :mod:`graphtrim.graph.metadata`) is removed from the output unless ``keep_metadata``;
-    the model's own ``metadata_props`` always stay. The report says how much went.
+    the model's own ``metadata_props`` always stay. The type and shape annotations of
+    intermediate values (``value_info``) go too unless ``keep_shapes``: onnxruntime infers its
+    own, and the ones left by rewrites can steer its transformers to slower graphs (see
+    :func:`~graphtrim.graph.metadata.strip_intermediate_shapes`). The report says how much went.
 
     Raises:
         InvalidModelError: the input cannot be optimized (corrupt, unsafe, unsupported).
@@ -249,6 +264,7 @@ def optimize_file(
     )
     result = apply_target(result)
     stripped = None if keep_metadata else strip_debug_metadata_stats(result.model)
+    shapes = None if keep_shapes else strip_intermediate_shapes(result.model)
     seconds = time.perf_counter() - start
     dst_p.parent.mkdir(parents=True, exist_ok=True)
     # stage beside the target: a model that fails verification never reaches ``dst``
@@ -257,7 +273,14 @@ def optimize_file(
         staged = save_model(result.model, staging / dst_p.name)
         after = ModelStats.of(result.model, staged)
         report = OptimizeReport(
-            str(src_p), str(dst_p), before, after, result.log, seconds, metadata_stripped=stripped
+            str(src_p),
+            str(dst_p),
+            before,
+            after,
+            result.log,
+            seconds,
+            metadata_stripped=stripped,
+            shapes_stripped=shapes,
         )
         if check:
             from graphtrim.verify import verify
