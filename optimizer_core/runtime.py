@@ -158,21 +158,70 @@ def load_probe(
     }
 
 
+# past_key_values.0.key (transformers, onnxruntime-genai), past.0.value, past_key.3, past_value_3
+_KV_CACHE_NAME = re.compile(r"^past(_key_values)?[._]\d+[._](key|value)$|^past_(key|value)[._]\d+$")
+
+
+def decoder_dims(
+    specs: Sequence[tuple[str, Any, Sequence[int | str | None]]],
+    bound: dict[str, int],
+    default_dim: int,
+) -> int | None:
+    """For a decoder with a KV cache, bind the attention mask's own length dim to the cache's
+    length plus the new tokens' (in ``bound``); the cache's length, or None for other models.
+
+    The cache length is axis -2 of the ``past...`` inputs (``[batch, heads, length, head]``),
+    the new tokens axis 1 of ``input_ids`` (or of ``inputs_embeds``)."""
+    shapes = {name: list(shape) for name, _, shape in specs}
+    past = [s for n, s in shapes.items() if _KV_CACHE_NAME.match(n) and len(s) >= 3]
+    if not past:
+        return None
+
+    def size(d: int | str | None) -> int:
+        if isinstance(d, int) and d >= 0:
+            return d
+        if isinstance(d, str) and d:
+            return bound.setdefault(d, default_dim)
+        return default_dim
+
+    tokens = shapes.get("input_ids") or shapes.get("inputs_embeds")
+    if tokens and isinstance(tokens[0], str) and tokens[0]:
+        # one sequence: onnxruntime's GroupQueryAttention takes no batch of prompts with a cache
+        bound.setdefault(tokens[0], 1)
+    cache = size(past[0][-2])
+    mask = shapes.get("attention_mask")
+    if tokens is not None and len(tokens) >= 2 and mask is not None and len(mask) == 2:
+        new = size(tokens[1])
+        total = mask[1]
+        if isinstance(total, str) and total and total != tokens[1] and total not in bound:
+            bound[total] = cache + new
+    return cache
+
+
 def probe_feeds(sess: Any) -> dict[str, Any]:
     """Seeded inputs of an onnxruntime session's input types (symbolic dims of size 2), for
-    probes that only need the model to run once."""
+    probes that only need the model to run once; a decoder's cache dims as
+    :func:`decoder_dims` binds them, with its attention mask all ones."""
     import numpy as np
 
     rng = np.random.default_rng(0)
+    inputs = sess.get_inputs()
+    bound: dict[str, int] = {}
+    decoder = decoder_dims([(i.name, i.type, list(i.shape)) for i in inputs], bound, 2)
     feeds: dict[str, Any] = {}
-    for i in sess.get_inputs():
-        shape = [d if isinstance(d, int) and d > 0 else 2 for d in i.shape]
+    for i in inputs:
+        shape = [
+            d if isinstance(d, int) and d > 0 else bound.get(d, 2) if isinstance(d, str) else 2
+            for d in i.shape
+        ]
         kind = str(i.type).removeprefix("tensor(").removesuffix(")")
         dtype = {"float": np.float32, "double": np.float64, "float16": np.float16}.get(kind)
         if dtype is not None:
             feeds[i.name] = rng.standard_normal(shape).astype(dtype)
         elif kind == "bool":
             feeds[i.name] = np.zeros(shape, dtype=np.bool_)
+        elif decoder is not None and i.name == "attention_mask":
+            feeds[i.name] = np.ones(shape, dtype=np.dtype(kind))
         else:
             feeds[i.name] = np.zeros(shape, dtype=np.dtype(kind) if kind != "string" else object)
     return feeds

@@ -289,9 +289,18 @@ def make_inputs(
     dim_values: Mapping[str, int] | None = None,
     default_dim: int = 2,
 ) -> dict[str, np.ndarray]:
-    """Seeded random feeds; a named symbolic dim gets the same size everywhere it appears."""
+    """Seeded random feeds; a named symbolic dim gets the same size everywhere it appears.
+
+    A decoder with a KV cache (inputs named ``past...``, as transformers, Optimum and
+    onnxruntime-genai write them) is fed as it runs: the attention mask covers the cached and
+    the new tokens (its length is the sum when it has a dim of its own), every position
+    attends (ones), position ids count on from the cache's length, and the batch is one
+    sequence (unless ``dim_values`` says otherwise)."""
     rng = np.random.default_rng(seed)
     bound: dict[str, int] = dict(dim_values or {})
+    from graphtrim.runtime import decoder_dims
+
+    decoder = decoder_dims(specs, bound, default_dim)
     feeds: dict[str, np.ndarray] = {}
     for name, type_str, shape in specs:
         dtype = _ORT_TYPES.get(type_str)
@@ -307,7 +316,13 @@ def make_inputs(
                 dims.append(bound.setdefault(d, default_dim))
             else:
                 dims.append(default_dim)
-        if dtype == np.str_:
+        arr: np.ndarray
+        if decoder is not None and name == "attention_mask" and np.issubdtype(dtype, np.integer):
+            arr = np.ones(dims, dtype=dtype)
+        elif decoder is not None and name == "position_ids" and np.issubdtype(dtype, np.integer):
+            past = decoder
+            arr = np.broadcast_to(np.arange(past, past + dims[-1], dtype=dtype), dims).copy()
+        elif dtype == np.str_:
             arr = np.array(STRING_VALUES, dtype=object)[
                 rng.integers(0, len(STRING_VALUES), size=dims)
             ]
@@ -329,6 +344,9 @@ def _dims_hint(
     """Where random inputs sized the model's symbolic dims: which sizes they took, and how to
     set them (a model that cannot run at the default size is not a changed result)."""
     given = dict(dim_values or {})
+    from graphtrim.runtime import decoder_dims
+
+    decoder_dims(specs, given, default_dim)  # the sizes make_inputs derives for decoders
     named = {d for _, _, shape in specs for d in shape if isinstance(d, str) and d}
     unnamed = any(d is None or (isinstance(d, int) and d < 0) for _, _, s in specs for d in s)
     if not named and not unnamed:

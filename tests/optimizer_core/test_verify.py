@@ -4,6 +4,8 @@ instrument, which must name the first pass that changed results."""
 from __future__ import annotations
 
 import numpy as np
+import onnx
+import onnx.helper as oh
 import onnx_ir as ir
 import pytest
 
@@ -375,3 +377,86 @@ def test_verify_each_pass_reports_inputs_it_cannot_fill():
     inst = VerifyEachPass(inputs=[{"s": [np.ones(2, np.float32)]}])
     optimize_model(model, passes=["identity"], instruments=[inst])
     assert inst.checked == 1
+
+
+def _decoder_step() -> onnx.ModelProto:
+    """A KV-cache step that runs only when the attention mask's length is the cache's length
+    plus the new tokens' (``Mul`` of ``[B, 1, P+S, 4]`` by ``[B, 1, T, 1]``)."""
+    i64, f32 = onnx.TensorProto.INT64, onnx.TensorProto.FLOAT
+    nodes = [
+        oh.make_node("Cast", ["input_ids"], ["idf"], to=f32),
+        oh.make_node("Unsqueeze", ["idf", "axes13"], ["id4"]),
+        oh.make_node("Expand", ["id4", "shape1114"], ["new"]),
+        oh.make_node("Concat", ["past_key_values.0.key", "new"], ["present.0.key"], axis=2),
+        oh.make_node("Cast", ["attention_mask"], ["mf"], to=f32),
+        oh.make_node("Unsqueeze", ["mf", "axes13"], ["m4"]),
+        oh.make_node("Mul", ["present.0.key", "m4"], ["masked"]),
+        oh.make_node("Cast", ["position_ids"], ["pf"], to=f32),
+        oh.make_node("ReduceSum", ["pf"], ["psum"], keepdims=0),
+        oh.make_node("Add", ["masked", "psum"], ["y"]),
+    ]
+    graph = oh.make_graph(
+        nodes,
+        "step",
+        [
+            oh.make_tensor_value_info("input_ids", i64, ["batch", "seq"]),
+            oh.make_tensor_value_info("attention_mask", i64, ["batch", "total"]),
+            oh.make_tensor_value_info("position_ids", i64, ["batch", "seq"]),
+            oh.make_tensor_value_info("past_key_values.0.key", f32, ["batch", 1, "past", 4]),
+        ],
+        [
+            oh.make_tensor_value_info("y", f32, ["batch", 1, "total", 4]),
+            oh.make_tensor_value_info("present.0.key", f32, ["batch", 1, "total", 4]),
+        ],
+        initializer=[
+            onnx.numpy_helper.from_array(np.array([1, 3], dtype=np.int64), "axes13"),
+            onnx.numpy_helper.from_array(np.array([1, 1, 1, 4], dtype=np.int64), "shape1114"),
+        ],
+    )
+    return oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)])
+
+
+def test_a_kv_cache_decoder_is_fed_as_it_runs():
+    from graphtrim.runtime import probe_feeds
+    from graphtrim.verify import make_inputs
+
+    model = _decoder_step()
+    specs = [
+        ("input_ids", "tensor(int64)", ["batch", "seq"]),
+        ("attention_mask", "tensor(int64)", ["batch", "total"]),
+        ("position_ids", "tensor(int64)", ["batch", "seq"]),
+        ("past_key_values.0.key", "tensor(float)", ["batch", 1, "past", 4]),
+    ]
+    feeds = make_inputs(specs, seed=0, dim_values={"past": 5, "seq": 3})
+    assert feeds["input_ids"].shape == (1, 3)  # one sequence
+    assert feeds["attention_mask"].shape == (1, 8)  # the cache and the new tokens
+    assert (feeds["attention_mask"] == 1).all()
+    assert feeds["position_ids"].tolist() == [[5, 6, 7]]  # counting on from the cache
+    # the whole model verifies on those inputs, with and without sizes given
+    assert verify(model, model).ok
+    record = verify(model, model, dim_values={"past": 5, "seq": 3})
+    assert record.ok, record.summary()
+    assert record.input_shapes["attention_mask"] == [1, 8]
+    # a given batch or mask length wins
+    given = make_inputs(specs, seed=0, dim_values={"batch": 2, "total": 4})
+    assert given["input_ids"].shape[0] == 2 and given["attention_mask"].shape == (2, 4)
+    # the load probe of a built variant feeds it the same way
+    import onnxruntime as ort
+
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    probe = probe_feeds(sess)
+    assert probe["attention_mask"].shape == (1, 4) and (probe["attention_mask"] == 1).all()
+    sess.run(None, probe)
+
+
+def test_inputs_that_only_look_like_a_cache_change_nothing():
+    from graphtrim.verify import make_inputs
+
+    # a time-series model's past_values is no KV cache: its mask stays random
+    specs = [
+        ("past_values", "tensor(float)", ["batch", "seq", 3]),
+        ("attention_mask", "tensor(int64)", ["batch", "total"]),
+    ]
+    feeds = make_inputs(specs, seed=0)
+    assert feeds["attention_mask"].shape == (2, 2)
+    assert not (feeds["attention_mask"] == 1).all()
