@@ -74,6 +74,41 @@ def _add_quant_args(p: argparse.ArgumentParser) -> None:
         help="skip timing runtime-specific rewrites on --device (residual-sum: Add before a "
         "LayerNormalization written as Sum where onnxruntime runs it faster)",
     )
+    w = p.add_argument_group("weight-only variants (int4-weight, int8-weight)")
+    w.add_argument(
+        "--block-size",
+        type=positive_int,
+        default=32,
+        help="weights per scale along the reduced axis (a power of two, at least 16)",
+    )
+    w.add_argument(
+        "--weight-asymmetric",
+        action="store_true",
+        help="a zero point per block (default: symmetric, no zero points)",
+    )
+    w.add_argument(
+        "--weight-algorithm",
+        choices=("rtn", "hqq"),
+        default="rtn",
+        help="rtn: round to nearest; hqq: half-quadratic fitted scales and zero points "
+        "(4 bits, asymmetric, ort form)",
+    )
+    w.add_argument(
+        "--weight-form",
+        choices=("ort", "portable"),
+        default="portable",
+        help="portable (default): standard DequantizeLinear with block_size + MatMul (opset "
+        "21; the model is converted first), which onnxruntime fuses into MatMulNBits; ort: "
+        "onnxruntime's MatMulNBits written out",
+    )
+    w.add_argument(
+        "--accuracy-level",
+        type=int,
+        choices=range(5),
+        default=None,
+        help="MatMulNBits' accuracy_level (ort form): 4 (default) computes with int8 "
+        "activations, 0 in float (slow on CPU)",
+    )
     p.add_argument(
         "--fp16-io",
         action="store_true",
@@ -203,6 +238,11 @@ def _config(args: argparse.Namespace) -> Any:
         max_attempts=args.max_attempts,
         keep_io_types=not args.fp16_io,
         tune_device=None if args.no_tune else args.device,
+        block_size=args.block_size,
+        weight_symmetric=not args.weight_asymmetric,
+        weight_algorithm=args.weight_algorithm,
+        weight_form=args.weight_form,
+        accuracy_level=args.accuracy_level,
     )
 
 

@@ -111,6 +111,27 @@ class QuantizeConfig:
     # the device the variant is built for (``cpu`` / ``gpu``): rewrites that only pay off on
     # some runtimes (``residual-sum``) are timed there and kept where faster; None: not tuned
     tune_device: str | None = None
+    # int4-weight / int8-weight (block-wise, MatMul weights): see graphtrim.quantize.weight_only
+    block_size: int = 32
+    weight_symmetric: bool = True
+    weight_algorithm: str = "rtn"
+    # "ort": onnxruntime's MatMulNBits; "portable": DequantizeLinear(block_size) + MatMul
+    weight_form: str = "portable"
+    # MatMulNBits' accuracy_level (ort form); None: 4 (int8 compute), as onnxruntime runs the
+    # portable form
+    accuracy_level: int | None = None
+
+    def weight_settings(self, bits: int) -> Any:
+        from graphtrim.quantize.weight_only import WeightOnlySettings
+
+        return WeightOnlySettings(
+            bits=bits,
+            block_size=self.block_size,
+            symmetric=self.weight_symmetric,
+            algorithm=self.weight_algorithm,
+            form=self.weight_form,
+            accuracy_level=self.accuracy_level,
+        )
 
     def validate(self) -> None:
         if self.method not in CALIBRATION_METHODS:
@@ -126,6 +147,12 @@ class QuantizeConfig:
             raise QuantizeError("max_attempts must be at least 1")
         if not 0 < self.fallback_fraction <= 1:
             raise QuantizeError("fallback_fraction must be in (0, 1]")
+        from graphtrim.quantize.weight_only import WeightOnlyError
+
+        try:
+            self.weight_settings(4).validate()
+        except WeightOnlyError as exc:
+            raise QuantizeError(str(exc)) from exc
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -168,6 +195,8 @@ class VariantBuild:
     runtime_defects: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     # how the built variant agrees with the float model (build_variant always measures it)
     agreement: Agreement | None = None
+    # what the converter reports about the last attempt (weight-only: settings, form, counts)
+    conversion: dict[str, Any] | None = None
 
     @property
     def excluded(self) -> list[str]:
@@ -193,6 +222,7 @@ class VariantBuild:
             "tuning": self.tuning,
             "runtime_defects": self.runtime_defects,
             "agreement": self.agreement.to_json() if self.agreement is not None else None,
+            "conversion": self.conversion,
         }
 
 
@@ -320,6 +350,44 @@ def convert_int8_dynamic(
         nodes_to_exclude=keep_float,
         use_external_data_format=_model_bytes(src) > 1_500_000_000,
     )
+
+
+def _convert_weight_only(
+    bits: int, src: Path, dst: Path, cfg: QuantizeConfig, excluded: Sequence[str]
+) -> dict[str, Any]:
+    from graphtrim.quantize.weight_only import WeightOnlyError, quantize_weights
+
+    try:
+        record = quantize_weights(src, dst, cfg.weight_settings(bits), excluded, work=dst.parent)
+    except WeightOnlyError as exc:
+        raise QuantizeError(str(exc)) from exc
+    if not record["matmuls_quantized"]:
+        raise QuantizeError(f"int{bits}-weight: no MatMul with a constant 2-D weight to quantize")
+    return record
+
+
+def convert_int4_weight(
+    src: Path,
+    dst: Path,
+    cfg: QuantizeConfig,
+    excluded: Sequence[str],
+    calibration: Sequence[Feeds] = (),
+    progress: ProgressFn | None = None,
+) -> dict[str, Any]:
+    """4-bit block-wise MatMul weights (:mod:`graphtrim.quantize.weight_only`)."""
+    return _convert_weight_only(4, src, dst, cfg, excluded)
+
+
+def convert_int8_weight(
+    src: Path,
+    dst: Path,
+    cfg: QuantizeConfig,
+    excluded: Sequence[str],
+    calibration: Sequence[Feeds] = (),
+    progress: ProgressFn | None = None,
+) -> dict[str, Any]:
+    """8-bit block-wise MatMul weights (:mod:`graphtrim.quantize.weight_only`)."""
+    return _convert_weight_only(8, src, dst, cfg, excluded)
 
 
 def convert_int8_static(
@@ -630,6 +698,7 @@ def build_variant(
         defects: list[dict[str, Any]] = []
         final: Path | None = None
         cleanup: dict[str, Any] | None = None
+        conversion: dict[str, Any] | None = None
         build_cfg = cfg  # an avoided runtime defect keeps more ops in float from then on
         for number in range(1, cfg.max_attempts + 1):
             work = stage / f"attempt{number}"
@@ -638,12 +707,13 @@ def build_variant(
             def convert(
                 work: Path, bcfg: QuantizeConfig, excluded: list[str]
             ) -> tuple[Path, dict[str, Any]]:
+                nonlocal conversion
                 raw = work / "raw.onnx"
                 advice = _DropPreprocessAdvice()
                 # onnxruntime calls logging.warning(): the root logger's filter sees the record
                 logging.getLogger().addFilter(advice)
                 try:
-                    spec.convert()(pre, raw, bcfg, excluded, feeds, progress)
+                    conversion = spec.convert()(pre, raw, bcfg, excluded, feeds, progress)
                 except GraphtrimError:
                     raise
                 except Exception as exc:
@@ -727,6 +797,7 @@ def build_variant(
         assert final is not None
         built = finish(final, attempts, cleanup)
         built.runtime_defects = defects
+        built.conversion = conversion
         built.config = build_cfg  # what was built: with the ops an avoided defect kept in float
         return built
     finally:

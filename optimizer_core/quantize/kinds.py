@@ -27,8 +27,9 @@ class VariantKind:
         name: its name (``--variant``, registry names, record keys).
         help: one line for ``--help``.
         converter: ``module:function`` converting the optimized float model:
-            ``fn(src, dst, config, excluded_nodes, calibration_feeds, progress)``; None: the
-            optimized model is the variant.
+            ``fn(src, dst, config, excluded_nodes, calibration_feeds, progress)``, returning
+            None or a record of what it did (kept with the build); None: the optimized model
+            is the variant.
         needs_calibration: refused without calibration data.
         float16: converts to fp16: nodes whose values exceed fp16's range stay in fp32, and
             with ``keep_io_types`` off its inputs are fp16 (float32 feeds cannot be used).
@@ -88,6 +89,20 @@ KINDS: tuple[VariantKind, ...] = (
         gates={"size": {"max_ratio": 0.35}},
         promotion=0,
         default=True,
+    ),
+    VariantKind(
+        "int4-weight",
+        "4-bit block-wise MatMul weights, float activations (language models)",
+        converter="graphtrim.quantize.build:convert_int4_weight",
+        gates={"size": {"max_ratio": 0.35}},
+        promotion=4,
+    ),
+    VariantKind(
+        "int8-weight",
+        "8-bit block-wise MatMul weights, float activations",
+        converter="graphtrim.quantize.build:convert_int8_weight",
+        gates={"size": {"max_ratio": 0.45}},
+        promotion=5,
     ),
     VariantKind(
         "fp16",
