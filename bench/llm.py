@@ -14,7 +14,8 @@ Measured for each model, all sessions open at once and timed interleaved (onnxru
 ORT_ENABLE_ALL, 1 and 2 threads):
 
 * decode: one token with a KV cache of ``--past`` tokens, p50 over ``--runs`` steps, as
-  tokens/s and as the ratio to fp32;
+  tokens/s and as the ratio to fp32 (thread pools do not spin between runs: the sessions take
+  turns on the same cores);
 * prefill: a prompt of ``--prompt`` tokens, p50;
 * agreement with fp32 on the same prompt: next-token top-1 agreement over every position and
   the cosine of the last position's logits;
@@ -176,6 +177,8 @@ class Decoder:
         so = ort.SessionOptions()
         so.intra_op_num_threads = threads
         so.inter_op_num_threads = 1
+        # sessions run in turn: a pool thread spinning after its run would steal the next's core
+        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
         self.session = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
         self.inputs = {i.name: i for i in self.session.get_inputs()}
 

@@ -1,0 +1,183 @@
+"""The export stage's ``transformers`` flavor: a causal LM with its KV cache as explicit
+inputs and outputs (one graph for prefill and decode), and a text encoder."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+
+from graphtrim.examples import language
+from graphtrim.exporter import ExportError, to_onnx
+from graphtrim.optimize_file import optimize_file
+
+LAYERS, KV_HEADS, HEAD = 2, 2, 16
+
+
+@pytest.fixture(scope="module")
+def causal(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Path, Any]:
+    """A tiny Llama (4 query heads over 2 key/value heads) saved with the transformers flavor,
+    and its export."""
+    folder = tmp_path_factory.mktemp("causal")
+    model = language.llama(layers=LAYERS, heads=4, kv_heads=KV_HEADS, hidden=64)
+    saved = language.save_transformers(
+        model, language.tokenizer(), folder / "mlflow", "text-generation"
+    )
+    info = to_onnx(saved, folder / "onnx" / "model.onnx")
+    return model, folder / "onnx" / "model.onnx", info
+
+
+def _torch_step(
+    model: Any, ids: np.ndarray, past: list[np.ndarray]
+) -> tuple[np.ndarray, list[np.ndarray]]:
+    import torch
+    from transformers import DynamicCache
+
+    cache = DynamicCache(config=model.config)
+    for i in range(LAYERS):
+        cache.update(torch.from_numpy(past[2 * i]), torch.from_numpy(past[2 * i + 1]), i)
+    mask = torch.ones(ids.shape[0], past[0].shape[2] + ids.shape[1], dtype=torch.int64)
+    with torch.no_grad():
+        out = model(
+            input_ids=torch.from_numpy(ids),
+            attention_mask=mask,
+            past_key_values=cache,
+            use_cache=True,
+        )
+    present = [
+        t.numpy() for layer in out.past_key_values.layers for t in (layer.keys, layer.values)
+    ]
+    return out.logits.numpy(), present
+
+
+def _feeds(ids: np.ndarray, past: list[np.ndarray]) -> dict[str, np.ndarray]:
+    feeds = {
+        "input_ids": ids,
+        "attention_mask": np.ones((ids.shape[0], past[0].shape[2] + ids.shape[1]), dtype=np.int64),
+    }
+    for i in range(LAYERS):
+        feeds[f"past_key_values.{i}.key"] = past[2 * i]
+        feeds[f"past_key_values.{i}.value"] = past[2 * i + 1]
+    return feeds
+
+
+def test_causal_lm_exports_its_kv_cache_with_named_dims(causal: tuple[Any, Path, Any]) -> None:
+    _, path, info = causal
+    record = info.to_json()
+    assert record["flavor"] == "transformers (text-generation)"
+    assert record["decoder"]["kv_heads"] == KV_HEADS and record["decoder"]["head_dim"] == HEAD
+    proto = onnx.load(path)
+    dims = {
+        v.name: [d.dim_param or d.dim_value for d in v.type.tensor_type.shape.dim]
+        for v in [*proto.graph.input, *proto.graph.output]
+    }
+    assert dims["input_ids"] == ["batch", "sequence"]
+    assert dims["attention_mask"] == ["batch", "total_sequence"]
+    for i in range(LAYERS):
+        for kv in ("key", "value"):
+            assert dims[f"past_key_values.{i}.{kv}"] == ["batch", KV_HEADS, "past_sequence", HEAD]
+            assert dims[f"present.{i}.{kv}"][1:] == [KV_HEADS, "past_sequence + sequence", HEAD]
+    assert dims["logits"][:2] == ["batch", "sequence"]
+    assert {o.domain: o.version for o in proto.opset_import}[""] == 22
+    assert record["inputs"][2] == {
+        "name": "past_key_values.0.key",
+        "dims": dims["past_key_values.0.key"],
+    }
+
+
+@pytest.mark.parametrize(("batch", "past", "seq"), [(1, 0, 6), (1, 6, 1), (2, 4, 3)])
+def test_one_graph_serves_prefill_and_decode(
+    causal: tuple[Any, Path, Any], batch: int, past: int, seq: int
+) -> None:
+    model, path, _ = causal
+    rng = np.random.default_rng(batch * 100 + past * 10 + seq)
+    ids = rng.integers(0, 300, size=(batch, seq)).astype(np.int64)
+    cache = [
+        rng.standard_normal((batch, KV_HEADS, past, HEAD)).astype(np.float32)
+        for _ in range(2 * LAYERS)
+    ]
+    want_logits, want_present = _torch_step(model, ids, cache)
+    sess = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    got = sess.run(None, _feeds(ids, cache))
+    np.testing.assert_allclose(got[0], want_logits, rtol=1e-4, atol=1e-4)
+    for g, w in zip(got[1:], want_present, strict=True):
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)
+
+
+def test_a_decode_loop_on_the_export_continues_as_torch_does(causal: tuple[Any, Path, Any]) -> None:
+    """Greedy generation: prefill, then one token at a time through the exported cache."""
+    import torch
+
+    model, path, _ = causal
+    sess = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    prompt = np.array([[5, 17, 42, 7]], dtype=np.int64)
+    cache = [np.zeros((1, KV_HEADS, 0, HEAD), dtype=np.float32) for _ in range(2 * LAYERS)]
+    ids, tokens = prompt, []
+    for _ in range(6):
+        out = sess.run(None, _feeds(ids, cache))
+        nxt = int(out[0][0, -1].argmax())
+        tokens.append(nxt)
+        cache = out[1:]
+        ids = np.array([[nxt]], dtype=np.int64)
+    with torch.no_grad():
+        ref = model.generate(torch.from_numpy(prompt), max_new_tokens=6, do_sample=False)
+    assert tokens == ref[0, prompt.shape[1] :].tolist()
+
+
+def test_the_export_optimizes_and_verifies_with_decoder_inputs(
+    causal: tuple[Any, Path, Any], tmp_path: Path
+) -> None:
+    _, path, _ = causal
+    report = optimize_file(path, tmp_path / "opt.onnx", check=True)
+    assert report.verification is not None and report.verification.ok
+    assert report.verification.input_shapes["input_ids"][0] == 1
+    # the mask spans the cache and the new tokens
+    shapes = report.verification.input_shapes
+    assert (
+        shapes["attention_mask"][1] == shapes["past_key_values.0.key"][2] + shapes["input_ids"][1]
+    )
+    assert report.after.nodes <= report.before.nodes
+
+
+def test_text_encoder_exports_with_dynamic_batch_and_sequence(tmp_path: Path) -> None:
+    import torch
+    from transformers import BertConfig, BertModel
+
+    torch.manual_seed(0)
+    cfg = BertConfig(
+        vocab_size=300,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+    )
+    model = BertModel(cfg).eval()
+    saved = language.save_transformers(
+        model, language.tokenizer(), tmp_path / "mlflow", "feature-extraction"
+    )
+    info = to_onnx(saved, tmp_path / "model.onnx")
+    assert info.decoder is None and info.exporter == "dynamo"
+    sess = ort.InferenceSession(tmp_path / "model.onnx", providers=["CPUExecutionProvider"])
+    for batch, seq in ((1, 5), (3, 9)):
+        ids = np.random.default_rng(seq).integers(0, 300, size=(batch, seq)).astype(np.int64)
+        mask = np.ones_like(ids)
+        got = sess.run(None, {"input_ids": ids, "attention_mask": mask})[0]
+        with torch.no_grad():
+            want = model(input_ids=torch.from_numpy(ids), attention_mask=torch.from_numpy(mask))[0]
+        np.testing.assert_allclose(got, want.numpy(), rtol=1e-4, atol=1e-4)
+
+
+def test_a_folder_without_the_model_weights_is_a_clear_error(tmp_path: Path) -> None:
+    model = language.llama(layers=1)
+    saved = language.save_transformers(
+        model, language.tokenizer(), tmp_path / "mlflow", "text-generation"
+    )
+    for f in (saved / "model").glob("*.safetensors"):
+        f.unlink()
+    with pytest.raises(ExportError, match="cannot load the transformers model"):
+        to_onnx(saved, tmp_path / "model.onnx")
+    assert not (tmp_path / "model.onnx").exists()
