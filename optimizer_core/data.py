@@ -48,6 +48,9 @@ class EvalData:
     labels: list[np.ndarray] | None
     digest: str
     source: str
+    # a KV-cache decoder's evaluation text: the token ids [samples, sequence] the batches
+    # feed (as prefills); None for other data
+    tokens: np.ndarray | None = None
 
     @property
     def samples(self) -> int:
@@ -405,7 +408,21 @@ def check_data(
     Raises:
         DataError: one line naming the file and what is wrong with it.
     """
-    return _check(path, specs, role=role, label_key=label_key, read=False).summary(role)
+    return _check(
+        path, _token_specs(specs) or specs, role=role, label_key=label_key, read=False
+    ).summary(role)
+
+
+def _token_specs(specs: Sequence[InputSpec]) -> list[InputSpec] | None:
+    """For a decoder with a KV cache, what its data file holds: ``input_ids`` alone (the
+    token ids of texts, ``[samples, sequence]``); the mask and the empty cache of a prefill
+    follow from them. None for other models."""
+    from graphtrim.runtime import kv_cache_inputs
+
+    if not kv_cache_inputs(specs):
+        return None
+    ids = next((s for s in specs if s[0] == "input_ids"), None)
+    return [ids] if ids is not None else None
 
 
 def load_npz(
@@ -423,6 +440,9 @@ def load_npz(
     batch."""
     if batch_size < 1:
         raise DataError(f"{path}: batch size {batch_size}: it must be at least 1")
+    tokens = _token_specs(specs)
+    if tokens is not None:
+        return _load_tokens(path, specs, tokens, batch_size=batch_size, max_samples=max_samples)
     checked = _check(path, specs, role=None, label_key=label_key, read=True)
     arrays, names = checked.arrays, checked.names
     labels = arrays.get(checked.label_key) if checked.label_key else None
@@ -442,6 +462,38 @@ def load_npz(
             label_batches.append(labels[start:stop])
     digest = _hash_arrays({k: v[:used] for k, v in arrays.items()})
     return EvalData(batches, label_batches, digest, str(checked.path))
+
+
+def _load_tokens(
+    path: str | os.PathLike[str],
+    specs: Sequence[InputSpec],
+    tokens: Sequence[InputSpec],
+    *,
+    batch_size: int,
+    max_samples: int | None,
+) -> EvalData:
+    """A decoder's evaluation text (``input_ids``), each batch fed as a prefill."""
+    from graphtrim.errors import GraphtrimError
+    from graphtrim.runtime import decoder_feeds
+
+    checked = _check(path, tokens, role=None, label_key="", read=True)
+    ids = checked.arrays["input_ids"]
+    if ids.ndim != 2:
+        raise DataError(f"{checked.path}: 'input_ids' must be [samples, sequence], got {ids.shape}")
+    if (ids < 0).any():
+        raise DataError(f"{checked.path}: 'input_ids' holds negative token ids")
+    if ids.shape[1] < 2:
+        raise DataError(f"{checked.path}: sequences of {ids.shape[1]} token: nothing to predict")
+    n = ids.shape[0] if max_samples is None else min(ids.shape[0], max_samples)
+    ids = ids[:n].astype(np.int64)
+    batches: list[Feeds] = []
+    for start in range(0, n, batch_size):
+        try:
+            batches.append(decoder_feeds(specs, ids[start : start + batch_size]))
+        except GraphtrimError as exc:
+            raise DataError(f"{checked.path}: {exc}") from exc
+    digest = _hash_arrays({"input_ids": ids})
+    return EvalData(batches, None, digest, str(checked.path), tokens=ids)
 
 
 def random_data(specs: Sequence[InputSpec], *, batches: int = 8, seed: int = 0) -> EvalData:

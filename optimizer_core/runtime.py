@@ -162,6 +162,62 @@ def load_probe(
 _KV_CACHE_NAME = re.compile(r"^past(_key_values)?[._]\d+[._](key|value)$|^past_(key|value)[._]\d+$")
 
 
+def kv_cache_inputs(specs: Sequence[tuple[str, Any, Sequence[Any]]]) -> list[str]:
+    """The names of the KV-cache inputs (``past...`` of rank 3 or more) among ``specs``; empty
+    for a model that is no decoder with a cache."""
+    return [n for n, _, shape in specs if _KV_CACHE_NAME.match(n) and len(shape) >= 3]
+
+
+def decoder_feeds(
+    specs: Sequence[tuple[str, Any, Sequence[Any]]],
+    input_ids: Any,
+    *,
+    cache: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Feeds of a KV-cache decoder for the tokens ``input_ids`` ``[batch, sequence]``: the
+    attention mask (ones over the cache and the tokens), position ids where the model takes
+    them, and ``cache`` (name -> ``[batch, heads, past, head]``) or an empty cache (a
+    prefill).
+
+    Raises:
+        GraphtrimError: the cache's head count or head size is a named dim, so an empty cache
+            cannot be shaped (pass ``cache``).
+    """
+    import numpy as np
+
+    ids = np.asarray(input_ids, dtype=np.int64)
+    batch, seq = ids.shape
+    feeds: dict[str, Any] = {"input_ids": ids}
+    past = 0
+    types = {n: t for n, t, _ in specs}
+    for name, _, shape in specs:
+        if not _KV_CACHE_NAME.match(name) or len(shape) < 3:
+            continue
+        if cache is not None:
+            feeds[name] = cache[name]
+            past = int(np.shape(cache[name])[-2])
+            continue
+        inner = [d for i, d in enumerate(shape) if i not in (0, len(shape) - 2)]
+        if not all(isinstance(d, int) and d > 0 for d in inner):
+            raise GraphtrimError(
+                f"input {name} {list(shape)}: its heads and head size are named dims, so an "
+                "empty KV cache cannot be shaped"
+            )
+        dims = list(shape)
+        dims[0], dims[-2] = batch, 0
+        dtype = {"tensor(float16)": np.float16, "tensor(double)": np.float64}.get(
+            str(types[name]), np.float32
+        )
+        feeds[name] = np.zeros(dims, dtype=dtype)
+    if "attention_mask" in types:
+        feeds["attention_mask"] = np.ones((batch, past + seq), dtype=np.int64)
+    if "position_ids" in types:
+        feeds["position_ids"] = np.broadcast_to(
+            np.arange(past, past + seq, dtype=np.int64), (batch, seq)
+        ).copy()
+    return feeds
+
+
 def decoder_dims(
     specs: Sequence[tuple[str, Any, Sequence[int | str | None]]],
     bound: dict[str, int],
@@ -173,7 +229,7 @@ def decoder_dims(
     The cache length is axis -2 of the ``past...`` inputs (``[batch, heads, length, head]``),
     the new tokens axis 1 of ``input_ids`` (or of ``inputs_embeds``)."""
     shapes = {name: list(shape) for name, _, shape in specs}
-    past = [s for n, s in shapes.items() if _KV_CACHE_NAME.match(n) and len(s) >= 3]
+    past = [shapes[n] for n in kv_cache_inputs(specs)]
     if not past:
         return None
 

@@ -43,6 +43,17 @@ class AccuracyMeasurement:
     metric: str | None = None
     reference_metric: float | None = None
     variant_metric: float | None = None
+    # language models (token-id data): perplexities and the greedy continuation
+    reference_perplexity: float | None = None
+    variant_perplexity: float | None = None
+    greedy_match: float | None = None
+    greedy: list[dict[str, Any]] | None = None
+
+    @property
+    def perplexity_ratio(self) -> float | None:
+        if self.reference_perplexity is None or self.variant_perplexity is None:
+            return None
+        return self.variant_perplexity / self.reference_perplexity
 
     @property
     def metric_drop(self) -> float | None:
@@ -53,6 +64,7 @@ class AccuracyMeasurement:
     def to_json(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
         out["metric_drop"] = self.metric_drop
+        out["perplexity_ratio"] = self.perplexity_ratio
         return out
 
 
@@ -76,7 +88,10 @@ def compare(
     output: str,
     labels: np.ndarray | None = None,
     metric: str = "accuracy",
+    per_position: bool = False,
 ) -> AccuracyMeasurement:
+    """``per_position``: the outputs are a language model's logits ``[batch, sequence,
+    vocabulary]``, whose top-1 agreement is taken over every position."""
     if reference.shape != candidate.shape:
         raise ValueError(
             f"output '{output}' has shape {candidate.shape}, the reference {reference.shape}"
@@ -94,7 +109,7 @@ def compare(
     if na == 0 and nb == 0:
         cosine = 1.0
     top1 = None
-    if a.ndim == 2 and a.shape[-1] > 1:
+    if (a.ndim == 2 or (per_position and a.ndim >= 2)) and a.shape[-1] > 1:
         top1 = float(np.mean(a.argmax(axis=-1) == b.argmax(axis=-1)))
     m = AccuracyMeasurement(
         output, int(a.shape[0]) if a.ndim else 1, max_abs, max_rel, cosine, top1
@@ -125,6 +140,19 @@ def judge(m: AccuracyMeasurement, thresholds: Any) -> list[str]:
         and not m.top1_agreement >= t.min_top1_agreement
     ):
         broken.append(f"top-1 agreement {m.top1_agreement:.4f} < {t.min_top1_agreement:g}")
+    ratio = m.perplexity_ratio
+    if (
+        t.max_perplexity_ratio is not None
+        and ratio is not None
+        and not ratio <= t.max_perplexity_ratio
+    ):
+        broken.append(
+            f"perplexity {m.reference_perplexity:.4g} -> {m.variant_perplexity:.4g} "
+            f"(x{ratio:.4f}) > x{t.max_perplexity_ratio:g}"
+        )
+    if t.min_greedy_match is not None and m.greedy is not None:
+        if m.greedy_match is None or not m.greedy_match >= t.min_greedy_match:
+            broken.append(f"greedy match {_f(m.greedy_match, '.3f')} < {t.min_greedy_match:g}")
     drop = m.metric_drop
     if t.max_metric_drop is not None and drop is not None:
         ref = m.reference_metric or 0.0
@@ -153,10 +181,23 @@ def measure(
     output: str | None = None,
     metric: str = "accuracy",
     reference_outputs: tuple[str, np.ndarray] | None = None,
+    language: bool = False,
 ) -> AccuracyMeasurement:
+    """``language``: the models are decoders with a KV cache (see
+    :mod:`graphtrim.gates.language`); with token-id data their perplexities and greedy
+    continuations are measured too."""
     name, ref = reference_outputs or run_outputs(reference_session, data, output)
     _, got = run_outputs(candidate_session, data, name)
-    return compare(ref, got, output=name, labels=labels_of(data), metric=metric)
+    m = compare(ref, got, output=name, labels=labels_of(data), metric=metric, per_position=language)
+    if language and data.tokens is not None and ref.ndim == 3:
+        from graphtrim.gates.language import greedy_match, perplexity
+
+        m.reference_perplexity = perplexity(ref, data.tokens)
+        m.variant_perplexity = perplexity(got, data.tokens)
+        found = greedy_match(reference_session, candidate_session, data.tokens)
+        m.greedy_match = found["greedy_match"]
+        m.greedy = found["greedy_prompts"]
+    return m
 
 
 __all__: Sequence[str] = [

@@ -175,8 +175,12 @@ def evaluate(
     defaults = policy.for_variant("__defaults__")
     lat_settings = defaults.latency or LatencyThresholds()
     n_threads = threads if threads is not None else lat_settings.threads
+    specs = input_specs(reference)
+    from graphtrim.gates.language import is_decoder
+
+    decoder = is_decoder(specs)
     if data is None:
-        data = random_data(input_specs(reference), batches=8)
+        data = random_data(specs, batches=8)
     ref_info = ModelInfo.of(reference)
     ref_sess = open_session(reference, device=device, threads=n_threads, providers=providers)
     ref_outputs: dict[str | None, tuple[str, Any]] = {}
@@ -231,6 +235,7 @@ def evaluate(
                     output=key,
                     metric=vp.accuracy.metric,
                     reference_outputs=ref_outputs[key],
+                    language=decoder,
                 )
                 broken = acc.judge(m, vp.accuracy)
                 gates.append(
@@ -245,7 +250,32 @@ def evaluate(
     if timed:
         say(f"latency: {lat_settings.runs} interleaved runs after {lat_settings.warmup} warm-up")
         feeds = next(iter(data))
+        prefill: dict[str, Any] | None = None
         try:
+            if decoder:
+                from graphtrim.gates import language
+
+                # judged: a decode step after a cache; timed beside it: a prefill
+                feeds = language.step_feeds(specs, data.tokens, lat_settings.decode_past)
+                say(f"latency: a prefill of {lat_settings.prefill_tokens} tokens")
+                pre = lat.measure_latency(
+                    {n: sessions[n] for n in [_BASELINE, *timed]},
+                    language.prefill_feeds(specs, data.tokens, lat_settings.prefill_tokens),
+                    baseline=_BASELINE,
+                    runs=max(lat_settings.blocks, lat_settings.runs // 4),
+                    warmup=min(lat_settings.warmup, 5),
+                    blocks=lat_settings.blocks,
+                    progress=say,
+                )
+                prefill = {
+                    n: {
+                        "tokens": lat_settings.prefill_tokens,
+                        "p50_ms": pre.stats[n].to_json().get("p50_ms"),
+                        "speedup_p50": pre.speedup(n),
+                    }
+                    for n in timed
+                }
+                say(f"latency: decode steps after a cache of {lat_settings.decode_past} tokens")
             run = lat.measure_latency(
                 {n: sessions[n] for n in [_BASELINE, *timed]},
                 feeds,
@@ -271,6 +301,13 @@ def evaluate(
                     "spread": run.spread(r.name),
                     "settings": {**run.settings, "threads": n_threads},
                 }
+                if prefill is not None:
+                    p50 = run.stats[r.name].to_json().get("p50_ms")
+                    measured["decode"] = {
+                        "past": lat_settings.decode_past,
+                        "tokens_per_s": 1000.0 / p50 if p50 else None,
+                    }
+                    measured["prefill"] = prefill[r.name]
                 r.gates.append(
                     GateResult("latency", status, measured, dataclasses.asdict(lt), reasons)
                 )

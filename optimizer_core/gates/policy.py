@@ -86,6 +86,9 @@ class AccuracyThresholds:
     max_metric_drop: float | None = 0.01
     metric_drop_mode: str = "absolute"  # or "relative" (fraction of the reference's metric)
     output: str | None = None  # the output judged; default: the first one
+    # language models (a decoder with a KV cache, on token-id evaluation data)
+    max_perplexity_ratio: float | None = 1.05  # variant's perplexity over the reference's
+    min_greedy_match: float | None = None  # share of greedy tokens matched before departing
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,6 +101,10 @@ class LatencyThresholds:
     runs: int = 200
     warmup: int = 20
     blocks: int = 5
+    # language models: the judged decode step follows a cache of this many tokens; a prefill
+    # of prefill_tokens is timed beside it
+    decode_past: int = 128
+    prefill_tokens: int = 64
     threads: int = 1
 
 
@@ -173,7 +180,14 @@ def _merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
 
 
 # measurement settings: whole numbers with a floor, never null
-_COUNTS = {"runs": 1, "warmup": 0, "blocks": 1, "threads": 1}
+_COUNTS = {
+    "runs": 1,
+    "warmup": 0,
+    "blocks": 1,
+    "threads": 1,
+    "decode_past": 1,
+    "prefill_tokens": 1,
+}
 
 
 def _check_section(where: str, section: str, body: Any) -> None:

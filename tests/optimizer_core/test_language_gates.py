@@ -1,0 +1,150 @@
+"""Gates on a language model: perplexity, next-token agreement over every position, greedy
+continuation through the KV cache, and decode / prefill latency; token-id data files."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from graphtrim.data import DataError, check_data, input_specs, load_npz
+from graphtrim.examples import language
+from graphtrim.exporter import export_causal_lm
+from graphtrim.gates.evaluate import evaluate
+from graphtrim.gates.language import greedy, perplexity
+from graphtrim.gates.policy import GatePolicy
+from graphtrim.quantize import QuantizeConfig
+from graphtrim.quantize.build import build_variant
+from graphtrim.runtime import open_session
+
+SEQ = 24
+
+
+@pytest.fixture(scope="module")
+def lm(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """A tiny Llama exported with its cache, one with other weights, and the Zen of Python as
+    token ids."""
+    folder = tmp_path_factory.mktemp("lm")
+    ref = folder / "ref" / "model.onnx"
+    other = folder / "other" / "model.onnx"
+    for path, seed in ((ref, 0), (other, 1)):
+        path.parent.mkdir()
+        export_causal_lm(language.llama(seed=seed), path)
+    ids = language.tokenizer()(language.zen_text())["input_ids"]
+    n = len(ids) // SEQ
+    tokens = folder / "tokens.npz"
+    np.savez(tokens, input_ids=np.array(ids[: n * SEQ], dtype=np.int64).reshape(n, SEQ))
+    return {"ref": ref, "other": other, "tokens": tokens}
+
+
+def _policy(**accuracy: float) -> GatePolicy:
+    return GatePolicy(
+        {
+            "version": 1,
+            "defaults": {
+                "accuracy": accuracy,
+                "latency": {
+                    "runs": 10,
+                    "warmup": 2,
+                    "blocks": 2,
+                    "min_speedup": None,
+                    "decode_past": 16,
+                    "prefill_tokens": 8,
+                },
+                "size": False,
+            },
+        },
+        source="test",
+    )
+
+
+def test_token_data_feeds_prefills(lm: dict[str, Path]) -> None:
+    specs = input_specs(lm["ref"])
+    summary = check_data(lm["tokens"], specs, role="evaluation")
+    assert summary["samples"] >= 4
+    data = load_npz(lm["tokens"], specs, batch_size=2)
+    assert data.tokens is not None and data.tokens.shape[1] == SEQ
+    first = data.batches[0]
+    assert first["input_ids"].shape == (2, SEQ)
+    assert first["attention_mask"].shape == (2, SEQ)
+    assert first["past_key_values.0.key"].shape == (2, 2, 0, 16)  # an empty cache
+
+
+def test_token_files_that_cannot_serve_are_refused(lm: dict[str, Path], tmp_path: Path) -> None:
+    specs = input_specs(lm["ref"])
+    bad = tmp_path / "bad.npz"
+    np.savez(bad, tokens=np.zeros((2, 8), dtype=np.int64))
+    with pytest.raises(DataError, match="input_ids"):
+        check_data(bad, specs, role="evaluation")
+    np.savez(bad, input_ids=np.zeros((2, 1), dtype=np.int64))
+    with pytest.raises(DataError, match="nothing to predict"):
+        load_npz(bad, specs)
+
+
+def test_perplexity_is_the_exponent_of_the_next_token_cross_entropy() -> None:
+    tokens = np.array([[0, 1, 2]])
+    uniform = np.zeros((1, 3, 4))
+    assert perplexity(uniform, tokens) == pytest.approx(4.0)
+    sure = np.full((1, 3, 4), -50.0)
+    sure[0, 0, 1] = sure[0, 1, 2] = 50.0
+    assert perplexity(sure, tokens) == pytest.approx(1.0)
+
+
+def test_greedy_through_the_cache_is_greedy_over_whole_prefixes(lm: dict[str, Path]) -> None:
+    sess = open_session(lm["ref"], device="cpu", threads=1)
+    prompt = np.array([[5, 17, 42, 7]], dtype=np.int64)
+    got = greedy(sess, prompt, 5)
+    from graphtrim.runtime import decoder_feeds
+
+    specs = [(i.name, i.type, list(i.shape)) for i in sess.get_inputs()]
+    ids = prompt
+    for token in got:  # each token is the argmax after the whole prefix, run without a cache
+        logits = sess.run(["logits"], decoder_feeds(specs, ids))[0]
+        assert int(logits[0, -1].argmax()) == token
+        ids = np.concatenate([ids, [[token]]], axis=1)
+
+
+def test_a_weight_only_variant_is_judged_on_perplexity_greedy_and_decode(
+    lm: dict[str, Path], tmp_path: Path
+) -> None:
+    variant = tmp_path / "int8.onnx"
+    build_variant(lm["ref"], variant, "int8-weight", config=QuantizeConfig())
+    specs = input_specs(lm["ref"])
+    data = load_npz(lm["tokens"], specs, batch_size=2)
+    ev = evaluate(
+        lm["ref"],
+        {"int8-weight": variant, "other": lm["other"]},
+        policy=_policy(
+            min_cosine=0.9,
+            min_top1_agreement=0.5,
+            max_perplexity_ratio=1.05,
+            min_greedy_match=0.5,
+            max_metric_drop=None,
+        ),
+        data=data,
+    )
+    good = ev.variant("int8-weight").gate("accuracy")
+    assert good is not None and good.status == "pass", good.reasons
+    m = good.measured
+    assert m["reference_perplexity"] > 1 and 0.95 < m["perplexity_ratio"] < 1.05
+    assert m["top1_agreement"] > 0.9 and m["greedy_match"] > 0.5
+    assert len(m["greedy"]) == 4 and len(m["greedy"][0]["reference"]) == 16
+    # a model with other weights departs at once and predicts the text no better
+    bad = ev.variant("other").gate("accuracy")
+    assert bad is not None and bad.status == "fail"
+    assert any("greedy match" in r for r in bad.reasons)
+    assert any("top-1 agreement" in r for r in bad.reasons)
+    # latency: the decode step is judged, the prefill recorded beside it
+    lat = ev.variant("int8-weight").gate("latency")
+    assert lat is not None and lat.status == "pass"
+    assert lat.measured["decode"]["past"] == 16 and lat.measured["decode"]["tokens_per_s"] > 0
+    assert lat.measured["prefill"]["tokens"] == 8 and lat.measured["prefill"]["p50_ms"] > 0
+
+
+def test_without_token_data_perplexity_is_not_claimed(lm: dict[str, Path]) -> None:
+    ev = evaluate(lm["ref"], {"same": lm["ref"]}, policy=_policy(max_metric_drop=None))
+    gate = ev.variant("same").gate("accuracy")
+    assert gate is not None and gate.status == "pass", gate.reasons
+    assert gate.measured["reference_perplexity"] is None
+    assert gate.measured["top1_agreement"] == 1.0
