@@ -40,11 +40,13 @@ def accuracy_check(
 ) -> Callable[[Path], tuple[bool, dict[str, Any]]]:
     """The accuracy gate of ``variant`` as a callable on a candidate file (for the fallback)."""
     from graphtrim.gates import accuracy as acc
+    from graphtrim.gates.language import is_decoder
     from graphtrim.runtime import open_session, providers_for
 
     thresholds = policy.for_variant(variant).accuracy
     providers = providers_for(device, tensorrt=tensorrt)
     ref = open_session(reference, device=device, providers=providers)
+    language = is_decoder([(i.name, i.type, list(i.shape)) for i in ref.get_inputs()])
     cache: dict[str, Any] = {}
 
     def check(path: Path) -> tuple[bool, dict[str, Any]]:
@@ -54,7 +56,14 @@ def accuracy_check(
         if key not in cache:
             cache[key] = acc.run_outputs(ref, data, thresholds.output)
         cand = open_session(path, device=device, providers=providers)
-        m = acc.measure(ref, cand, data, metric=thresholds.metric, reference_outputs=cache[key])
+        m = acc.measure(
+            ref,
+            cand,
+            data,
+            metric=thresholds.metric,
+            reference_outputs=cache[key],
+            language=language,
+        )
         broken = acc.judge(m, thresholds)
         return not broken, {**m.to_json(), "broken": broken}
 
@@ -250,6 +259,8 @@ def quantize(
                     "attempts": len(build.attempts),
                     "excluded": build.excluded,
                     "accuracy_passed": build.accuracy_passed,
+                    # what the converter did (weight-only: bits, block, form, ...)
+                    "conversion": build.conversion,
                     # the per-output numbers stay in build-<variant>.json: this record is an XCom
                     "agreement": (
                         {k: v for k, v in build.agreement.to_json().items() if k != "outputs"}

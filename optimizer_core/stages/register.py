@@ -180,6 +180,20 @@ def describe(
     return text if len(text) <= DESCRIPTION_LIMIT else text[: DESCRIPTION_LIMIT - 3] + "..."
 
 
+def _conversion_tags(conversion: Mapping[str, Any] | None) -> dict[str, str]:
+    """A weight-only variant's settings as searchable tags (``graphtrim.weights.form`` =
+    ``portable``, ``graphtrim.weights.bits`` = ``4``, ...)."""
+    if not conversion:
+        return {}
+    keys = ("bits", "block_size", "symmetric", "algorithm", "form", "accuracy_level", "opset")
+    out = {
+        f"{T}weights.{k}": str(conversion[k]).lower() for k in keys if conversion.get(k) is not None
+    }
+    if conversion.get("matmuls_quantized") is not None:
+        out[f"{T}weights.matmuls"] = str(conversion["matmuls_quantized"])
+    return out
+
+
 def _params(
     variant: str,
     config: PipelineConfig,
@@ -290,6 +304,7 @@ def register(
                 T + "orchestrator_run_id": ctx.orchestrator_run_id or "",
                 T + "artifact": summary["model"]["uri"],
                 T + "sha256": summary["model"]["sha256"],
+                **_conversion_tags(summary.get("conversion")),
             }
             tags = {k: v for k, v in tags.items() if v}
             description = describe(

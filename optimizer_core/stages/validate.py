@@ -44,6 +44,12 @@ def summary(result: Any) -> dict[str, Any]:
                 speedup_lo=min(m["block_speedups"]) if m.get("block_speedups") else None,
                 speedup_hi=max(m["block_speedups"]) if m.get("block_speedups") else None,
             )
+            if m.get("decode"):  # a language model: the judged step is a decode step
+                metrics.update(
+                    decode_tokens_per_s=m["decode"].get("tokens_per_s"),
+                    prefill_p50_ms=(m.get("prefill") or {}).get("p50_ms"),
+                    prefill_speedup=(m.get("prefill") or {}).get("speedup_p50"),
+                )
         elif g.gate == "accuracy" and m:
             metrics.update(
                 max_abs_error=m.get("max_abs_error"),
@@ -51,6 +57,13 @@ def summary(result: Any) -> dict[str, Any]:
                 top1_agreement=m.get("top1_agreement"),
                 metric_drop=m.get("metric_drop"),
             )
+            if m.get("reference_perplexity") is not None:
+                metrics.update(
+                    perplexity=m.get("variant_perplexity"),
+                    reference_perplexity=m.get("reference_perplexity"),
+                    perplexity_ratio=m.get("perplexity_ratio"),
+                    greedy_match=m.get("greedy_match"),
+                )
         elif g.gate == "size" and m:
             metrics.update(bytes=m.get("bytes"), size_ratio=m.get("ratio"))
     if result.model is not None:
@@ -262,6 +275,8 @@ def validate(
             for v in evaluation.variants:
                 if v.name in quant.variants and quant.variants[v.name].get("model"):
                     variants[v.name]["model"] = quant.variants[v.name]["model"]
+                    if quant.variants[v.name].get("conversion"):
+                        variants[v.name]["conversion"] = quant.variants[v.name]["conversion"]
             metrics: dict[str, Any] = {}
             for name, s in variants.items():
                 metrics[f"{name}.passed"] = 1 if s["passed"] else 0

@@ -1,0 +1,172 @@
+"""A language model through the whole pipeline: a Llama-like decoder logged with MLflow's
+transformers flavor, exported with its KV cache, optimized, built as int4-weight and
+int8-weight, judged on perplexity / greedy continuation / decode speed on token ids, registered
+with its weight settings as tags, and generated from with ``mlflow.pyfunc.load_model``."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import numpy as np
+import pytest
+
+from graphtrim.cli import main
+from graphtrim.examples import language
+
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("language-e2e")]
+
+mlflow = pytest.importorskip("mlflow")
+NAME = "tiny-llama"
+LAYERS, KV_HEADS, HEAD = 2, 2, 16
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    root = tmp_path_factory.mktemp("lm-pipeline")
+    tracking = f"sqlite:///{root / 'mlflow.db'}"
+    mlflow.set_tracking_uri(tracking)
+    exp = mlflow.create_experiment("lm", artifact_location=(root / "mlruns").as_uri())
+    model, tok = language.llama(), language.tokenizer()
+    with mlflow.start_run(experiment_id=exp):
+        mlflow.transformers.log_model(
+            {"model": model, "tokenizer": tok},
+            name="model",
+            task="text-generation",
+            registered_model_name=NAME,
+            pip_requirements=["transformers", "torch"],
+        )
+    ids = tok(language.zen_text())["input_ids"]
+    seq = 24
+    n = len(ids) // seq
+    np.savez(root / "tokens.npz", input_ids=np.array(ids[: n * seq]).reshape(n, seq))
+    policy = {
+        "defaults": {
+            "latency": {
+                "runs": 20,
+                "warmup": 2,
+                "blocks": 2,
+                "decode_past": 32,
+                "prefill_tokens": 16,
+                "min_speedup": None,
+            },
+        },
+        "variants": {
+            # random weights spread the next-token choice thin: the 4-bit gate is loose here
+            "int4-weight": {
+                "accuracy": {
+                    "min_cosine": 0.5,
+                    "min_top1_agreement": 0.2,
+                    "max_perplexity_ratio": 1.5,
+                    "max_metric_drop": None,
+                }
+            },
+            "int8-weight": {
+                "accuracy": {
+                    "min_cosine": 0.99,
+                    "min_top1_agreement": 0.9,
+                    "max_perplexity_ratio": 1.05,
+                    "min_greedy_match": 0.5,
+                }
+            },
+        },
+    }
+    code = main(
+        [
+            "pipeline",
+            "run",
+            "--model",
+            f"models:/{NAME}/1",
+            "--tracking-uri",
+            tracking,
+            "--artifacts",
+            str(root / "artifacts"),
+            "--variants",
+            "graph,int4-weight,int8-weight",
+            "--eval-data",
+            str(root / "tokens.npz"),
+            "--policy-json",
+            json.dumps(policy),
+            "--workdir",
+            str(root / "work"),
+            "--json",
+            str(root / "records.json"),
+            "-q",
+        ]
+    )
+    return {
+        "code": code,
+        "records": json.loads((root / "records.json").read_text()),
+        "tracking": tracking,
+        "model": model,
+    }
+
+
+def test_the_run_exports_the_cache_and_registers_every_variant(run: dict[str, Any]) -> None:
+    records = run["records"]
+    export = records["export"]["export"]
+    assert export["flavor"] == "transformers (text-generation)"
+    assert export["decoder"]["kv_heads"] == KV_HEADS and export["decoder"]["layers"] == LAYERS
+    registered = records["register"]["registered"]
+    assert set(registered) == {"graph", "int4-weight", "int8-weight"}, records["register"]["failed"]
+    assert run["code"] == 0
+
+
+def test_language_gates_were_measured(run: dict[str, Any]) -> None:
+    verdicts = run["records"]["validate"]["variants"]
+    for variant in ("graph", "int4-weight", "int8-weight"):
+        gates = verdicts[variant]["gates"]
+        assert set(gates.values()) == {"pass"} and {"accuracy", "latency", "serving"} <= set(gates)
+        metrics = verdicts[variant]["metrics"]
+        assert metrics["reference_perplexity"] > 1 and metrics["perplexity"] > 1
+        assert 0 <= metrics["greedy_match"] <= 1
+        assert metrics["decode_tokens_per_s"] > 0 and metrics["prefill_p50_ms"] > 0
+    graph = verdicts["graph"]["metrics"]
+    assert graph["perplexity_ratio"] == pytest.approx(1.0, abs=1e-4)
+    assert graph["greedy_match"] == 1.0
+    assert verdicts["int8-weight"]["metrics"]["perplexity_ratio"] < 1.05
+
+
+def test_weight_settings_are_on_the_registered_version(run: dict[str, Any]) -> None:
+    client = mlflow.MlflowClient(run["tracking"])
+    registered = run["records"]["register"]["registered"]
+    mv = client.get_model_version(NAME, registered["int4-weight"]["version"])
+    assert mv.tags["graphtrim.weights.bits"] == "4"
+    assert mv.tags["graphtrim.weights.form"] == "portable"
+    assert mv.tags["graphtrim.weights.block_size"] == "32"
+    assert int(mv.tags["graphtrim.weights.matmuls"]) == 7 * LAYERS + 1  # and the LM head
+
+
+def test_a_registered_variant_generates_through_pyfunc(run: dict[str, Any]) -> None:
+    import torch
+
+    mlflow.set_tracking_uri(run["tracking"])
+    version = run["records"]["register"]["registered"]["int8-weight"]["version"]
+    served = mlflow.pyfunc.load_model(f"models:/{NAME}/{version}")
+    prompt = np.array([[5, 17, 42, 7]], dtype=np.int64)
+    cache = {
+        f"past_key_values.{i}.{kv}": np.zeros((1, KV_HEADS, 0, HEAD), dtype=np.float32)
+        for i in range(LAYERS)
+        for kv in ("key", "value")
+    }
+    ids, tokens = prompt, []
+    for _ in range(8):
+        feeds = {
+            "input_ids": ids,
+            "attention_mask": np.ones(
+                (1, cache["past_key_values.0.key"].shape[2] + ids.shape[1]), dtype=np.int64
+            ),
+            **cache,
+        }
+        out = served.predict(feeds)
+        nxt = int(np.asarray(out["logits"])[0, -1].argmax())
+        tokens.append(nxt)
+        cache = {
+            name: np.asarray(out[name.replace("past_key_values", "present")]) for name in cache
+        }
+        ids = np.array([[nxt]], dtype=np.int64)
+    with torch.no_grad():
+        ref = run["model"].generate(torch.from_numpy(prompt), max_new_tokens=8, do_sample=False)
+    want = ref[0, prompt.shape[1] :].tolist()
+    # 8-bit weights: the continuation starts as the float model's
+    assert tokens[:2] == want[:2], (tokens, want)
