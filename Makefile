@@ -6,7 +6,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.graphtrim-installed
 TORCH_PIN := torch==2.13.0
 
-.PHONY: install demo test browser lint typecheck bench bench-variants bench-llm bench-scale bench-nodetests corpus sweep deployment clean
+.PHONY: install demo test browser lint typecheck bench bench-variants bench-llm bench-llm-pipeline bench-scale bench-nodetests corpus sweep deployment clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -52,6 +52,10 @@ bench-variants: $(STAMP)
 # model builder (installed into bench/.genai on first use)
 bench-llm: $(STAMP)
 	$(PY) -m bench.llm $(BENCH_ARGS)
+
+# a Llama-like model over 2 GB through every pipeline stage: wall time and peak RSS per stage
+bench-llm-pipeline: $(STAMP)
+	$(PY) -m bench.llm_pipeline $(BENCH_ARGS)
 
 bench-scale: $(STAMP)
 	$(PY) -m bench.scale $(BENCH_ARGS)

@@ -362,6 +362,12 @@ def _convert_weight_only(
     except WeightOnlyError as exc:
         raise QuantizeError(str(exc)) from exc
     if not record["matmuls_quantized"]:
+        if excluded:
+            raise QuantizeError(
+                f"int{bits}-weight: nothing left to quantize: the {len(excluded)} node(s) kept "
+                "in float after failed accuracy checks hold every MatMul weight (the accuracy "
+                "gate fails with any of them quantized; see the build's attempts)"
+            )
         raise QuantizeError(f"int{bits}-weight: no MatMul with a constant 2-D weight to quantize")
     return record
 

@@ -287,3 +287,14 @@ def test_cli_builds_int4_weight_and_refuses_bad_settings(
     bad = [*argv, "--weight-algorithm", "hqq"]
     assert main(bad) == 2
     assert "HQQ" in capsys.readouterr().err
+
+
+def test_excluding_every_weight_says_so(tmp_path: Path) -> None:
+    """The sensitivity fallback can keep every MatMul in float: the failure says that, not
+    that the model has no weights."""
+    src = tmp_path / "in.onnx"
+    onnx.save(_mlp(), src)
+    config = QuantizeConfig(nodes_to_exclude=["mm1", "mm2"])
+    with pytest.raises(QuantizeError, match="nothing left to quantize: the 2 node"):
+        build_variant(src, tmp_path / "out.onnx", "int4-weight", config=config)
+    assert not (tmp_path / "out.onnx").exists()
