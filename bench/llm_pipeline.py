@@ -8,7 +8,9 @@ Then ``graphtrim pipeline stage`` runs export, optimize, quantize, validate, reg
 one after another (``--variants graph,int4-weight,int8-dynamic`` by default; no sensitivity
 fallback, and the int4 accuracy gate loosened for random weights), and finally a
 process loads the registered ``int4-weight`` variant with ``mlflow.pyfunc.load_model`` and
-generates greedily through its KV cache.
+generates greedily through its KV cache. The exported file is also optimized by
+``graphtrim optimize``, OnnxSlim and onnxsim, each as a user runs it, for their wall time, peak
+RSS and node counts.
 
 Peak RSS is ``ru_maxrss`` of each stage's process tree as ``wait4`` reports it (the largest
 single process: a stage's children build the variants and run the gates). Results go to
@@ -215,6 +217,33 @@ def main(argv: list[str] | None = None) -> int:
         )
         if step["rc"] not in (0, 1):
             break
+    # the exported file optimized by graphtrim, OnnxSlim and onnxsim as a user runs them
+    exported = records / "export.json"
+    if exported.exists():
+        uri = json.loads(exported.read_text())["model"]["model_uri"]
+        src = Path(uri.removeprefix("file://"))
+        bin_dir = Path(py).parent
+        tools = {
+            "graphtrim optimize": [py, "-m", "graphtrim.cli", "optimize", str(src), "-o"],
+            "onnxslim": [str(bin_dir / "onnxslim"), str(src)],
+            "onnxsim": [str(bin_dir / "onnxsim"), str(src)],
+        }
+        results["optimizers"] = {}
+        for tool, cmd in tools.items():
+            dst = out / "optimizers" / tool.split()[0] / "model.onnx"
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            extra = ["--save-as-external-data"] if tool == "onnxsim" else []
+            print(f"{tool} ...", flush=True)
+            step = _timed([*cmd, str(dst), *extra], out / f"{tool.split()[0]}.log", env)
+            if step["rc"] == 0:
+                import onnx
+
+                step["nodes"] = len(onnx.load(str(dst), load_external_data=False).graph.node)
+            results["optimizers"][tool] = step
+            print(
+                f"  {step['seconds']} s, peak RSS {step['peak_rss_bytes'] / 2**30:.2f} GiB, rc {step['rc']}",
+                flush=True,
+            )
     registered = {}
     if (records / "register.json").exists():
         registered = json.loads((records / "register.json").read_text()).get("registered", {})
