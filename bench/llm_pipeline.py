@@ -5,8 +5,9 @@ A Llama-like causal LM (default: hidden 2048, 22 layers, 32 query heads over 4 k
 intermediate 5632, vocabulary 32000: 1.1 B parameters, 4.4 GB in fp32; random weights) is
 logged with MLflow's ``transformers`` flavor to a local SQLite tracking store and registered.
 Then ``graphtrim pipeline stage`` runs export, optimize, quantize, validate, register and promote
-one after another (``--variants graph,int4-weight,int8-dynamic`` by default; no sensitivity
-fallback, and the int4 accuracy gate loosened for random weights), and finally a
+one after another (``--variants graph,int4-weight,int8-dynamic`` by default; the int4
+accuracy gate loosened for random weights, everything else as the pipeline's defaults,
+sensitivity fallback included), and finally a
 process loads the registered ``int4-weight`` variant with ``mlflow.pyfunc.load_model`` and
 generates greedily through its KV cache. The exported file is also optimized by
 ``graphtrim optimize``, OnnxSlim and onnxsim, each as a user runs it, for their wall time, peak

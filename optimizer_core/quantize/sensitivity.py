@@ -70,16 +70,38 @@ def _with_outputs(
     return out
 
 
-def _session(model: onnx.ModelProto, folder: str) -> object:
+def _outputs(
+    model_path: str | os.PathLike[str],
+    structure: onnx.ModelProto,
+    names: Sequence[str],
+    types: dict[str, int],
+    feeds: Sequence[Feeds],
+) -> list[list[np.ndarray]]:
+    """Run the model at ``model_path`` with ``names`` as extra outputs on every feed.
+
+    ``structure`` is the model without its external weights: the copy with more outputs is
+    written beside the original (a hidden file, removed after), so that its external-data
+    references still resolve and no weight is loaded or copied here; onnxruntime alone holds
+    them, one session at a time."""
+    import tempfile
+
     import onnxruntime as ort
 
     from graphtrim.runtime import session_options
 
-    path = os.path.join(folder, "model.onnx")
-    onnx.save(model, path, save_as_external_data=model.ByteSize() > 1_500_000_000)
-    return ort.InferenceSession(
-        path, session_options(1, optimize=False), providers=["CPUExecutionProvider"]
-    )
+    model = _with_outputs(structure, names, types)
+    folder = os.path.dirname(os.path.abspath(model_path))
+    fd, path = tempfile.mkstemp(prefix=".graphtrim-sens-", suffix=".onnx", dir=folder)
+    os.close(fd)
+    try:
+        onnx.save(model, path)
+        del model
+        sess = ort.InferenceSession(
+            path, session_options(1, optimize=False), providers=["CPUExecutionProvider"]
+        )
+        return [sess.run(list(names), feed) for feed in feeds]
+    finally:
+        os.unlink(path)
 
 
 def node_errors(
@@ -88,10 +110,10 @@ def node_errors(
     feeds: Sequence[Feeds],
 ) -> list[NodeError]:
     """Rank the float model's nodes by the error they add in the quantized model."""
-    import tempfile
 
-    fmodel = onnx.load(str(float_model))
-    qmodel = onnx.load(str(quant_model))
+    # the structure only: external weights stay on disk (onnxruntime reads them)
+    fmodel = onnx.load(str(float_model), load_external_data=False)
+    qmodel = onnx.load(str(quant_model), load_external_data=False)
     ftypes = _float_tensor_types(fmodel)
     qtypes = _float_tensor_types(qmodel)
     q_produced = {o for n in qmodel.graph.node for o in n.output}
@@ -127,24 +149,20 @@ def node_errors(
         return []
     q_names = [effective(t) for t in compared]
     qtypes = {**qtypes, **{e: qtypes.get(e, onnx.TensorProto.FLOAT) for e in q_names}}
-    with tempfile.TemporaryDirectory(prefix="graphtrim-sens-") as tmp:
-        fdir, qdir = os.path.join(tmp, "f"), os.path.join(tmp, "q")
-        os.makedirs(fdir)
-        os.makedirs(qdir)
-        fs = _session(_with_outputs(fmodel, compared, ftypes), fdir)
-        qs = _session(_with_outputs(qmodel, q_names, qtypes), qdir)
-        sums = dict.fromkeys(compared, 0.0)
-        for feed in feeds:
-            fo = dict(zip(compared, fs.run(compared, feed), strict=True))  # type: ignore[attr-defined]
-            qo = dict(zip(compared, qs.run(q_names, feed), strict=True))  # type: ignore[attr-defined]
-            for t in compared:
-                a = np.asarray(fo[t], dtype=np.float64)
-                b = np.asarray(qo[t], dtype=np.float64)
-                if a.shape != b.shape:
-                    continue
-                norm = float(np.linalg.norm(a))
-                diff = float(np.linalg.norm(a - b))
-                sums[t] += diff / norm if norm > 0 else (0.0 if diff == 0 else 1.0)
+    # one session at a time: the float model's outputs are kept, then the quantized model runs
+    f_runs = _outputs(float_model, fmodel, compared, ftypes, feeds)
+    q_runs = _outputs(quant_model, qmodel, q_names, qtypes, feeds)
+    sums = dict.fromkeys(compared, 0.0)
+    for f_out, q_out in zip(f_runs, q_runs, strict=True):
+        for t, fa, qa in zip(compared, f_out, q_out, strict=True):
+            a = np.asarray(fa, dtype=np.float64)
+            b = np.asarray(qa, dtype=np.float64)
+            if a.shape != b.shape:
+                continue
+            norm = float(np.linalg.norm(a))
+            diff = float(np.linalg.norm(a - b))
+            sums[t] += diff / norm if norm > 0 else (0.0 if diff == 0 else 1.0)
+    del f_runs, q_runs
     n = max(1, len(feeds))
     err = {t: s / n for t, s in sums.items()}
     readers: dict[str, int] = {}

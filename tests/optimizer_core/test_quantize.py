@@ -341,6 +341,34 @@ def test_node_errors_ranks_finite_errors(graph_build, static_build, calib):
     assert out in by_output and 0 < by_output[out].error < 0.05, by_output.get(out)
 
 
+def test_node_errors_read_external_weights_in_place_and_leave_nothing(
+    graph_build, static_build, calib, tmp_path
+):
+    """Models with external data are measured as they lie: the copies with more outputs are
+    written beside them (so their weights resolve) and removed, the ranking as for inline
+    weights."""
+    folders = []
+    for name, src in (("f", graph_build[1]), ("q", static_build[1])):
+        folder = tmp_path / name
+        folder.mkdir()
+        model = onnx.load(str(src))
+        onnx.save(
+            model,
+            str(folder / "model.onnx"),
+            save_as_external_data=True,
+            size_threshold=1024,
+            location="model.onnx.data",
+        )
+        folders.append(folder)
+    before = [sorted(p.name for p in f.iterdir()) for f in folders]
+    errors = node_errors(folders[0] / "model.onnx", folders[1] / "model.onnx", calib.batches[:4])
+    inline = node_errors(graph_build[1], static_build[1], calib.batches[:4])
+    assert [(e.node, round(e.error, 6)) for e in errors] == [
+        (e.node, round(e.error, 6)) for e in inline
+    ]
+    assert [sorted(p.name for p in f.iterdir()) for f in folders] == before
+
+
 def test_node_errors_name_the_producer_fused_into_an_activation(graph_build, static_build, calib):
     """The QDQ quantizer folds each Relu into its Conv or Gemm: the pair is one entry."""
     errors = node_errors(graph_build[1], static_build[1], calib.batches[:4])
