@@ -38,20 +38,39 @@ def accuracy_check(
     device: str = "cpu",
     tensorrt: bool = False,
 ) -> Callable[[Path], tuple[bool, dict[str, Any]]]:
-    """The accuracy gate of ``variant`` as a callable on a candidate file (for the fallback)."""
+    """The accuracy gate of ``variant`` as a callable on a candidate file (for the fallback).
+
+    The reference's session is opened for each check and let go after it, so that it does not
+    sit in memory beside the converter's work between checks (a 4 GiB decoder's weights)."""
+    import onnx
+
     from graphtrim.gates import accuracy as acc
     from graphtrim.gates.language import is_decoder
     from graphtrim.runtime import open_session, providers_for
 
     thresholds = policy.for_variant(variant).accuracy
     providers = providers_for(device, tensorrt=tensorrt)
-    ref = open_session(reference, device=device, providers=providers)
-    language = is_decoder([(i.name, i.type, list(i.shape)) for i in ref.get_inputs()])
+    graph = onnx.load(str(reference), load_external_data=False).graph
+    language = is_decoder(
+        [
+            (
+                i.name,
+                "",
+                [
+                    d.dim_value if d.HasField("dim_value") else d.dim_param
+                    for d in i.type.tensor_type.shape.dim
+                ],
+            )
+            for i in graph.input
+        ]
+    )
+    del graph
     cache: dict[str, Any] = {}
 
     def check(path: Path) -> tuple[bool, dict[str, Any]]:
         if thresholds is None:
             return True, {}
+        ref = open_session(reference, device=device, providers=providers)
         key = thresholds.output or ""
         if key not in cache:
             cache[key] = acc.run_outputs(ref, data, thresholds.output)
@@ -64,6 +83,7 @@ def accuracy_check(
             reference_outputs=cache[key],
             language=language,
         )
+        del ref, cand
         broken = acc.judge(m, thresholds)
         return not broken, {**m.to_json(), "broken": broken}
 

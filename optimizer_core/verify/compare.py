@@ -215,6 +215,9 @@ class Session:
         except BaseException:
             self.close()
             raise
+        # kept past close(): a closed session still says what it took and gave
+        self._specs = [(i.name, i.type, list(i.shape)) for i in self.session.get_inputs()]
+        self._outputs = [o.name for o in self.session.get_outputs()]
 
     def _from_ir(self, model: ir.Model) -> str | bytes:
         from graphtrim.modelio import (
@@ -232,16 +235,20 @@ class Session:
         return str(path)
 
     def input_specs(self) -> list[tuple[str, Any, list[int | str | None]]]:
-        return [(i.name, i.type, list(i.shape)) for i in self.session.get_inputs()]
+        return [(n, t, list(s)) for n, t, s in self._specs]
 
     def output_names(self) -> list[str]:
-        return [o.name for o in self.session.get_outputs()]
+        return list(self._outputs)
 
     def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        if self.session is None:
+            raise RuntimeError("the session is closed")
         names = self.output_names()
         return dict(zip(names, self.session.run(names, dict(feeds)), strict=True))
 
     def close(self) -> None:
+        """Let the session and its weights go (idempotent)."""
+        self.session = None
         if self._tmp is not None:
             self._tmp.cleanup()
             self._tmp = None
@@ -543,6 +550,9 @@ def _verify_with(
             + _dims_hint(ref.input_specs(), dim_values),
         )
     random = {name: op for name, op in random_outputs.items() if name in ref.output_names()}
+    # the reference's results are in hand: its weights go before the candidate's load (a
+    # model of several GiB is then held once, not twice)
+    ref.close()
 
     def differs(reason: str) -> VerificationRecord:
         return VerificationRecord(False, 0, [], tol, {}, error=reason, shape_only=random)
