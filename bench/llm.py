@@ -27,7 +27,6 @@ Results go to ``bench/results-llm/llm.json`` and a Markdown table on stdout.
 from __future__ import annotations
 
 import argparse
-import codecs
 import json
 import logging
 import os
@@ -67,49 +66,19 @@ def _genai_path() -> Path:
     return GENAI
 
 
-def _tokenizer(folder: Path) -> None:
-    import contextlib
-    import io
-
-    with contextlib.redirect_stdout(io.StringIO()):
-        import this  # noqa: F401  (its text, rot13-encoded, is this.s)
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    text = codecs.decode(sys.modules["this"].s, "rot13")
-    tok = Tokenizer(models.BPE(unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=400,
-        special_tokens=["<unk>", "<s>", "</s>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-    )
-    tok.train_from_iterator([text] * 10, trainer)
-    fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>"
-    )
-    fast.save_pretrained(folder)
-
-
 def _hf_model(folder: Path, hidden: int, layers: int, intermediate: int) -> int:
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from graphtrim.examples import language
 
-    cfg = LlamaConfig(
+    model = language.llama(
         vocab_size=32000,
-        hidden_size=hidden,
-        intermediate_size=intermediate,
-        num_hidden_layers=layers,
-        num_attention_heads=hidden // 64,
-        num_key_value_heads=max(1, hidden // 256),
-        max_position_embeddings=2048,
-        tie_word_embeddings=False,
+        hidden=hidden,
+        layers=layers,
+        heads=hidden // 64,
+        kv_heads=max(1, hidden // 256),
+        intermediate=intermediate,
     )
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(cfg).eval()
     model.save_pretrained(folder)
-    _tokenizer(folder)
+    language.tokenizer(400).save_pretrained(folder)
     return sum(p.numel() for p in model.parameters())
 
 
