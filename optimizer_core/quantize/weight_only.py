@@ -160,13 +160,11 @@ def quantize_weights(
     quantizer.process()
     model: onnx.ModelProto = quantizer.model.model
     del quantizer
-    quantized = sum(
-        1 for n in model.graph.node if n.op_type == "MatMulNBits" and n.domain == "com.microsoft"
-    )
+    quantized = _count(model.graph, "MatMulNBits", "com.microsoft")
     record: dict[str, Any] = {
         **dataclasses.asdict(settings),
         "matmuls_quantized": quantized,
-        "opset": max(_default_opset(model), 0),
+        "opset": _default_opset(model),
     }
     if settings.form == "portable":
         record["lowered"] = lower_matmul_nbits(model)
@@ -247,6 +245,15 @@ def _subgraphs(node: onnx.NodeProto) -> list[onnx.GraphProto]:
         elif attr.type == onnx.AttributeProto.GRAPHS:
             out.extend(attr.graphs)
     return out
+
+
+def _count(graph: onnx.GraphProto, op_type: str, domain: str) -> int:
+    """Nodes of ``op_type`` in ``domain`` in ``graph`` and its subgraphs."""
+    return sum(
+        (n.op_type == op_type and n.domain == domain)
+        + sum(_count(g, op_type, domain) for g in _subgraphs(n))
+        for n in graph.node
+    )
 
 
 def _reads_domain(graph: onnx.GraphProto, domain: str) -> bool:
