@@ -159,7 +159,7 @@ def build_job(variant: str, **job: Any) -> Any:
         policy = parse_policy(policy)
     check = None
     if job["reference"] is not None:
-        step(f"opening the reference model for {variant}'s accuracy check")
+        step(f"reading the reference model's inputs for {variant}'s accuracy check")
         check = accuracy_check(
             job["reference"],
             job["data"],
