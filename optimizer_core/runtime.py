@@ -190,8 +190,9 @@ def decoder_feeds(
     feeds: dict[str, Any] = {"input_ids": ids}
     past = 0
     types = {n: t for n, t, _ in specs}
+    cached = set(kv_cache_inputs(specs))
     for name, _, shape in specs:
-        if not _KV_CACHE_NAME.match(name) or len(shape) < 3:
+        if name not in cached:
             continue
         if cache is not None:
             feeds[name] = cache[name]

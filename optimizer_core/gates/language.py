@@ -118,8 +118,9 @@ def step_feeds(
     """A decode step: one token after a (random) cache of ``past`` tokens."""
     rng = np.random.default_rng(seed)
     cache: dict[str, Any] = {}
+    cached = set(kv_cache_inputs(specs))
     for name, type_, shape in specs:
-        if name not in kv_cache_inputs(specs):
+        if name not in cached:
             continue
         dims = [1 if i == 0 else past if i == len(shape) - 2 else d for i, d in enumerate(shape)]
         if not all(isinstance(d, int) and d >= 0 for d in dims):
