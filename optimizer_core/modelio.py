@@ -388,10 +388,79 @@ def _read_validated(path: str | os.PathLike[str]) -> tuple[onnx.ModelProto, byte
             try:
                 onnx.checker.check_model(str(p) if external else data)
                 return proto, data, external
-            except onnx.checker.ValidationError:
-                pass
+            except onnx.checker.ValidationError as again:
+                exc = again
+                first = str(exc).strip().splitlines()[0]
+        if "No Op registered for" in first and _check_runtime_ops(proto):
+            return proto, data, external
         raise InvalidModelError.at(p, f"invalid model: onnx's checker refuses it: {first}") from exc
     return proto, data, external
+
+
+_RUNTIME_DOMAIN = "graphtrim.runtime-defined"
+
+
+def _check_runtime_ops(proto: onnx.ModelProto) -> bool:
+    """Whether the model passes onnx's checker once the default-domain ops onnx does not define
+    but onnxruntime does (``SimplifiedLayerNormalization``, as onnxruntime-genai's model builder
+    and onnxruntime's transformer optimizer write it) are left unchecked, as the checker leaves
+    ops of other domains. An op that neither defines is still refused."""
+    opsets = {o.domain or "": o.version for o in proto.opset_import}
+    version = opsets.get("", opsets.get("ai.onnx"))
+    if version is None:
+        return False
+    runtime = runtime_defined_ops(version)
+    moved = 0
+    copy_ = onnx.ModelProto()
+    copy_.CopyFrom(proto)  # data that is external stays out of the copy
+    graphs = [copy_.graph]
+    while graphs:
+        graph = graphs.pop()
+        for tensor in graph.initializer:
+            _drop_external(tensor)  # checked already (_check_external_data); bytes lack a folder
+        for node in graph.node:
+            for attr in node.attribute:
+                if attr.type == onnx.AttributeProto.TENSOR:
+                    _drop_external(attr.t)
+            if node.domain in ("", "ai.onnx") and node.op_type in runtime:
+                if not onnx.defs.has(node.op_type, ""):
+                    node.domain = _RUNTIME_DOMAIN
+                    moved += 1
+            for attr in node.attribute:
+                graphs.extend([attr.g] if attr.type == onnx.AttributeProto.GRAPH else attr.graphs)
+    if not moved:
+        return False
+    copy_.opset_import.add(domain=_RUNTIME_DOMAIN, version=1)
+    try:
+        onnx.checker.check_model(copy_.SerializeToString())
+    except onnx.checker.ValidationError:
+        return False
+    return True
+
+
+def _drop_external(tensor: onnx.TensorProto) -> None:
+    """Make an external tensor a one-element inline one, for a check that has no folder."""
+    if tensor.data_location != onnx.TensorProto.EXTERNAL:
+        return
+    del tensor.external_data[:]
+    del tensor.dims[:]
+    tensor.data_location = onnx.TensorProto.DEFAULT
+    tensor.raw_data = bytes(onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type).itemsize)
+
+
+def runtime_defined_ops(version: int) -> frozenset[str]:
+    """The default-domain ops onnxruntime defines at opset ``version`` (its schemas include
+    ops onnx does not have, such as ``SimplifiedLayerNormalization``); empty without
+    onnxruntime."""
+    try:
+        from onnxruntime.capi.onnxruntime_pybind11_state import get_all_operator_schema
+    except ImportError:
+        return frozenset()
+    return frozenset(
+        s.name
+        for s in get_all_operator_schema()
+        if s.domain in ("", "ai.onnx") and s.since_version <= version
+    )
 
 
 def _outer_names(graph: onnx.GraphProto) -> set[str]:

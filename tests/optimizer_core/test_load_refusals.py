@@ -295,6 +295,72 @@ def test_valid_type_attributes_still_load(tmp_path, capsys):
     assert capsys.readouterr().err == ""
 
 
+def _simplified_norm(path: Path, op: str, *, external: bool = False) -> Path:
+    """x[N, 8] -> Identity -> ``op``(x, w) in the default domain, at the top and in an If
+    branch; with ``external`` the weight goes to a data file."""
+    body = oh.make_graph(
+        [oh.make_node(op, ["xi", "w"], ["t"], axis=-1, epsilon=1e-5)],
+        "branch",
+        [],
+        [oh.make_tensor_value_info("t", FLOAT, ["N", 8])],
+    )
+    proto = _model(
+        [
+            oh.make_node("Identity", ["x"], ["xi"]),
+            oh.make_node(op, ["xi", "w"], ["n"], axis=-1, epsilon=1e-5),
+            oh.make_node("If", ["c"], ["t"], then_branch=body, else_branch=body),
+            oh.make_node("Add", ["n", "t"], ["y"]),
+        ],
+        inputs=[
+            oh.make_tensor_value_info("x", FLOAT, ["N", 8]),
+            oh.make_tensor_value_info("c", onnx.TensorProto.BOOL, []),
+        ],
+        outputs=[oh.make_tensor_value_info("y", FLOAT, ["N", 8])],
+        initializers=[onh.from_array(np.linspace(0.5, 1.5, 8, dtype=np.float32), "w")],
+        opsets={"": 21},
+    )
+    if external:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        onnx.save(proto, str(path), save_as_external_data=True, size_threshold=0)
+        return path
+    return _save(proto, path)
+
+
+@pytest.mark.parametrize("external", [False, True], ids=["inline", "external-data"])
+def test_default_domain_ops_onnxruntime_defines_load_and_optimize(external, tmp_path, capsys):
+    """onnxruntime-genai's model builder writes ``SimplifiedLayerNormalization`` in the default
+    domain: onnx has no such op, onnxruntime defines it. Such a model is read, optimized and
+    verified, and the op is kept."""
+    import onnxruntime as ort
+
+    src = _simplified_norm(
+        tmp_path / "in" / "m.onnx", "SimplifiedLayerNormalization", external=external
+    )
+    before = snapshot(src.parent)
+    load_model(src)
+    out = tmp_path / "o.onnx"
+    assert main(["optimize", str(src), "-o", str(out), "--verify", "-q"]) == 0
+    assert capsys.readouterr().err == ""
+    assert snapshot(src.parent) == before
+    kept = onnx.load(str(out))
+    assert [n.op_type for n in kept.graph.node] == ["SimplifiedLayerNormalization", "If", "Add"]
+    x = np.random.default_rng(0).standard_normal((2, 8)).astype(np.float32)
+    feeds = {"x": x, "c": np.array(True)}
+    want = ort.InferenceSession(str(src)).run(None, feeds)[0]
+    got = ort.InferenceSession(str(out)).run(None, feeds)[0]
+    rms = np.sqrt((x**2).mean(-1, keepdims=True) + 1e-5)
+    np.testing.assert_allclose(want, 2 * x / rms * np.linspace(0.5, 1.5, 8), rtol=1e-5)
+    np.testing.assert_array_equal(got, want)
+
+
+def test_a_default_domain_op_nobody_defines_is_still_refused(tmp_path, capsys):
+    src = _simplified_norm(tmp_path / "m.onnx", "NoSuchNormalization")
+    assert main(["optimize", str(src), "-o", str(tmp_path / "o.onnx")]) == 2
+    line = one_line_error(capsys.readouterr().err)
+    assert "No Op registered for NoSuchNormalization" in line
+    assert not (tmp_path / "o.onnx").exists()
+
+
 def test_type_attribute_taken_from_a_function_call_loads(tmp_path, capsys):
     """In a function body ``Cast(to=@to)`` refers to the caller's attribute: its own value
     (0) names no type and must not be refused."""
