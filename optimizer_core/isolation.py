@@ -142,13 +142,18 @@ def map_isolated(
     what: Callable[[Any], str] | None = None,
     on_result: Callable[[int, Any], None] | None = None,
     on_step: Callable[[str], None] | None = None,
+    fresh: bool = False,
 ) -> list[Any]:
     """Call ``target`` (``"module:function"``) as ``fn(item, **common)`` for every item, in
     child processes, and return, per item, its result or the exception it ended with (a
     :class:`ChildFailed` for a crash or a timeout, else what the function raised).
 
     One child works through the items in order; when it dies, the item it was on gets the
-    error and a new child takes the items after it. ``timeout`` bounds each item.
+    error and a new child takes the items after it. With ``fresh`` every item gets a child of
+    its own, whose memory goes back to the system when it ends (a process's heap rarely
+    shrinks: one that built a large model first would hold that much for every item after
+    it), and large allocations are mapped one by one, so that memory freed between the steps
+    of an item is returned too. ``timeout`` bounds each item.
     ``on_step`` receives each step the child reports (:func:`step`): progress on long work.
     """
     if ":" not in target:
@@ -160,6 +165,7 @@ def map_isolated(
     with tempfile.TemporaryDirectory(prefix="graphtrim-isolation-") as folder:
         root = Path(folder)
         while start < len(items):
+            end = start + 1 if fresh else len(items)
             run = root / f"child{start}"
             run.mkdir()
             request = run / "request.pkl"
@@ -167,7 +173,7 @@ def map_isolated(
                 pickle.dump(
                     {
                         "target": target,
-                        "items": list(items[start:]),
+                        "items": list(items[start:end]),
                         "first": start,
                         "common": dict(common or {}),
                         "path": list(sys.path),
@@ -177,6 +183,11 @@ def map_isolated(
             stderr_path = run / "stderr.txt"
             step_path = run / "step.txt"
             env = {**os.environ, _STEP_ENV: str(step_path)}
+            if fresh:
+                # glibc: allocations from 1 MiB up get their own mapping, unmapped on free
+                # (its default threshold rises to 32 MiB as large blocks are freed, and the
+                # blocks below it stay in the heap); an explicit setting wins
+                env.setdefault("MALLOC_MMAP_THRESHOLD_", str(1 << 20))
             with open(stderr_path, "wb") as err:
                 proc = subprocess.Popen(
                     [sys.executable, "-m", "graphtrim.isolation", str(request)],
@@ -199,7 +210,7 @@ def map_isolated(
                         seen = now
                     # results appear one file per item: the item in flight is the first
                     # without one
-                    while current < len(items) and (run / f"{current}.pkl").exists():
+                    while current < end and (run / f"{current}.pkl").exists():
                         current += 1
                         began = time.monotonic()
                     if time.monotonic() - began > timeout:
@@ -208,7 +219,7 @@ def map_isolated(
                             os.killpg(proc.pid, signal.SIGKILL)
                         proc.wait()
                         break
-            for i in range(start, len(items)):
+            for i in range(start, end):
                 out = run / f"{i}.pkl"
                 if not out.exists():
                     break
@@ -218,9 +229,10 @@ def map_isolated(
                 done[i] = True
                 if on_result is not None:
                     on_result(i, results[i])
-            failed = next((i for i in range(start, len(items)) if not done[i]), None)
+            failed = next((i for i in range(start, end) if not done[i]), None)
             if failed is None:
-                break
+                start = end
+                continue
             where = _read(step_path)
             detail = _reason(_tail(stderr_path))
             code = proc.returncode

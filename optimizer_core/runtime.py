@@ -99,6 +99,11 @@ def session_options(threads: int, *, optimize: bool = True) -> Any:
         if optimize
         else ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     )
+    if not optimize:
+        # a run for its results, not its speed: without the arena what a run allocates goes
+        # back when it ends (weights dequantized in the graph would otherwise stay as a float
+        # copy in the arena, growing run by run)
+        so.enable_cpu_mem_arena = False
     so.intra_op_num_threads = threads
     so.inter_op_num_threads = 1
     so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL

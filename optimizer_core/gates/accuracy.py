@@ -182,10 +182,13 @@ def measure(
     metric: str = "accuracy",
     reference_outputs: tuple[str, np.ndarray] | None = None,
     language: bool = False,
+    reference_greedy: list[list[int]] | None = None,
 ) -> AccuracyMeasurement:
     """``language``: the models are decoders with a KV cache (see
     :mod:`graphtrim.gates.language`); with token-id data their perplexities and greedy
-    continuations are measured too."""
+    continuations are measured too. With ``reference_outputs`` (and, for a language model,
+    ``reference_greedy``: :func:`graphtrim.gates.language.greedy_continuations`) the reference
+    session is not used and may be ``None``."""
     name, ref = reference_outputs or run_outputs(reference_session, data, output)
     _, got = run_outputs(candidate_session, data, name)
     m = compare(ref, got, output=name, labels=labels_of(data), metric=metric, per_position=language)
@@ -194,7 +197,11 @@ def measure(
 
         m.reference_perplexity = perplexity(ref, data.tokens)
         m.variant_perplexity = perplexity(got, data.tokens)
-        found = greedy_match(reference_session, candidate_session, data.tokens)
+        found = greedy_match(
+            reference_greedy if reference_greedy is not None else reference_session,
+            candidate_session,
+            data.tokens,
+        )
         m.greedy_match = found["greedy_match"]
         m.greedy = found["greedy_prompts"]
     return m

@@ -88,12 +88,21 @@ def greedy(session: Any, prompt: np.ndarray, steps: int) -> list[int]:
     return tokens
 
 
-def greedy_match(reference: Any, candidate: Any, tokens: np.ndarray) -> dict[str, Any]:
-    """Greedy continuations of the first sequences' first tokens by both sessions."""
+def greedy_continuations(session: Any, tokens: np.ndarray) -> list[list[int]]:
+    """The greedy continuations :func:`greedy_match` compares, of one model."""
     prompts = tokens[:GREEDY_PROMPTS, :GREEDY_PROMPT_TOKENS]
+    return [greedy(session, prompt[None, :], GREEDY_NEW_TOKENS) for prompt in prompts]
+
+
+def greedy_match(reference: Any, candidate: Any, tokens: np.ndarray) -> dict[str, Any]:
+    """Greedy continuations of the first sequences' first tokens by both sessions.
+
+    ``reference`` is a session or its :func:`greedy_continuations` (so that its session need
+    not be open beside the candidate's)."""
+    prompts = tokens[:GREEDY_PROMPTS, :GREEDY_PROMPT_TOKENS]
+    wanted = reference if isinstance(reference, list) else greedy_continuations(reference, tokens)
     matched, per_prompt = 0, []
-    for prompt in prompts:
-        want = greedy(reference, prompt[None, :], GREEDY_NEW_TOKENS)
+    for prompt, want in zip(prompts, wanted, strict=True):
         got = greedy(candidate, prompt[None, :], GREEDY_NEW_TOKENS)
         same = next(
             (i for i, (a, b) in enumerate(zip(want, got, strict=True)) if a != b), len(want)

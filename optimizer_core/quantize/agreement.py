@@ -186,9 +186,10 @@ def measure_agreement(
     def failed(reason: str) -> Agreement:
         return Agreement(False, inputs, len(batches), reason=reason)
 
+    # the float model first, its session let go before the variant's opens: a large model's
+    # weights are never in memory twice (at most MAX_BATCHES batches of outputs are kept)
     try:
         ref = _session(reference)
-        cand = _session(candidate)
     except Exception as exc:
         return failed(_first_line(exc))
     if not batches:
@@ -198,6 +199,17 @@ def measure_agreement(
         except ValueError as exc:  # an input type random inputs cannot fill
             return failed(f"{_first_line(exc)} (give calibration data to measure it)")
     names = [o.name for o in ref.get_outputs()]
+    expected: list[list[Any]] = []
+    for feeds in batches:
+        try:
+            expected.append(ref.run(names, dict(feeds)))
+        except Exception as exc:
+            return failed(f"the float model fails on these inputs: {_first_line(exc)}")
+    del ref
+    try:
+        cand = _session(candidate)
+    except Exception as exc:
+        return failed(_first_line(exc))
     if [o.name for o in cand.get_outputs()] != names:
         return failed(
             f"the variant's outputs {[o.name for o in cand.get_outputs()]} are not the float "
@@ -205,16 +217,12 @@ def measure_agreement(
         )
     sums = {n: _Sums() for n in names}
     numeric = set(names)
-    for feeds in batches:
-        try:
-            expected = ref.run(names, dict(feeds))
-        except Exception as exc:
-            return failed(f"the float model fails on these inputs: {_first_line(exc)}")
+    for feeds, want in zip(batches, expected, strict=True):
         try:
             got = cand.run(names, _fit(feeds, cand))
         except Exception as exc:
             return failed(f"the variant fails on these inputs: {_first_line(exc)}")
-        for name, e, g in zip(names, expected, got, strict=True):
+        for name, e, g in zip(names, want, got, strict=True):
             if (
                 not isinstance(e, np.ndarray)
                 or not isinstance(g, np.ndarray)

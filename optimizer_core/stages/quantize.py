@@ -40,8 +40,9 @@ def accuracy_check(
 ) -> Callable[[Path], tuple[bool, dict[str, Any]]]:
     """The accuracy gate of ``variant`` as a callable on a candidate file (for the fallback).
 
-    The reference's session is opened for each check and let go after it, so that it does not
-    sit in memory beside the converter's work between checks (a 4 GiB decoder's weights)."""
+    The reference is run once, before the first check, and its session let go before any
+    candidate's opens: it is never in memory beside the converter's work or a candidate's
+    session (a 4 GiB decoder's weights)."""
     import onnx
 
     from graphtrim.gates import accuracy as acc
@@ -66,24 +67,31 @@ def accuracy_check(
     )
     del graph
     cache: dict[str, Any] = {}
+    greedy: dict[str, list[list[int]]] = {}
 
     def check(path: Path) -> tuple[bool, dict[str, Any]]:
         if thresholds is None:
             return True, {}
-        ref = open_session(reference, device=device, providers=providers)
         key = thresholds.output or ""
         if key not in cache:
+            ref = open_session(reference, device=device, providers=providers)
             cache[key] = acc.run_outputs(ref, data, thresholds.output)
+            if language and data.tokens is not None:
+                from graphtrim.gates.language import greedy_continuations
+
+                greedy[key] = greedy_continuations(ref, data.tokens)
+            del ref
         cand = open_session(path, device=device, providers=providers)
         m = acc.measure(
-            ref,
+            None,
             cand,
             data,
             metric=thresholds.metric,
             reference_outputs=cache[key],
             language=language,
+            reference_greedy=greedy.get(key),
         )
-        del ref, cand
+        del cand
         broken = acc.judge(m, thresholds)
         return not broken, {**m.to_json(), "broken": broken}
 
@@ -253,6 +261,8 @@ def quantize(
                     + (f"failed: {r}" if isinstance(r, BaseException) else "built")
                 ),
                 on_step=lambda line: ctx.say(f"quantize: {line}"),
+                # a process per variant: what one build held is not held through the next
+                fresh=True,
             )
             for variant, build in zip(wanted, builds, strict=True):
                 if isinstance(build, BaseException):

@@ -192,6 +192,10 @@ class Session:
 
         so = ort.SessionOptions()
         so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+        # without the arena, what a run allocates goes back when the run ends: a model whose
+        # weights are dequantized in the graph (weight-only int4) would otherwise hold a float
+        # copy of them per run in the arena, growing run by run
+        so.enable_cpu_mem_arena = False
         so.intra_op_num_threads = threads
         so.inter_op_num_threads = 1
         so.log_severity_level = 3

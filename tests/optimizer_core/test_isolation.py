@@ -30,7 +30,12 @@ def work(item: str, *, factor: int = 1) -> object:
         raise QuantizeError("no calibration data")
     if item == "value-error":
         raise ValueError("bad value")
-    return {"item": item, "pid": os.getpid(), "double": len(item) * factor}
+    return {
+        "item": item,
+        "pid": os.getpid(),
+        "double": len(item) * factor,
+        "mmap_threshold": os.environ.get("MALLOC_MMAP_THRESHOLD_"),
+    }
 
 
 def test_results_come_back_from_a_child_process() -> None:
@@ -49,6 +54,18 @@ def test_a_crash_fails_its_item_and_the_others_go_on() -> None:
         assert out[i].step == f"handling {['a', 'segfault', 'b', 'abort', 'c'][i]}"
         assert sig in str(out[i]) and "while handling" in str(out[i])
     assert out[0]["pid"] != out[2]["pid"] != out[4]["pid"]  # a new child after each crash
+
+
+def test_fresh_gives_each_item_its_own_child(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Memory a child held for one item is not held through the next: one process each,
+    large allocations mapped one by one; a crash still fails its item alone."""
+    monkeypatch.delenv("MALLOC_MMAP_THRESHOLD_", raising=False)
+    out = map_isolated(f"{HERE}:work", ["a", "bb", "segfault", "ccc"], fresh=True)
+    assert [out[i]["item"] for i in (0, 1, 3)] == ["a", "bb", "ccc"]
+    assert len({out[i]["pid"] for i in (0, 1, 3)} | {os.getpid()}) == 4
+    assert isinstance(out[2], ChildFailed) and out[2].signal_name == "SIGSEGV"
+    assert {out[i]["mmap_threshold"] for i in (0, 1, 3)} == {str(1 << 20)}
+    assert map_isolated(f"{HERE}:work", ["a"])[0]["mmap_threshold"] is None
 
 
 def test_a_hang_is_stopped_at_the_timeout() -> None:

@@ -148,3 +148,72 @@ def test_without_token_data_perplexity_is_not_claimed(lm: dict[str, Path]) -> No
     assert gate is not None and gate.status == "pass", gate.reasons
     assert gate.measured["reference_perplexity"] is None
     assert gate.measured["top1_agreement"] == 1.0
+
+
+def _tracked(monkeypatch: pytest.MonkeyPatch, module: object, name: str) -> list[str]:
+    """Wrap ``module.name`` (a session opener): each call asserts that no session it opened
+    before is still alive, and records the path it opened."""
+    import gc
+    import weakref
+
+    opened: list[str] = []
+    live: list[weakref.ref[object]] = []
+    inner = getattr(module, name)
+
+    def opener(path: object, *args: object, **kwargs: object) -> object:
+        gc.collect()
+        alive = [r() for r in live if r() is not None]
+        assert not alive, f"a session is still open when {path} opens: {opened}"
+        session = inner(path, *args, **kwargs)
+        opened.append(str(path))
+        live.append(weakref.ref(session))
+        return session
+
+    monkeypatch.setattr(module, name, opener)
+    return opened
+
+
+def test_the_fallback_check_never_holds_the_reference_beside_a_candidate(
+    lm: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The reference runs once, before the first check, and its session goes before a
+    candidate's opens: a large decoder's float weights are never in memory twice. The verdict
+    is the one ``evaluate`` gives with both sessions open."""
+    import graphtrim.runtime
+    from graphtrim.stages.quantize import accuracy_check
+
+    variant = tmp_path / "int8.onnx"
+    build_variant(lm["ref"], variant, "int8-weight", config=QuantizeConfig())
+    specs = input_specs(lm["ref"])
+    data = load_npz(lm["tokens"], specs, batch_size=2)
+    policy = _policy(min_cosine=0.9, min_greedy_match=0.5, max_metric_drop=None)
+    want = evaluate(lm["ref"], {"int8-weight": variant}, policy=policy, data=data)
+    measured = want.variant("int8-weight").gate("accuracy").measured
+
+    opened = _tracked(monkeypatch, graphtrim.runtime, "open_session")
+    check = accuracy_check(lm["ref"], data, policy, "int8-weight")
+    for _ in range(2):
+        passed, got = check(variant)
+        assert passed
+        assert got["greedy"] == measured["greedy"]
+        assert got["perplexity_ratio"] == pytest.approx(measured["perplexity_ratio"])
+    check(lm["other"])
+    assert opened == [str(lm["ref"]), str(variant), str(variant), str(lm["other"])]
+
+
+def test_agreement_runs_the_float_model_then_the_variant(
+    lm: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from graphtrim.quantize import agreement
+
+    variant = tmp_path / "int8.onnx"
+    build_variant(lm["ref"], variant, "int8-weight", config=QuantizeConfig())
+    opened = _tracked(monkeypatch, agreement, "_session")
+    same = agreement.measure_agreement(lm["ref"], lm["ref"])
+    assert same.measured and same.outputs["logits"]["max_abs_error"] == 0
+    near = agreement.measure_agreement(lm["ref"], variant)
+    assert near.measured and 0.99 < near.outputs["logits"]["cosine"] < 1
+    far = agreement.measure_agreement(lm["ref"], lm["other"])
+    assert far.outputs["logits"]["cosine"] < 0.9
+    ref = str(lm["ref"])
+    assert opened == [ref, ref, ref, str(variant), ref, str(lm["other"])]
