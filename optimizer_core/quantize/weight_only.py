@@ -148,17 +148,23 @@ def quantize_weights(
             op_types_to_quantize=("MatMul",),
             bits=settings.bits,
         )
+    # the graph without its weights: each MatMul's weight is read when its turn comes, into a
+    # message of its own that goes once the weight is quantized (protobuf's arena would keep
+    # the memory of every weight read into the model's own message until the model goes)
+    model = onnx.load(str(source), load_external_data=False)
     quantizer = mnq.MatMulNBitsQuantizer(
-        str(source),
+        model,
         bits=settings.bits,
         block_size=settings.block_size,
         is_symmetric=settings.symmetric,
         accuracy_level=settings.accuracy_level,
-        nodes_to_exclude=list(excluded),
         algo_config=algo,
     )
-    quantizer.process()
-    model: onnx.ModelProto = quantizer.model.model
+    if not any(o.domain == "com.microsoft" for o in model.opset_import):
+        model.opset_import.add(domain="com.microsoft", version=1)
+    _quantize_graph(quantizer.node_quantizer, [model.graph], set(excluded), source.parent)
+    _drop_unread(model.graph)
+    _load_external(model.graph, source.parent)  # what stays in float
     del quantizer
     quantized = _count(model.graph, "MatMulNBits", "com.microsoft")
     record: dict[str, Any] = {
@@ -235,6 +241,97 @@ def lower_matmul_nbits(model: onnx.ModelProto) -> int:
         del model.opset_import[:]
         model.opset_import.extend(imports)
     return lowered
+
+
+def _graphs(graph: onnx.GraphProto) -> list[onnx.GraphProto]:
+    """``graph`` and every graph nested in it."""
+    out = [graph]
+    for node in graph.node:
+        for sub in _subgraphs(node):
+            out.extend(_graphs(sub))
+    return out
+
+
+def _quantize_graph(
+    quantize: Any, stack: list[onnx.GraphProto], excluded: set[str], base: Path
+) -> None:
+    """Each MatMul of ``stack[-1]`` (and of its subgraphs) with a constant weight, quantized by
+    onnxruntime's node quantizer ``quantize`` one at a time: the weight (found in this graph or
+    an enclosing one) is read alone into a graph of its own, and what the quantizer writes
+    there goes to the graph that held the weight."""
+    graph = stack[-1]
+    nodes: list[onnx.NodeProto] = []
+    for node in graph.node:
+        for sub in _subgraphs(node):
+            _quantize_graph(quantize, [*stack, sub], excluded, base)
+        owner = (
+            _owner(stack, node.input[1])
+            if node.op_type == "MatMul" and len(node.input) > 1
+            else None
+        )
+        if (
+            owner is None
+            or node.domain not in ("", "ai.onnx")
+            or (node.name and node.name in excluded)
+        ):
+            nodes.append(node)
+            continue
+        alone = onnx.GraphProto()
+        weight = alone.initializer.add()
+        weight.CopyFrom(next(t for t in owner.initializer if t.name == node.input[1]))
+        if weight.data_location == onnx.TensorProto.EXTERNAL:
+            _read_external(weight, base)
+        written = quantize.quantize(node, [alone])
+        if len(written) == 1 and written[0] is node:
+            nodes.append(node)  # not a weight the quantizer takes
+            continue
+        # a weight read by two MatMuls is quantized twice to the same tensors: kept once
+        have = {t.name for t in owner.initializer}
+        owner.initializer.extend(
+            t for t in alone.initializer if t.name != node.input[1] and t.name not in have
+        )
+        nodes.extend(written)
+        del alone, weight
+    graph.ClearField("node")
+    graph.node.extend(nodes)
+
+
+def _owner(stack: list[onnx.GraphProto], name: str) -> onnx.GraphProto | None:
+    """The innermost graph of ``stack`` whose initializers hold ``name`` (none where a node or
+    an input of a nearer scope defines it)."""
+    for graph in reversed(stack):
+        if any(t.name == name for t in graph.initializer):
+            return graph
+        if any(name in n.output for n in graph.node) or any(i.name == name for i in graph.input):
+            return None
+    return None
+
+
+def _drop_unread(graph: onnx.GraphProto) -> None:
+    """Initializers no node reads any more (the float weights now quantized), in every graph."""
+    read = {name for g in _graphs(graph) for n in g.node for name in n.input}
+    read |= {o.name for o in graph.output}
+    for g in _graphs(graph):
+        keep = [t for t in g.initializer if t.name in read]
+        if len(keep) != len(g.initializer):
+            g.ClearField("initializer")
+            g.initializer.extend(keep)
+
+
+def _read_external(tensor: onnx.TensorProto, base: Path) -> None:
+    from onnx.external_data_helper import load_external_data_for_tensor
+
+    load_external_data_for_tensor(tensor, str(base))
+    tensor.data_location = onnx.TensorProto.DEFAULT
+    del tensor.external_data[:]
+
+
+def _load_external(graph: onnx.GraphProto, base: Path) -> None:
+    """Read the data of every external initializer into the model, in every graph."""
+    for g in _graphs(graph):
+        for tensor in g.initializer:
+            if tensor.data_location == onnx.TensorProto.EXTERNAL:
+                _read_external(tensor, base)
 
 
 def _subgraphs(node: onnx.NodeProto) -> list[onnx.GraphProto]:
