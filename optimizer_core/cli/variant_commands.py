@@ -109,6 +109,12 @@ def _add_quant_args(p: argparse.ArgumentParser) -> None:
         help="MatMulNBits' accuracy_level (ort form): 4 (default) computes with int8 "
         "activations, 0 in float (slow on CPU)",
     )
+    w.add_argument(
+        "--quantize-embeddings",
+        action="store_true",
+        help="int4-weight: the token embedding tables (Gather) too, as onnxruntime's "
+        "GatherBlockQuantized (ort form, rtn)",
+    )
     p.add_argument(
         "--fp16-io",
         action="store_true",
@@ -243,6 +249,7 @@ def _config(args: argparse.Namespace) -> Any:
         weight_algorithm=args.weight_algorithm,
         weight_form=args.weight_form,
         accuracy_level=args.accuracy_level,
+        quantize_embeddings=args.quantize_embeddings,
     )
 
 

@@ -120,6 +120,8 @@ class QuantizeConfig:
     # MatMulNBits' accuracy_level (ort form); None: 4 (int8 compute), as onnxruntime runs the
     # portable form
     accuracy_level: int | None = None
+    # int4-weight: token embedding tables (Gather) too, as GatherBlockQuantized (ort form)
+    quantize_embeddings: bool = False
 
     def weight_settings(self, bits: int) -> Any:
         from graphtrim.quantize.weight_only import WeightOnlySettings
@@ -131,6 +133,7 @@ class QuantizeConfig:
             algorithm=self.weight_algorithm,
             form=self.weight_form,
             accuracy_level=self.accuracy_level,
+            embeddings=self.quantize_embeddings and bits == 4,
         )
 
     def validate(self) -> None:

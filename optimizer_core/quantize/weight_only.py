@@ -57,6 +57,8 @@ class WeightOnlySettings:
     algorithm: str
     form: str
     accuracy_level: int | None = None
+    # Gather tables (token embeddings) too: onnxruntime's GatherBlockQuantized (ort form, 4 bits)
+    embeddings: bool = False
 
     def validate(self) -> None:
         if self.bits not in (4, 8):
@@ -84,6 +86,12 @@ class WeightOnlySettings:
                 )
             if self.symmetric:
                 raise WeightOnlyError("HQQ is asymmetric: its zero points are fitted")
+        if self.embeddings and (self.form != "ort" or self.bits != 4 or self.algorithm != "rtn"):
+            raise WeightOnlyError(
+                "embedding tables are quantized in the ort form, with 4 bits and rtn only "
+                "(onnxruntime's GatherBlockQuantized; onnx's Gather takes no 4-bit table, so "
+                "the portable form has no standard op for it)"
+            )
         if self.accuracy_level is not None and self.accuracy_level not in (0, 1, 2, 3, 4):
             raise WeightOnlyError("accuracy level is 0 to 4 (MatMulNBits' accuracy_level)")
         if self.accuracy_level is not None and self.form == "portable":
@@ -145,7 +153,7 @@ def quantize_weights(
             is_symmetric=settings.symmetric,
             accuracy_level=settings.accuracy_level,
             quant_format=QuantFormat.QOperator,
-            op_types_to_quantize=("MatMul",),
+            op_types_to_quantize=("MatMul", "Gather") if settings.embeddings else ("MatMul",),
             bits=settings.bits,
         )
     # the graph without its weights: each MatMul's weight is read when its turn comes, into a
@@ -162,7 +170,8 @@ def quantize_weights(
     )
     if not any(o.domain == "com.microsoft" for o in model.opset_import):
         model.opset_import.add(domain="com.microsoft", version=1)
-    _quantize_graph(quantizer.node_quantizer, [model.graph], set(excluded), source.parent)
+    ops = {"MatMul": 1, **({"Gather": 0} if settings.embeddings else {})}
+    _quantize_graph(quantizer.node_quantizer, [model.graph], set(excluded), source.parent, ops)
     _drop_unread(model.graph)
     _load_external(model.graph, source.parent)  # what stays in float
     del quantizer
@@ -172,6 +181,8 @@ def quantize_weights(
         "matmuls_quantized": quantized,
         "opset": _default_opset(model),
     }
+    if settings.embeddings:
+        record["gathers_quantized"] = _count(model.graph, "GatherBlockQuantized", "com.microsoft")
     if settings.form == "portable":
         record["lowered"] = lower_matmul_nbits(model)
         record["opset"] = _default_opset(model)
@@ -253,22 +264,25 @@ def _graphs(graph: onnx.GraphProto) -> list[onnx.GraphProto]:
 
 
 def _quantize_graph(
-    quantize: Any, stack: list[onnx.GraphProto], excluded: set[str], base: Path
+    quantize: Any,
+    stack: list[onnx.GraphProto],
+    excluded: set[str],
+    base: Path,
+    ops: dict[str, int],
 ) -> None:
-    """Each MatMul of ``stack[-1]`` (and of its subgraphs) with a constant weight, quantized by
-    onnxruntime's node quantizer ``quantize`` one at a time: the weight (found in this graph or
-    an enclosing one) is read alone into a graph of its own, and what the quantizer writes
-    there goes to the graph that held the weight."""
+    """Each node of ``stack[-1]`` (and of its subgraphs) whose op is in ``ops`` (op -> the
+    input holding its weight: MatMul's B, Gather's table) and whose weight is a constant,
+    quantized by onnxruntime's node quantizer ``quantize`` one at a time: the weight (found in
+    this graph or an enclosing one) is read alone into a graph of its own, and what the
+    quantizer writes there goes to the graph that held the weight."""
     graph = stack[-1]
     nodes: list[onnx.NodeProto] = []
     for node in graph.node:
         for sub in _subgraphs(node):
-            _quantize_graph(quantize, [*stack, sub], excluded, base)
-        owner = (
-            _owner(stack, node.input[1])
-            if node.op_type == "MatMul" and len(node.input) > 1
-            else None
-        )
+            _quantize_graph(quantize, [*stack, sub], excluded, base, ops)
+        slot = ops.get(node.op_type)
+        weight_name = node.input[slot] if slot is not None and len(node.input) > slot else ""
+        owner = _owner(stack, weight_name) if weight_name else None
         if (
             owner is None
             or node.domain not in ("", "ai.onnx")
@@ -278,7 +292,7 @@ def _quantize_graph(
             continue
         alone = onnx.GraphProto()
         weight = alone.initializer.add()
-        weight.CopyFrom(next(t for t in owner.initializer if t.name == node.input[1]))
+        weight.CopyFrom(next(t for t in owner.initializer if t.name == weight_name))
         if weight.data_location == onnx.TensorProto.EXTERNAL:
             _read_external(weight, base)
         written = quantize.quantize(node, [alone])
@@ -288,7 +302,7 @@ def _quantize_graph(
         # a weight read by two MatMuls is quantized twice to the same tensors: kept once
         have = {t.name for t in owner.initializer}
         owner.initializer.extend(
-            t for t in alone.initializer if t.name != node.input[1] and t.name not in have
+            t for t in alone.initializer if t.name != weight_name and t.name not in have
         )
         nodes.extend(written)
         del alone, weight

@@ -191,6 +191,8 @@ def _conversion_tags(conversion: Mapping[str, Any] | None) -> dict[str, str]:
     }
     if conversion.get("matmuls_quantized") is not None:
         out[f"{T}weights.matmuls"] = str(conversion["matmuls_quantized"])
+    if conversion.get("gathers_quantized") is not None:
+        out[f"{T}weights.embeddings"] = str(conversion["gathers_quantized"])
     return out
 
 

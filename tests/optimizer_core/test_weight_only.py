@@ -383,3 +383,69 @@ def test_weights_are_read_one_at_a_time_and_quantized_as_in_one_pass(
         strict=True,
     ):
         np.testing.assert_array_equal(a, b)
+
+
+def _embedding(vocab: int = 500, hidden: int = 64) -> onnx.ModelProto:
+    """ids [B, S] -> Gather(table [vocab, hidden]) -> MatMul(w [hidden, 48]) -> y."""
+    rng = np.random.default_rng(2)
+    table = rng.standard_normal((vocab, hidden)).astype(np.float32)
+    w = rng.standard_normal((hidden, 48)).astype(np.float32)
+    graph = oh.make_graph(
+        [
+            oh.make_node("Gather", ["table", "ids"], ["e"], name="embed"),
+            oh.make_node("MatMul", ["e", "w"], ["y"], name="proj"),
+        ],
+        "emb",
+        [oh.make_tensor_value_info("ids", onnx.TensorProto.INT64, ["B", "S"])],
+        [oh.make_tensor_value_info("y", FLOAT, ["B", "S", 48])],
+        initializer=[onh.from_array(table, "table"), onh.from_array(w, "w")],
+    )
+    return oh.make_model(graph, opset_imports=[oh.make_opsetid("", 21)])
+
+
+def test_embedding_tables_are_quantized_on_request(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--quantize-embeddings``: the Gather's table becomes onnxruntime's
+    GatherBlockQuantized with 4-bit blocks along the hidden axis (the float table goes), the
+    rows it looks up are the table's within the blocks' rounding; settings the op cannot take
+    are refused."""
+    src = tmp_path / "in" / "m.onnx"
+    src.parent.mkdir()
+    onnx.save(_embedding(), str(src), save_as_external_data=True, size_threshold=0)
+    dst = tmp_path / "q.onnx"
+    settings = WeightOnlySettings(4, 32, True, "rtn", "ort", 4, embeddings=True)
+    record = quantize_weights(src, dst, settings)
+    assert record["gathers_quantized"] == 1 and record["matmuls_quantized"] == 1
+    model = onnx.load(str(dst))
+    assert [n.op_type for n in model.graph.node] == ["GatherBlockQuantized", "MatMulNBits"]
+    assert "table" not in {t.name for t in model.graph.initializer}
+    ids = np.array([[0, 7, 499], [3, 3, 250]], dtype=np.int64)
+    want = _run(src, {"ids": ids})[0]
+    got = _run(dst, {"ids": ids})[0]
+    cos = float((want * got).sum() / np.sqrt((want**2).sum() * (got**2).sum()))
+    assert 0.98 < cos < 1
+    # without the option the table stays float
+    plain = quantize_weights(
+        src, tmp_path / "p.onnx", WeightOnlySettings(4, 32, True, "rtn", "ort", 4)
+    )
+    assert "gathers_quantized" not in plain
+    assert "table" in {t.name for t in onnx.load(str(tmp_path / "p.onnx")).graph.initializer}
+    for bad in (
+        WeightOnlySettings(4, 32, True, "rtn", "portable", embeddings=True),
+        WeightOnlySettings(8, 32, True, "rtn", "ort", embeddings=True),
+        WeightOnlySettings(4, 32, False, "hqq", "ort", embeddings=True),
+    ):
+        with pytest.raises(WeightOnlyError, match="embedding tables"):
+            quantize_weights(src, tmp_path / "bad.onnx", bad)
+    # the command line, and the tag the registered version gets
+    out = tmp_path / "cli.onnx"
+    argv = ["quantize", str(src), "-o", str(out), "--variant", "int4-weight", "-q"]
+    assert main([*argv, "--weight-form", "ort", "--quantize-embeddings"]) == 0
+    assert "GatherBlockQuantized" in {n.op_type for n in onnx.load(str(out)).graph.node}
+    capsys.readouterr()
+    assert main([*argv, "--quantize-embeddings"]) == 2  # the portable form has no such op
+    assert "embedding tables" in capsys.readouterr().err
+    from graphtrim.stages.register import _conversion_tags
+
+    assert _conversion_tags(record)["graphtrim.weights.embeddings"] == "1"
