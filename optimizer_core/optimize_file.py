@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import gc
 import json
 import os
 import shutil
@@ -216,6 +217,46 @@ def optimize_file(
             run in onnxruntime (nothing written).
         GraphtrimError: other refusals (bad arguments, output would overwrite the input).
     """
+    try:
+        return _optimize_file(
+            src,
+            dst,
+            preset=preset,
+            passes=passes,
+            skip=skip,
+            options=options,
+            check=check,
+            check_each_pass=check_each_pass,
+            tolerance=tolerance,
+            trials=trials,
+            dim_values=dim_values,
+            progress=progress,
+            keep_metadata=keep_metadata,
+            keep_shapes=keep_shapes,
+        )
+    finally:
+        # the model's graph is a web of references: without a collection here its weights
+        # would stay in memory until the collector next ran, through whatever comes next
+        gc.collect()
+
+
+def _optimize_file(
+    src: str | os.PathLike[str],
+    dst: str | os.PathLike[str],
+    *,
+    preset: str = "default",
+    passes: Sequence[str] | None = None,
+    skip: Sequence[str] = (),
+    options: OptimizeOptions | None = None,
+    check: bool = False,
+    check_each_pass: bool = False,
+    tolerance: Tolerance | None = None,
+    trials: int = 3,
+    dim_values: Mapping[str, int] | None = None,
+    progress: ProgressFn | None = None,
+    keep_metadata: bool = False,
+    keep_shapes: bool = False,
+) -> OptimizeReport:
     src_p, dst_p = Path(src), Path(dst)
     validated = read_validated(src_p)  # read and checked once: load_model takes it as it is
     proto = validated.proto

@@ -102,8 +102,11 @@ def session_options(threads: int, *, optimize: bool = True) -> Any:
     if not optimize:
         # a run for its results, not its speed: without the arena what a run allocates goes
         # back when it ends (weights dequantized in the graph would otherwise stay as a float
-        # copy in the arena, growing run by run)
+        # copy in the arena, growing run by run), and without prepacking the weights are read
+        # from the file's mapping as they are instead of copied into packed buffers (a float
+        # decoder's session held its whole weights again before its first run)
         so.enable_cpu_mem_arena = False
+        so.add_session_config_entry("session.disable_prepacking", "1")
     so.intra_op_num_threads = threads
     so.inter_op_num_threads = 1
     so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL

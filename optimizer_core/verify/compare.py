@@ -196,6 +196,7 @@ class Session:
         # weights are dequantized in the graph (weight-only int4) would otherwise hold a float
         # copy of them per run in the arena, growing run by run
         so.enable_cpu_mem_arena = False
+        so.add_session_config_entry("session.disable_prepacking", "1")  # weights read in place
         so.intra_op_num_threads = threads
         so.inter_op_num_threads = 1
         so.log_severity_level = 3
