@@ -42,7 +42,6 @@ WEIGHT_FORMS: tuple[str, ...] = ("ort", "portable")
 DEFAULT_ACCURACY_LEVEL = 4
 # the opset whose DequantizeLinear has block_size and int4 inputs
 PORTABLE_OPSET = 21
-_BIG_MODEL = 1_500_000_000
 
 
 class WeightOnlyError(GraphtrimError):
@@ -186,11 +185,12 @@ def quantize_weights(
     if settings.form == "portable":
         record["lowered"] = lower_matmul_nbits(model)
         record["opset"] = _default_opset(model)
-    big = model.ByteSize() > _BIG_MODEL if quantized else True
+    # the weights go to a data file tensor by tensor: serializing a model with its weights
+    # inline took 2.5 GiB over the 1.4 GiB the process held (int8-weight of a 1.5 GB decoder)
     onnx.save(
         model,
         str(dst),
-        save_as_external_data=big,
+        save_as_external_data=True,
         all_tensors_to_one_file=True,
         location=f"{dst.name}.data",
     )

@@ -348,6 +348,8 @@ def test_weights_are_read_one_at_a_time_and_quantized_as_in_one_pass(
     record = quantize_weights(src, dst, settings)
     monkeypatch.undo()
     assert record["matmuls_quantized"] == 3
+    # written tensor by tensor to a data file, never serialized whole
+    assert (tmp_path / "q.onnx.data").stat().st_size > 0
     # the weight being quantized alone, w2 (two readers) read again for its second reader
     assert loaded == [1, 1, 1], loaded
 
