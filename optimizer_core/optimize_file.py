@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import gc
 import json
 import os
 import shutil
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 import onnx
 import onnx_ir as ir
@@ -178,6 +179,26 @@ def _pass_through(
     return report
 
 
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def _collecting(fn: Callable[P, R]) -> Callable[P, R]:
+    """``fn``, then a garbage collection: a model's IR graph is a web of references that only
+    the cycle collector frees, and without a collection the models an optimize (and its
+    verification) read would stay in memory through whatever the caller does next."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            gc.collect()
+
+    return wrapper
+
+
+@_collecting
 def optimize_file(
     src: str | os.PathLike[str],
     dst: str | os.PathLike[str],
@@ -217,46 +238,6 @@ def optimize_file(
             run in onnxruntime (nothing written).
         GraphtrimError: other refusals (bad arguments, output would overwrite the input).
     """
-    try:
-        return _optimize_file(
-            src,
-            dst,
-            preset=preset,
-            passes=passes,
-            skip=skip,
-            options=options,
-            check=check,
-            check_each_pass=check_each_pass,
-            tolerance=tolerance,
-            trials=trials,
-            dim_values=dim_values,
-            progress=progress,
-            keep_metadata=keep_metadata,
-            keep_shapes=keep_shapes,
-        )
-    finally:
-        # the model's graph is a web of references: without a collection here its weights
-        # would stay in memory until the collector next ran, through whatever comes next
-        gc.collect()
-
-
-def _optimize_file(
-    src: str | os.PathLike[str],
-    dst: str | os.PathLike[str],
-    *,
-    preset: str = "default",
-    passes: Sequence[str] | None = None,
-    skip: Sequence[str] = (),
-    options: OptimizeOptions | None = None,
-    check: bool = False,
-    check_each_pass: bool = False,
-    tolerance: Tolerance | None = None,
-    trials: int = 3,
-    dim_values: Mapping[str, int] | None = None,
-    progress: ProgressFn | None = None,
-    keep_metadata: bool = False,
-    keep_shapes: bool = False,
-) -> OptimizeReport:
     src_p, dst_p = Path(src), Path(dst)
     validated = read_validated(src_p)  # read and checked once: load_model takes it as it is
     proto = validated.proto
