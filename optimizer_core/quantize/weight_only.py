@@ -323,9 +323,10 @@ def _owner(stack: list[onnx.GraphProto], name: str) -> onnx.GraphProto | None:
 
 def _drop_unread(graph: onnx.GraphProto) -> None:
     """Initializers no node reads any more (the float weights now quantized), in every graph."""
-    read = {name for g in _graphs(graph) for n in g.node for name in n.input}
-    read |= {o.name for o in graph.output}
-    for g in _graphs(graph):
+    graphs = _graphs(graph)
+    read = {name for g in graphs for n in g.node for name in n.input}
+    read |= {o.name for g in graphs for o in g.output}  # a branch may return a constant
+    for g in graphs:
         keep = [t for t in g.initializer if t.name in read]
         if len(keep) != len(g.initializer):
             g.ClearField("initializer")

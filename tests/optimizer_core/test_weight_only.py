@@ -451,3 +451,66 @@ def test_embedding_tables_are_quantized_on_request(
     from graphtrim.stages.register import _conversion_tags
 
     assert _conversion_tags(record)["graphtrim.weights.embeddings"] == "1"
+
+
+def test_weights_in_branches_are_quantized_and_a_returned_constant_stays(tmp_path: Path) -> None:
+    """A MatMul inside an If branch reads its weight from the main graph (quantized there)
+    or from the branch's own initializers; a branch that returns one of its initializers as
+    it is keeps it."""
+    rng = np.random.default_rng(3)
+    outer_w = rng.standard_normal((K, N)).astype(np.float32)
+    inner_w = rng.standard_normal((K, N)).astype(np.float32)
+    const = np.full((2, 5, N), 0.5, np.float32)
+    y = oh.make_tensor_value_info("y", FLOAT, ["B", "S", N])
+    then = oh.make_graph(
+        [
+            oh.make_node("MatMul", ["x", "outer_w"], ["a"], name="mm_outer"),
+            oh.make_node("MatMul", ["x", "inner_w"], ["b"], name="mm_inner"),
+            oh.make_node("Add", ["a", "b"], ["t"]),
+        ],
+        "then",
+        [],
+        [oh.make_tensor_value_info("t", FLOAT, ["B", "S", N])],
+        initializer=[onh.from_array(inner_w, "inner_w")],
+    )
+    other = oh.make_graph(
+        [],
+        "else",
+        [],
+        [oh.make_tensor_value_info("c", FLOAT, [2, 5, N])],
+        initializer=[onh.from_array(const, "c")],
+    )
+    graph = oh.make_graph(
+        [oh.make_node("If", ["cond"], ["y"], then_branch=then, else_branch=other)],
+        "g",
+        [
+            oh.make_tensor_value_info("x", FLOAT, ["B", "S", K]),
+            oh.make_tensor_value_info("cond", onnx.TensorProto.BOOL, []),
+        ],
+        [y],
+        initializer=[onh.from_array(outer_w, "outer_w")],
+    )
+    src = tmp_path / "in" / "m.onnx"
+    src.parent.mkdir()
+    onnx.save(
+        oh.make_model(graph, opset_imports=[oh.make_opsetid("", 21)]),
+        str(src),
+        save_as_external_data=True,
+        size_threshold=0,
+    )
+    for form, level in (("ort", 4), ("portable", None)):
+        dst = tmp_path / f"{form}.onnx"
+        record = quantize_weights(src, dst, WeightOnlySettings(8, 16, True, "rtn", form, level))
+        assert record["matmuls_quantized"] == 2
+        model = onnx.load(str(dst))
+        onnx.checker.check_model(model, full_check=True)
+        names = {t.name for t in model.graph.initializer}
+        assert "outer_w" not in names
+        x = _x()[..., :K]
+        for cond in (True, False):
+            feeds = {"x": x, "cond": np.array(cond)}
+            want, got = _run(src, feeds)[0], _run(dst, feeds)[0]
+            if cond:  # 8-bit weights (and, at level 4, activations): close, not equal
+                assert np.linalg.norm(got - want) / np.linalg.norm(want) < 0.02
+            else:
+                np.testing.assert_array_equal(got, const)
