@@ -70,6 +70,14 @@ def _params(device: str) -> dict[str, Param]:
             description="gate policy document (thresholds per variant, promotion); none: the "
             "workers' $GRAPHTRIM_POLICY, else the built-in defaults",
         ),
+        "weights": Param(
+            None,
+            type=["null", "object"],
+            description="weight-only variants' settings (int4-weight, int8-weight), e.g. "
+            '{"weight_form": "ort", "quantize_embeddings": true}; keys: block_size, '
+            "weight_symmetric, weight_algorithm, weight_form, accuracy_level, "
+            "quantize_embeddings; none: the defaults",
+        ),
         "calibration": Param(None, type=["null", "string"], description=".npz calibration data"),
         "eval_data": Param(None, type=["null", "string"], description=".npz evaluation data"),
         "target_name": Param(

@@ -458,6 +458,7 @@ def plan_run(params: Mapping[str, Any] | None, device: str) -> dict[str, Any]:
             calibration=p.get("calibration"),
             eval_data=p.get("eval_data"),
             target_name=p.get("target_name"),
+            weights=p.get("weights") or None,
         )
     except GraphtrimError as exc:
         raise AirflowFailException(str(exc)) from exc

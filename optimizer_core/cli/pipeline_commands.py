@@ -14,6 +14,7 @@ from typing import Any
 from graphtrim.cli.argtypes import csv as _csv
 from graphtrim.cli.argtypes import lazy_choices, literal_names, positive_float
 from graphtrim.cli.exits import add_allow_failed, variants_exit
+from graphtrim.cli.variant_commands import add_weight_args, weight_settings
 from graphtrim.errors import GraphtrimError
 from graphtrim.redact import masked_command, redact
 
@@ -92,6 +93,7 @@ def _add_pipeline_args(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="PyTorch models: torch.fx dead-code elimination and constant folding before export",
     )
+    add_weight_args(p)
     p.add_argument("--workdir", help="scratch folder (default: the system's temporary folder)")
     p.add_argument(
         "--orchestrator-run-id",
@@ -281,8 +283,19 @@ def _context_and_config(args: argparse.Namespace) -> tuple[Any, Any]:
         experiment=args.experiment,
         fallback=not args.no_fallback,
         fx_simplify=args.fx_simplify,
+        weights=_changed_weights(args),
     )
     return ctx, config
+
+
+def _changed_weights(args: argparse.Namespace) -> dict[str, Any] | None:
+    """The weight-only settings given that differ from the defaults (None: all defaults, so
+    that such a config hashes as before the settings existed)."""
+    from graphtrim.quantize import QuantizeConfig
+
+    defaults = QuantizeConfig()
+    changed = {k: v for k, v in weight_settings(args).items() if getattr(defaults, k) != v}
+    return changed or None
 
 
 def _quiet() -> None:

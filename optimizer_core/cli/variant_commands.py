@@ -74,6 +74,17 @@ def _add_quant_args(p: argparse.ArgumentParser) -> None:
         help="skip timing runtime-specific rewrites on --device (residual-sum: Add before a "
         "LayerNormalization written as Sum where onnxruntime runs it faster)",
     )
+    add_weight_args(p)
+    p.add_argument(
+        "--fp16-io",
+        action="store_true",
+        help="fp16: convert the model's inputs and outputs too (default: they stay float32)",
+    )
+
+
+def add_weight_args(p: argparse.ArgumentParser) -> None:
+    """The weight-only variants' settings (``graphtrim quantize`` / ``variants`` and the
+    pipeline commands); :func:`weight_settings` reads them."""
     w = p.add_argument_group("weight-only variants (int4-weight, int8-weight)")
     w.add_argument(
         "--block-size",
@@ -115,11 +126,18 @@ def _add_quant_args(p: argparse.ArgumentParser) -> None:
         help="int4-weight: the token embedding tables (Gather) too, as onnxruntime's "
         "GatherBlockQuantized (ort form, rtn)",
     )
-    p.add_argument(
-        "--fp16-io",
-        action="store_true",
-        help="fp16: convert the model's inputs and outputs too (default: they stay float32)",
-    )
+
+
+def weight_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """The :class:`~graphtrim.quantize.QuantizeConfig` fields :func:`add_weight_args` sets."""
+    return {
+        "block_size": args.block_size,
+        "weight_symmetric": not args.weight_asymmetric,
+        "weight_algorithm": args.weight_algorithm,
+        "weight_form": args.weight_form,
+        "accuracy_level": args.accuracy_level,
+        "quantize_embeddings": args.quantize_embeddings,
+    }
 
 
 def _add_data_args(p: argparse.ArgumentParser) -> None:
@@ -244,12 +262,7 @@ def _config(args: argparse.Namespace) -> Any:
         max_attempts=args.max_attempts,
         keep_io_types=not args.fp16_io,
         tune_device=None if args.no_tune else args.device,
-        block_size=args.block_size,
-        weight_symmetric=not args.weight_asymmetric,
-        weight_algorithm=args.weight_algorithm,
-        weight_form=args.weight_form,
-        accuracy_level=args.accuracy_level,
-        quantize_embeddings=args.quantize_embeddings,
+        **weight_settings(args),
     )
 
 

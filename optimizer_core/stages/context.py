@@ -33,6 +33,35 @@ class PipelineError(GraphtrimError):
     """A stage cannot run with the inputs it was given."""
 
 
+WEIGHT_FIELDS = (
+    "block_size",
+    "weight_symmetric",
+    "weight_algorithm",
+    "weight_form",
+    "accuracy_level",
+    "quantize_embeddings",
+)
+
+
+def _checked_weights(weights: Mapping[str, Any]) -> dict[str, Any]:
+    """``weights`` as a plain dict, refused (:class:`PipelineError`) where a key is not a
+    weight-only setting or the settings cannot build a variant."""
+    from graphtrim.quantize.build import QuantizeConfig, QuantizeError
+
+    if not isinstance(weights, Mapping):
+        raise PipelineError(f"weights must be a mapping of settings, not {type(weights).__name__}")
+    unknown = sorted(set(weights) - set(WEIGHT_FIELDS))
+    if unknown:
+        raise PipelineError(
+            f"unknown weight setting(s) {', '.join(unknown)}: use {', '.join(WEIGHT_FIELDS)}"
+        )
+    try:
+        QuantizeConfig(**weights).validate()
+    except (QuantizeError, TypeError) as exc:
+        raise PipelineError(f"weights: {exc}") from exc
+    return dict(weights)
+
+
 @dataclasses.dataclass(frozen=True)
 class PipelineConfig:
     """Everything that decides what a pipeline run produces. Its hash is the lineage's
@@ -51,6 +80,10 @@ class PipelineConfig:
     fallback: bool = True
     # PyTorch models: torch.fx dead-code elimination and constant folding before export
     fx_simplify: bool = False
+    # the weight-only variants' settings that differ from the defaults, by QuantizeConfig field
+    # (block_size, weight_symmetric, weight_algorithm, weight_form, accuracy_level,
+    # quantize_embeddings); None: the defaults
+    weights: Mapping[str, Any] | None = None
 
     def __post_init__(self) -> None:
         from graphtrim.graph.presets import PRESETS
@@ -72,6 +105,8 @@ class PipelineConfig:
         if self.device not in ("cpu", "gpu"):
             raise PipelineError(f"device must be 'cpu' or 'gpu', not '{self.device}'")
         object.__setattr__(self, "variants", tuple(self.variants))
+        if self.weights is not None:
+            object.__setattr__(self, "weights", _checked_weights(self.weights))
         # parsed here, once per document: a bad policy is refused before any work, and the
         # copies of this config (resolved, read back from a record) share the parsed policy
         parsed = None
@@ -97,6 +132,7 @@ class PipelineConfig:
         doc["variants"] = list(self.variants)
         doc["policy"] = dict(self.policy) if self.policy is not None else None
         doc["data_sha256"] = dict(self.data_sha256) if self.data_sha256 else None
+        doc["weights"] = dict(self.weights) if self.weights else None
         return doc
 
     @classmethod
@@ -130,6 +166,8 @@ class PipelineConfig:
             doc.pop(k)
         if not doc["fx_simplify"]:
             doc.pop("fx_simplify")  # off: the hash of configs from before the option existed
+        if not doc["weights"]:
+            doc.pop("weights")  # the defaults: likewise
         if parts:
             doc = {k: doc[k] for k in parts}
         return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()

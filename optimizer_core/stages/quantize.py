@@ -231,7 +231,9 @@ def quantize(
         # and what the choice of provider says reaches this stage's log
         providers_for(config.device, tensorrt=config.tensorrt)
         store = ctx.store()
-        qconfig = QuantizeConfig(preset=config.preset, tune_device=config.device)
+        qconfig = QuantizeConfig(
+            preset=config.preset, tune_device=config.device, **(config.weights or {})
+        )
         label = "quantize" if only is None else "quantize." + "-".join(only)
         assert exp.model is not None and opt.model is not None
         with stage_run(ctx, run_id, "quantize", label=label) as mlflow:

@@ -508,3 +508,21 @@ def test_a_dag_run_without_a_policy_takes_the_workers_deployment_policy(
 
     with pytest.raises(AirflowFailException, match="int8_static"):
         plan_run(conf, "cpu")
+
+
+def test_a_dag_run_chooses_the_weight_only_settings() -> None:
+    """The ``weights`` param reaches the config every later task builds from; settings no
+    variant can take fail the run before any work."""
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from graphtrim.airflow.operators import plan_run
+
+    conf = {"model_name": "m", "version": "1", "variants": ["int4-weight"], "preset": "default"}
+    plain = plan_run(conf, "cpu")["config"]
+    assert plain["weights"] is None
+    wanted = {"weight_form": "ort", "quantize_embeddings": True}
+    assert plan_run({**conf, "weights": wanted}, "cpu")["config"]["weights"] == wanted
+    with pytest.raises(AirflowFailException, match="embedding tables"):
+        plan_run({**conf, "weights": {"quantize_embeddings": True}}, "cpu")  # portable form
+    with pytest.raises(AirflowFailException, match="unknown weight setting"):
+        plan_run({**conf, "weights": {"form": "ort"}}, "cpu")

@@ -6,6 +6,7 @@ with its weight settings as tags, and generated from with ``mlflow.pyfunc.load_m
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -170,3 +171,52 @@ def test_a_registered_variant_generates_through_pyfunc(run: dict[str, Any]) -> N
     want = ref[0, prompt.shape[1] :].tolist()
     # 8-bit weights: the continuation starts as the float model's
     assert tokens[:2] == want[:2], (tokens, want)
+
+
+def test_the_pipeline_builds_the_weight_settings_asked_for(
+    run: dict[str, Any], tmp_path: Path
+) -> None:
+    """``--weight-form ort --quantize-embeddings`` on the pipeline: the config carries them
+    (and its hash changes), the quantize stage builds MatMulNBits and GatherBlockQuantized."""
+    from graphtrim.stages.context import PipelineConfig
+
+    records = run["records"]
+    inputs = []
+    for stage in ("export", "optimize"):
+        path = tmp_path / f"{stage}.json"
+        path.write_text(json.dumps(records[stage]))
+        inputs += ["--input", f"{stage}={path}"]
+    out = tmp_path / "quantize.json"
+    args = ["--tracking-uri", run["tracking"], "--artifacts", str(tmp_path / "artifacts")]
+    code = main(
+        [
+            "pipeline",
+            "stage",
+            "quantize",
+            *args,
+            "--variants",
+            "int4-weight",
+            "--weight-form",
+            "ort",
+            "--quantize-embeddings",
+            "--no-fallback",
+            "--workdir",
+            str(tmp_path / "work"),
+            *inputs,
+            "--output",
+            str(out),
+            "-q",
+        ]
+    )
+    assert code == 0
+    built = json.loads(out.read_text())["variants"]["int4-weight"]
+    assert built["conversion"]["form"] == "ort" and built["conversion"]["embeddings"] is True
+    assert built["conversion"]["gathers_quantized"] == 1
+    assert built["conversion"]["matmuls_quantized"] == 7 * LAYERS + 1
+    plain = PipelineConfig(variants=("int4-weight",))
+    chosen = PipelineConfig(
+        variants=("int4-weight",), weights={"weight_form": "ort", "quantize_embeddings": True}
+    )
+    assert plain.config_hash != chosen.config_hash
+    assert PipelineConfig.from_json(chosen.to_json()).config_hash == chosen.config_hash
+    assert plain.to_json()["weights"] is None
