@@ -380,7 +380,7 @@ def _read_validated(path: str | os.PathLike[str]) -> tuple[onnx.ModelProto, byte
         # model's folder only when it knows the path
         onnx.checker.check_model(str(p) if external else data)
     except onnx.checker.ValidationError as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        first = _first_line(exc)
         if "topologically sorted" in first and _sort_nodes(proto.graph):
             # onnxruntime runs nodes in any order that respects their inputs (onnxruntime's own
             # fp16 converter appends its input Casts last): read the nodes in such an order
@@ -390,9 +390,13 @@ def _read_validated(path: str | os.PathLike[str]) -> tuple[onnx.ModelProto, byte
                 return proto, data, external
             except onnx.checker.ValidationError as again:
                 exc = again
-                first = str(exc).strip().splitlines()[0]
-        if "No Op registered for" in first and _check_runtime_ops(proto):
-            return proto, data, external
+                first = _first_line(exc)
+        if "No Op registered for" in first:
+            # an op onnxruntime defines is no fault: what the checker says without them is
+            left = _check_runtime_ops(proto)
+            if left is None:
+                return proto, data, external
+            first = left or first
         raise InvalidModelError.at(p, f"invalid model: onnx's checker refuses it: {first}") from exc
     return proto, data, external
 
@@ -400,15 +404,21 @@ def _read_validated(path: str | os.PathLike[str]) -> tuple[onnx.ModelProto, byte
 _RUNTIME_DOMAIN = "graphtrim.runtime-defined"
 
 
-def _check_runtime_ops(proto: onnx.ModelProto) -> bool:
-    """Whether the model passes onnx's checker once the default-domain ops onnx does not define
-    but onnxruntime does (``SimplifiedLayerNormalization``, as onnxruntime-genai's model builder
-    and onnxruntime's transformer optimizer write it) are left unchecked, as the checker leaves
-    ops of other domains. An op that neither defines is still refused."""
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _check_runtime_ops(proto: onnx.ModelProto) -> str | None:
+    """onnx's checker on the model with the default-domain ops onnx does not define but
+    onnxruntime does (``SimplifiedLayerNormalization``, as onnxruntime-genai's model builder
+    and onnxruntime's transformer optimizer write it) left unchecked, as the checker leaves ops
+    of other domains: None when it passes, else its first complaint ("" when there is no such
+    op to leave out). An op that neither defines is still refused."""
     opsets = {o.domain or "": o.version for o in proto.opset_import}
     version = opsets.get("", opsets.get("ai.onnx"))
     if version is None:
-        return False
+        return ""
     runtime = runtime_defined_ops(version)
     moved = 0
     copy_ = onnx.ModelProto()
@@ -429,13 +439,13 @@ def _check_runtime_ops(proto: onnx.ModelProto) -> bool:
             for attr in node.attribute:
                 graphs.extend([attr.g] if attr.type == onnx.AttributeProto.GRAPH else attr.graphs)
     if not moved:
-        return False
+        return ""
     copy_.opset_import.add(domain=_RUNTIME_DOMAIN, version=1)
     try:
         onnx.checker.check_model(copy_.SerializeToString())
-    except onnx.checker.ValidationError:
-        return False
-    return True
+    except onnx.checker.ValidationError as exc:
+        return _first_line(exc)
+    return None
 
 
 def _drop_external(tensor: onnx.TensorProto) -> None:

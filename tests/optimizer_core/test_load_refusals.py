@@ -359,6 +359,13 @@ def test_a_default_domain_op_nobody_defines_is_still_refused(tmp_path, capsys):
     line = one_line_error(capsys.readouterr().err)
     assert "No Op registered for NoSuchNormalization" in line
     assert not (tmp_path / "o.onnx").exists()
+    # beside an op onnxruntime defines, the error names the op nobody defines
+    proto = onnx.load(str(src))
+    proto.graph.node[1].op_type = "SimplifiedLayerNormalization"
+    mixed = _save(proto, tmp_path / "mixed.onnx")
+    assert main(["optimize", str(mixed), "-o", str(tmp_path / "o.onnx")]) == 2
+    line = one_line_error(capsys.readouterr().err)
+    assert "NoSuchNormalization" in line and "SimplifiedLayerNormalization" not in line
 
 
 def test_type_attribute_taken_from_a_function_call_loads(tmp_path, capsys):
