@@ -28,6 +28,12 @@ def transient(exc: E) -> E:
     return exc
 
 
+def first_line(exc: BaseException) -> str:
+    """The first line of what ``exc`` says, or its class name when it says nothing."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
 class InvalidModelError(GraphtrimError):
     """The input is not a usable ONNX model (corrupt, truncated, unsafe external data, ...)."""
 

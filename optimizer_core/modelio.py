@@ -34,7 +34,7 @@ import onnx
 import onnx_ir as ir
 from google.protobuf.message import DecodeError
 
-from graphtrim.errors import GraphtrimError, InvalidModelError
+from graphtrim.errors import GraphtrimError, InvalidModelError, first_line
 
 # set in ``model.meta`` when the loader ran onnx shape inference on the model
 SHAPES_INFERRED = "graphtrim.shapes_inferred"
@@ -380,7 +380,7 @@ def _read_validated(path: str | os.PathLike[str]) -> tuple[onnx.ModelProto, byte
         # model's folder only when it knows the path
         onnx.checker.check_model(str(p) if external else data)
     except onnx.checker.ValidationError as exc:
-        first = _first_line(exc)
+        first = first_line(exc)
         if "topologically sorted" in first and _sort_nodes(proto.graph):
             # onnxruntime runs nodes in any order that respects their inputs (onnxruntime's own
             # fp16 converter appends its input Casts last): read the nodes in such an order
@@ -390,7 +390,7 @@ def _read_validated(path: str | os.PathLike[str]) -> tuple[onnx.ModelProto, byte
                 return proto, data, external
             except onnx.checker.ValidationError as again:
                 exc = again
-                first = _first_line(exc)
+                first = first_line(exc)
         if "No Op registered for" in first:
             # an op onnxruntime defines is no fault: what the checker says without them is
             left = _check_runtime_ops(proto)
@@ -402,11 +402,6 @@ def _read_validated(path: str | os.PathLike[str]) -> tuple[onnx.ModelProto, byte
 
 
 _RUNTIME_DOMAIN = "graphtrim.runtime-defined"
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def _check_runtime_ops(proto: onnx.ModelProto) -> str | None:
@@ -429,14 +424,13 @@ def _check_runtime_ops(proto: onnx.ModelProto) -> str | None:
         for tensor in graph.initializer:
             _drop_external(tensor)  # checked already (_check_external_data); bytes lack a folder
         for node in graph.node:
-            for attr in node.attribute:
-                if attr.type == onnx.AttributeProto.TENSOR:
-                    _drop_external(attr.t)
             if node.domain in ("", "ai.onnx") and node.op_type in runtime:
                 if not onnx.defs.has(node.op_type, ""):
                     node.domain = _RUNTIME_DOMAIN
                     moved += 1
             for attr in node.attribute:
+                if attr.type == onnx.AttributeProto.TENSOR:
+                    _drop_external(attr.t)
                 graphs.extend([attr.g] if attr.type == onnx.AttributeProto.GRAPH else attr.graphs)
     if not moved:
         return ""
@@ -444,7 +438,7 @@ def _check_runtime_ops(proto: onnx.ModelProto) -> str | None:
     try:
         onnx.checker.check_model(copy_.SerializeToString())
     except onnx.checker.ValidationError as exc:
-        return _first_line(exc)
+        return first_line(exc)
     return None
 
 

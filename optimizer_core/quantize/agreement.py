@@ -88,8 +88,9 @@ def _fmt(v: float | None, spec: str) -> str:
 
 
 def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return (text.splitlines()[0] if text else type(exc).__name__)[:300]
+    from graphtrim.errors import first_line
+
+    return first_line(exc)[:300]
 
 
 def _session(path: str | os.PathLike[str]) -> Any:

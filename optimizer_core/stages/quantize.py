@@ -43,29 +43,15 @@ def accuracy_check(
     The reference is run once, before the first check, and its session let go before any
     candidate's opens: it is never in memory beside the converter's work or a candidate's
     session (a 4 GiB decoder's weights)."""
-    import onnx
-
+    from graphtrim.data import input_specs
     from graphtrim.gates import accuracy as acc
     from graphtrim.gates.language import is_decoder
     from graphtrim.runtime import open_session, providers_for
 
     thresholds = policy.for_variant(variant).accuracy
     providers = providers_for(device, tensorrt=tensorrt)
-    graph = onnx.load(str(reference), load_external_data=False).graph
-    language = is_decoder(
-        [
-            (
-                i.name,
-                "",
-                [
-                    d.dim_value if d.HasField("dim_value") else d.dim_param
-                    for d in i.type.tensor_type.shape.dim
-                ],
-            )
-            for i in graph.input
-        ]
-    )
-    del graph
+    # a session that reads its weights in place: listing the inputs holds no copy of them
+    language = is_decoder(input_specs(reference))
     cache: dict[str, Any] = {}
     greedy: dict[str, list[list[int]]] = {}
 
