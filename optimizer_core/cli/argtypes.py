@@ -86,6 +86,24 @@ def positive_float(text: str) -> float:
     return value
 
 
+_UNITS = {"s": 1, "m": 60, "h": 3600}
+
+
+def duration(text: str) -> float:
+    """argparse ``type=``: a positive duration in seconds: ``600``, ``90s``, ``10m``, ``1h30m``."""
+    import re
+
+    t = text.strip().lower()
+    parts = re.fullmatch(r"(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m)?(?:(\d+(?:\.\d+)?)s?)?", t)
+    if not t or parts is None:
+        raise argparse.ArgumentTypeError(f"not a duration: {text!r} (e.g. 600, 90s, 10m, 1h30m)")
+    h, m, sec = (float(x) if x else 0.0 for x in parts.groups())
+    seconds = h * 3600 + m * 60 + sec
+    if not seconds > 0:
+        raise argparse.ArgumentTypeError(f"must be positive, got {text!r}")
+    return seconds
+
+
 def csv(text: str) -> list[str]:
     """argparse ``type=``: ``a,b,c``, or a JSON list (what orchestrators render a list parameter
     as)."""

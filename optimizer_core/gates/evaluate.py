@@ -162,8 +162,10 @@ def evaluate(
     threads: int | None = None,
     builds: Mapping[str, dict[str, Any]] | None = None,
     progress: ProgressFn | None = None,
+    kinds: Mapping[str, str] | None = None,
 ) -> Evaluation:
-    """Judge each variant (``name -> model path``; the name selects its policy entry) against
+    """Judge each variant (``name -> model path``; the name selects its policy entry, or
+    ``kinds[name]`` where given: two builds of one kind under their own names) against
     ``reference`` on ``device``. Raises only for problems shared by all variants (the device is
     missing, the reference cannot run); a variant's own failure is a failed gate."""
     say = progress or (lambda _line: None)
@@ -171,6 +173,11 @@ def evaluate(
     t0 = time.perf_counter()
     policy = policy or GatePolicy()
     builds = builds or {}
+    kinds = kinds or {}
+
+    def entry(name: str) -> Any:
+        return policy.for_variant(kinds.get(name, name))
+
     providers = providers_for(device, tensorrt=tensorrt)
     defaults = policy.for_variant("__defaults__")
     lat_settings = defaults.latency or LatencyThresholds()
@@ -189,7 +196,7 @@ def evaluate(
     # the reference's session under a key no variant name can take
     sessions: dict[str, Any] = {_BASELINE: ref_sess}
     for name, path in variants.items():
-        vp = policy.for_variant(name)
+        vp = entry(name)
         gates: list[GateResult] = []
         try:
             info = ModelInfo.of(path)
@@ -245,7 +252,7 @@ def evaluate(
                 gates.append(_error("accuracy", exc, t))
         results.append(VariantResult(name, info, gates, builds.get(name)))
 
-    timed = [r.name for r in results if r.name in sessions and policy.for_variant(r.name).latency]
+    timed = [r.name for r in results if r.name in sessions and entry(r.name).latency]
     samples: dict[str, list[float]] = {}
     if timed:
         say(f"latency: {lat_settings.runs} interleaved runs after {lat_settings.warmup} warm-up")
@@ -290,7 +297,7 @@ def evaluate(
             for r in results:
                 if r.name not in timed:
                     continue
-                lt = policy.for_variant(r.name).latency
+                lt = entry(r.name).latency
                 assert lt is not None
                 status, reasons = lat.judge(run, r.name, lt)
                 measured = {
@@ -314,7 +321,7 @@ def evaluate(
         except Exception as exc:
             for r in results:
                 if r.name in timed:
-                    lt = policy.for_variant(r.name).latency
+                    lt = entry(r.name).latency
                     r.gates.append(_error("latency", exc, dataclasses.asdict(lt) if lt else {}))
     return Evaluation(
         ref_info,

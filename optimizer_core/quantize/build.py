@@ -43,6 +43,9 @@ logger = logging.getLogger("graphtrim.quantize")
 
 CALIBRATION_METHODS: tuple[str, ...] = ("minmax", "entropy", "percentile")
 QUANT_TYPES: tuple[str, ...] = ("int8", "uint8")
+# int8-static's form: QuantizeLinear/DequantizeLinear pairs around float ops, or onnxruntime's
+# quantized operators (QLinearConv, QLinearMatMul, ...)
+QUANT_FORMATS: tuple[str, ...] = ("qdq", "qoperator")
 
 # ops whose fp16 results overflow or lose too much in typical models: computed in float32
 FP16_KEEP_FLOAT = ("Pow", "ReduceSumSquare", "ReduceL2", "Exp", "Log", "Softplus", "CumSum")
@@ -103,6 +106,10 @@ class QuantizeConfig:
     # int8-static (int8 activations)
     reduce_range: bool | None = None
     op_types: list[str] | None = None
+    # int8-static: the form written (QUANT_FORMATS) and how many calibration batches are read
+    # (None: all of them)
+    quant_format: str = "qdq"
+    calibration_batches: int | None = None
     nodes_to_exclude: list[str] = dataclasses.field(default_factory=list)
     max_attempts: int = 3
     fallback_fraction: float = 0.1
@@ -144,6 +151,10 @@ class QuantizeConfig:
         for field in ("activation_type", "weight_type"):
             if getattr(self, field) not in QUANT_TYPES:
                 raise QuantizeError(f"{field} must be one of {', '.join(QUANT_TYPES)}")
+        if self.quant_format not in QUANT_FORMATS:
+            raise QuantizeError(f"quant_format must be one of {', '.join(QUANT_FORMATS)}")
+        if self.calibration_batches is not None and self.calibration_batches < 1:
+            raise QuantizeError("calibration_batches must be at least 1 (or None: all)")
         if self.tune_device not in (None, "cpu", "gpu"):
             raise QuantizeError("tune_device must be 'cpu', 'gpu' or None")
         if self.max_attempts < 1:
@@ -419,8 +430,8 @@ def convert_int8_static(
         quantize_static(
             src,
             dst,
-            CalibrationReader(calibration, progress=progress),
-            quant_format=QuantFormat.QDQ,
+            CalibrationReader(list(calibration)[: cfg.calibration_batches], progress=progress),
+            quant_format=QuantFormat.QDQ if cfg.quant_format == "qdq" else QuantFormat.QOperator,
             op_types_to_quantize=cfg.op_types,
             per_channel=cfg.per_channel,
             reduce_range=bool(cfg.reduce_range),
