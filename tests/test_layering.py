@@ -85,6 +85,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ),
     ("data", ("graphtrim.data",)),
     ("quantize and gates", ("graphtrim.quantize", "graphtrim.gates")),
+    ("tuning search", ("graphtrim.tune",)),
     (
         "exporters and integrations",
         (

@@ -95,7 +95,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
     from graphtrim.gates import GatePolicy
     from graphtrim.modelio import read_proto
     from graphtrim.tune.memory import FileMemory
-    from graphtrim.tune.search import TuneError, TuneSettings, summary, tune, write_result
+    from graphtrim.tune.report import summary
+    from graphtrim.tune.search import TuneError, TuneSettings, tune, write_result
 
     read_proto(args.input)
     specs = input_specs(args.input)

@@ -281,10 +281,10 @@ def _variant_name(item: str) -> tuple[str, str]:
 
 def cmd_quantize(args: argparse.Namespace) -> int:
     from graphtrim.data import input_specs, load_npz, random_data
+    from graphtrim.gates.accuracy import accuracy_check
     from graphtrim.gates.policy import GatePolicy
     from graphtrim.modelio import read_proto
     from graphtrim.quantize import build_variant
-    from graphtrim.stages.quantize import accuracy_check
 
     read_proto(args.input)
     say = _progress(args)

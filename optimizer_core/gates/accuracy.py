@@ -10,7 +10,9 @@ Metrics are pluggable: ``register_metric(name, fn(outputs, labels) -> float)``.
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -216,3 +218,57 @@ __all__: Sequence[str] = [
     "register_metric",
     "run_outputs",
 ]
+
+
+def accuracy_check(
+    reference: str | os.PathLike[str],
+    data: EvalData,
+    policy: Any,
+    variant: str,
+    *,
+    device: str = "cpu",
+    tensorrt: bool = False,
+) -> Callable[[Path], tuple[bool, dict[str, Any]]]:
+    """The accuracy gate of ``variant`` as a callable on a candidate file (for the fallback).
+
+    The reference is run once, before the first check, and its session let go before any
+    candidate's opens: it is never in memory beside the converter's work or a candidate's
+    session (a 4 GiB decoder's weights)."""
+    from graphtrim.data import input_specs
+    from graphtrim.gates.language import is_decoder
+    from graphtrim.runtime import open_session, providers_for
+
+    thresholds = policy.for_variant(variant).accuracy
+    providers = providers_for(device, tensorrt=tensorrt)
+    # a session that reads its weights in place: listing the inputs holds no copy of them
+    language = is_decoder(input_specs(reference))
+    cache: dict[str, Any] = {}
+    greedy: dict[str, list[list[int]]] = {}
+
+    def check(path: Path) -> tuple[bool, dict[str, Any]]:
+        if thresholds is None:
+            return True, {}
+        key = thresholds.output or ""
+        if key not in cache:
+            ref = open_session(reference, device=device, providers=providers)
+            cache[key] = run_outputs(ref, data, thresholds.output)
+            if language and data.tokens is not None:
+                from graphtrim.gates.language import greedy_continuations
+
+                greedy[key] = greedy_continuations(ref, data.tokens)
+            del ref
+        cand = open_session(path, device=device, providers=providers)
+        m = measure(
+            None,
+            cand,
+            data,
+            metric=thresholds.metric,
+            reference_outputs=cache[key],
+            language=language,
+            reference_greedy=greedy.get(key),
+        )
+        del cand
+        broken = judge(m, thresholds)
+        return not broken, {**m.to_json(), "broken": broken}
+
+    return check

@@ -12,6 +12,7 @@ complete, built in a staging folder beside it (:func:`graphtrim.modelio.staging_
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -19,6 +20,7 @@ import logging
 import math
 import os
 import shutil
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -733,7 +735,10 @@ def build_variant(
                 # onnxruntime calls logging.warning(): the root logger's filter sees the record
                 logging.getLogger().addFilter(advice)
                 try:
-                    conversion = spec.convert()(pre, raw, bcfg, excluded, feeds, progress)
+                    # onnxruntime's calibrators print their progress: it goes to stderr, with
+                    # the rest of the progress, and stdout keeps the command's results
+                    with contextlib.redirect_stdout(sys.stderr):
+                        conversion = spec.convert()(pre, raw, bcfg, excluded, feeds, progress)
                 except GraphtrimError:
                     raise
                 except Exception as exc:

@@ -9,7 +9,6 @@ attempts. The pipeline builds each variant in a child process (:func:`build_job`
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -27,61 +26,6 @@ if TYPE_CHECKING:
 logger = logging.getLogger("graphtrim.stages")
 
 ProgressFn = Callable[[str], None]
-
-
-def accuracy_check(
-    reference: str | os.PathLike[str],
-    data: EvalData,
-    policy: GatePolicy,
-    variant: str,
-    *,
-    device: str = "cpu",
-    tensorrt: bool = False,
-) -> Callable[[Path], tuple[bool, dict[str, Any]]]:
-    """The accuracy gate of ``variant`` as a callable on a candidate file (for the fallback).
-
-    The reference is run once, before the first check, and its session let go before any
-    candidate's opens: it is never in memory beside the converter's work or a candidate's
-    session (a 4 GiB decoder's weights)."""
-    from graphtrim.data import input_specs
-    from graphtrim.gates import accuracy as acc
-    from graphtrim.gates.language import is_decoder
-    from graphtrim.runtime import open_session, providers_for
-
-    thresholds = policy.for_variant(variant).accuracy
-    providers = providers_for(device, tensorrt=tensorrt)
-    # a session that reads its weights in place: listing the inputs holds no copy of them
-    language = is_decoder(input_specs(reference))
-    cache: dict[str, Any] = {}
-    greedy: dict[str, list[list[int]]] = {}
-
-    def check(path: Path) -> tuple[bool, dict[str, Any]]:
-        if thresholds is None:
-            return True, {}
-        key = thresholds.output or ""
-        if key not in cache:
-            ref = open_session(reference, device=device, providers=providers)
-            cache[key] = acc.run_outputs(ref, data, thresholds.output)
-            if language and data.tokens is not None:
-                from graphtrim.gates.language import greedy_continuations
-
-                greedy[key] = greedy_continuations(ref, data.tokens)
-            del ref
-        cand = open_session(path, device=device, providers=providers)
-        m = acc.measure(
-            None,
-            cand,
-            data,
-            metric=thresholds.metric,
-            reference_outputs=cache[key],
-            language=language,
-            reference_greedy=greedy.get(key),
-        )
-        del cand
-        broken = acc.judge(m, thresholds)
-        return not broken, {**m.to_json(), "broken": broken}
-
-    return check
 
 
 def build_variants(
@@ -102,6 +46,7 @@ def build_variants(
     checked (``fallback``) against ``src`` on ``data``. Returns (builds: each built variant's
     build summary, outputs: its file, failed: each variant that could not be built, with why);
     a variant that cannot be built does not stop the others."""
+    from graphtrim.gates.accuracy import accuracy_check
     from graphtrim.quantize.build import QuantizeError, build_variant
 
     builds: dict[str, dict[str, Any]] = {}
@@ -144,6 +89,7 @@ def build_job(variant: str, **job: Any) -> Any:
     (:class:`EvalData`), ``policy`` (the parsed :class:`GatePolicy`, a policy document, or
     None for the built-in policy), ``device``, ``tensorrt``, ``probe_timeout``. Returns the
     :class:`VariantBuild`."""
+    from graphtrim.gates.accuracy import accuracy_check
     from graphtrim.isolation import step
     from graphtrim.quantize.build import build_variant
     from graphtrim.stages.context import parse_policy

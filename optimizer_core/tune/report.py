@@ -28,6 +28,25 @@ def _f(v: Any, spec: str) -> str:
     return format(v, spec) if isinstance(v, int | float) else "-"
 
 
+def summary(doc: Mapping[str, Any]) -> str:
+    """One line: the champion, its speedup and size, and why the search stopped."""
+    c = doc.get("champion")
+    trials = len(doc.get("trials") or [])
+    head = f"{trials} trial(s) in {doc['seconds']:.0f} s ({doc['mode']}; stopped: {doc['stopped']})"
+    if not c:
+        return f"no champion: {head}"
+    timing = c["timings"][-1] if c.get("timings") else {}
+    versus = ""
+    vs = doc.get("against_recipe") or {}
+    if vs.get("champion_over_recipe"):
+        verdict = "" if vs["recipe_passed"] else ", which failed its gates"
+        versus = f", {vs['champion_over_recipe']:.3f}x the fixed recipe {vs['recipe']}{verdict}"
+    return (
+        f"champion {c['key']}: {timing.get('speedup_p50', 0):.3f}x p50, "
+        f"{c.get('size_ratio') or 0:.3f}x the size{versus}; {head}"
+    )
+
+
 def rows(doc: Mapping[str, Any]) -> list[list[str]]:
     front = set(doc.get("front") or [])
     champion = (doc.get("champion") or {}).get("number")
@@ -56,8 +75,6 @@ def rows(doc: Mapping[str, Any]) -> list[list[str]]:
 
 
 def render_markdown(doc: Mapping[str, Any]) -> str:
-    from graphtrim.tune.search import summary
-
     lines = [
         f"# graphtrim tune: {Path(doc['source']).name} on {doc['device']}",
         "",
@@ -110,7 +127,6 @@ def front_plot(doc: Mapping[str, Any]) -> str | None:
 
 def render_html(doc: Mapping[str, Any]) -> str:
     from graphtrim.gates.report import _table
-    from graphtrim.tune.search import summary
 
     esc = html.escape
     try:

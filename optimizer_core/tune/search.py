@@ -34,7 +34,7 @@ import logging
 import math
 import shutil
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -331,8 +331,8 @@ class _Search:
     ) -> Trial:
         import dataclasses as dc
 
+        from graphtrim.gates.accuracy import accuracy_check
         from graphtrim.quantize.build import QuantizeError, build_variant
-        from graphtrim.stages.quantize import accuracy_check
 
         trial = Trial(len(self.trials) + 1, candidate, round_, origin)
         self.trials[candidate.key] = trial
@@ -410,6 +410,8 @@ class _Search:
         from graphtrim.gates.latency import measure_latency
         from graphtrim.runtime import open_session, providers_for
 
+        if not trials:
+            return
         providers = providers_for(self.device, tensorrt=self.tensorrt)
 
         def opened(path: str | Path) -> Any:
@@ -687,7 +689,7 @@ def tune(
             if champion is None:
                 mode = "memory, then full"
         if champion is None:
-            starts = [
+            starts: list[tuple[Candidate, str, list[str]]] = [
                 (c, "recipe", [])
                 for c in start_points(kind_list, ops, calibration=calibration is not None)
             ]
@@ -737,22 +739,3 @@ def write_result(result: TuneResult, folder: str | Path) -> dict[str, Path]:
     from graphtrim.tune.report import write_tune_reports
 
     return write_tune_reports(result.to_json(), folder)
-
-
-def summary(doc: Mapping[str, Any]) -> str:
-    """One line: the champion, its speedup and size, and why the search stopped."""
-    c = doc.get("champion")
-    trials = len(doc.get("trials") or [])
-    head = f"{trials} trial(s) in {doc['seconds']:.0f} s ({doc['mode']}; stopped: {doc['stopped']})"
-    if not c:
-        return f"no champion: {head}"
-    timing = c["timings"][-1] if c.get("timings") else {}
-    versus = ""
-    vs = doc.get("against_recipe") or {}
-    if vs.get("champion_over_recipe"):
-        verdict = "" if vs["recipe_passed"] else ", which failed its gates"
-        versus = f", {vs['champion_over_recipe']:.3f}x the fixed recipe {vs['recipe']}{verdict}"
-    return (
-        f"champion {c['key']}: {timing.get('speedup_p50', 0):.3f}x p50, "
-        f"{c.get('size_ratio') or 0:.3f}x the size{versus}; {head}"
-    )

@@ -180,7 +180,7 @@ def test_the_fallback_check_never_holds_the_reference_beside_a_candidate(
     candidate's opens: a large decoder's float weights are never in memory twice. The verdict
     is the one ``evaluate`` gives with both sessions open."""
     import graphtrim.runtime
-    from graphtrim.stages.quantize import accuracy_check
+    from graphtrim.gates.accuracy import accuracy_check
 
     variant = tmp_path / "int8.onnx"
     build_variant(lm["ref"], variant, "int8-weight", config=QuantizeConfig())

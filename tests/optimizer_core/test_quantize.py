@@ -27,10 +27,10 @@ from graphtrim.cli import main
 from graphtrim.data import DataError, EvalData, input_specs, load_npz
 from graphtrim.errors import InvalidModelError
 from graphtrim.examples.digits import DigitsTask
+from graphtrim.gates.accuracy import accuracy_check
 from graphtrim.gates.policy import GatePolicy
 from graphtrim.quantize import NodeError, QuantizeConfig, VariantBuild, node_errors
 from graphtrim.quantize.build import QuantizeError, build_variant
-from graphtrim.stages.quantize import accuracy_check
 
 FLOAT = onnx.TensorProto.FLOAT
 FLOAT16 = onnx.TensorProto.FLOAT16
