@@ -70,7 +70,7 @@ class TuneSettings:
     beam: int = 2  # candidates whose neighbourhoods each round explores
     max_rounds: int = 4
     finalists: int = 2
-    screen_batches: int = 2  # data batches the screening accuracy check reads
+    screen_samples: int = 16  # samples the screening accuracy check reads (whole batches)
     screen_runs: int = 20
     screen_warmup: int = 5
     # a round that raises the best score by less than this (relative) has converged
@@ -81,7 +81,7 @@ class TuneSettings:
             raise TuneError(f"unknown objective '{self.objective}': use {', '.join(OBJECTIVES)}")
         if not self.budget_s > 0:
             raise TuneError("the budget must be positive")
-        for name in ("beam", "max_rounds", "finalists", "screen_batches", "screen_runs"):
+        for name in ("beam", "max_rounds", "finalists", "screen_samples", "screen_runs"):
             if getattr(self, name) < 1:
                 raise TuneError(f"{name} must be at least 1")
 
@@ -271,10 +271,17 @@ def _bytes(path: Path) -> int:
     return path.stat().st_size + (data.stat().st_size if data.exists() else 0)
 
 
-def _subset(data: Any, batches: int) -> Any:
+def _subset(data: Any, samples: int) -> Any:
+    """The first batches of ``data`` that hold ``samples`` samples (at least one batch)."""
     from graphtrim.data import EvalData
 
-    if len(data) <= batches:
+    batches, held = 0, 0
+    for batch in data.batches:
+        if held >= samples:
+            break
+        batches += 1
+        held += len(next(iter(batch.values()))) if batch else 1
+    if batches >= len(data):
         return data
     return EvalData(
         data.batches[:batches],
@@ -310,7 +317,7 @@ class _Search:
         self.calibration, self.base, self.settings = calibration, base, settings
         self.clock, self.say, self.tensorrt = clock, say, tensorrt
         self.trials: dict[str, Trial] = {}
-        self.screen_data = _subset(data, settings.screen_batches)
+        self.screen_data = _subset(data, settings.screen_samples)
         self.ref_bytes = _bytes(source)
         self.lat = policy.for_variant("__defaults__").latency or LatencyThresholds()
         self.specs = input_specs(source)

@@ -1,0 +1,465 @@
+"""``python -m bench.tune`` (or ``make bench-tune``): the settings search against the fixed
+recipes, on six models of different kinds, and the registry memory on a second version of each.
+
+Per model (built offline with torch, random or briefly trained weights, fixed seeds):
+
+1. **fixed**: ``graphtrim variants`` of the searched kinds, each with its fixed recipe (the
+   sensitivity fallback included); the best is the fastest that passes every gate.
+2. **tuned**: ``graphtrim tune`` with ``--budget`` (default 5 min) and a fresh memory file.
+3. **head to head**: the fixed best and the champion judged again by ``graphtrim evaluate``,
+   interleaved in one run against the reference: the ratio of their p50 speedups is the
+   number quoted (both had to pass the same gates).
+4. **memory**: a second version of the architecture (other seed: other weights, same graph
+   signature) tuned with the first version's memory; its search time against the first's, and
+   its champion's speedup against the first champion's (the same computation).
+
+Results go to ``bench/results-tune/`` (``results.json``, ``results.md``, each search's reports).
+Timings are of this machine, measured as ratios in the same run; absolute times are noisy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import shutil
+import sys
+import time
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent
+log = logging.getLogger("bench.tune")
+
+# gates both sides are held to: the built-in policy, with an output-agreement bar that a
+# random-weight model can meet (its logits carry no task to measure a drop on)
+POLICY: dict[str, Any] = {
+    "defaults": {"accuracy": {"min_cosine": 0.99, "min_top1_agreement": None}},
+}
+
+
+# -- models ------------------------------------------------------------------------------------
+
+
+def _export(module: Any, example: Any, path: Path, names: list[str]) -> None:
+    import torch
+
+    from bench.corpus.torch_export import quiet_fd1
+
+    module.eval()
+    with warnings.catch_warnings(), torch.no_grad(), quiet_fd1():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(
+            module,
+            (example,),
+            str(path),
+            dynamo=False,
+            opset_version=17,
+            input_names=names,
+            output_names=["output"],
+        )
+
+
+def _images(shape: tuple[int, ...], n: int, seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal((n, *shape[1:])).astype(np.float32)
+
+
+def _detector(seed: int) -> Any:
+    """A YOLO-style detector: strided conv backbone with residual blocks, a head per cell
+    (box, objectness, 8 classes, 3 anchors) decoded onto the grid (sigmoid, grid offsets,
+    anchor scales) and concatenated."""
+    import torch
+    from torch import nn
+
+    def cbs(cin: int, cout: int, stride: int = 1) -> nn.Module:
+        return nn.Sequential(
+            nn.Conv2d(cin, cout, 3, stride, 1, bias=False), nn.BatchNorm2d(cout), nn.SiLU()
+        )
+
+    class Res(nn.Module):
+        def __init__(self, c: int) -> None:
+            super().__init__()
+            self.a, self.b = cbs(c, c), cbs(c, c)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x + self.b(self.a(x))
+
+    class Detector(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.backbone = nn.Sequential(
+                cbs(3, 16, 2), cbs(16, 32, 2), Res(32), cbs(32, 64, 2), Res(64), cbs(64, 96, 2)
+            )
+            self.anchors, self.classes = 3, 8
+            self.head = nn.Conv2d(96, self.anchors * (5 + self.classes), 1)
+            self.register_buffer("scale", torch.tensor([[10.0, 13.0], [16.0, 30.0], [33.0, 23.0]]))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            f = self.head(self.backbone(x))
+            b, _, h, w = f.shape
+            f = f.view(b, self.anchors, 5 + self.classes, h, w).permute(0, 1, 3, 4, 2).sigmoid()
+            gy, gx = torch.meshgrid(torch.arange(h), torch.arange(w), indexing="ij")
+            grid = torch.stack((gx, gy), -1).view(1, 1, h, w, 2).float()
+            xy = (f[..., :2] * 2 - 0.5 + grid) * 16.0
+            wh = (f[..., 2:4] * 2) ** 2 * self.scale.view(1, self.anchors, 1, 1, 2)
+            out = torch.cat((xy, wh, f[..., 4:]), -1)
+            return out.view(b, -1, 5 + self.classes)
+
+    torch.manual_seed(seed)
+    return Detector()
+
+
+def _cnn(seed: int, which: str) -> Any:
+    import torch
+
+    from bench.suite import _mobilenet, _resnet
+
+    torch.manual_seed(seed)
+    return (_resnet if which == "resnet" else _mobilenet)()[0]
+
+
+def _encoder(seed: int) -> Any:
+    import torch
+    from transformers import BertConfig, BertModel
+
+    from bench.suite import _LastHidden
+
+    torch.manual_seed(seed)
+    cfg = BertConfig(
+        vocab_size=4096,
+        hidden_size=256,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        intermediate_size=1024,
+        max_position_embeddings=128,
+    )
+    return _LastHidden(BertModel(cfg).eval())
+
+
+def _kws(seed: int) -> Any:
+    from graphtrim.examples.kws import kws_net, make_kws_data, train_kws
+
+    x, y = make_kws_data(1024, seed=100 + seed)
+    return train_kws(kws_net(seed), x, y, epochs=2, seed=seed)
+
+
+class Model:
+    """A bench model: how to build a version of it and its data."""
+
+    def __init__(
+        self,
+        name: str,
+        kind: str,
+        build: Callable[[int, Path], None],
+        data: Callable[[Path, Path], None],
+        kinds: tuple[str, ...],
+        calibrated: bool = True,
+    ) -> None:
+        self.name, self.kind, self.build, self.data = name, kind, build, data
+        self.kinds, self.calibrated = kinds, calibrated
+
+    def files(self, cache: Path, version: int) -> tuple[Path, Path, Path]:
+        cache.mkdir(parents=True, exist_ok=True)
+        model = cache / f"{self.name}-v{version}.onnx"
+        calib, evald = cache / f"{self.name}.calibration.npz", cache / f"{self.name}.eval.npz"
+        if not model.exists():
+            log.info("%s: building version %d", self.name, version)
+            self.build(version, model)
+        if not evald.exists():
+            self.data(calib, evald)
+        return model, calib, evald
+
+
+def _image_model(name: str, kind: str, make: Callable[[int], Any], shape: tuple[int, ...]) -> Model:
+    def build(version: int, path: Path) -> None:
+        import torch
+
+        _export(make(version), torch.randn(*shape), path, ["input"])
+
+    def data(calib: Path, evald: Path) -> None:
+        np.savez(calib, input=_images(shape, 32, 1))
+        np.savez(evald, input=_images(shape, 32, 2))
+
+    return Model(name, kind, build, data, ("graph", "int8-dynamic", "int8-static"))
+
+
+def _encoder_model() -> Model:
+    def build(version: int, path: Path) -> None:
+        import torch
+
+        _export(_encoder(version), torch.randint(0, 4096, (1, 64)), path, ["input_ids"])
+
+    def data(calib: Path, evald: Path) -> None:
+        rng = np.random.default_rng(0)
+        np.savez(calib, input_ids=rng.integers(0, 4096, (16, 64), dtype=np.int64))
+        np.savez(evald, input_ids=rng.integers(0, 4096, (16, 64), dtype=np.int64))
+
+    return Model(
+        "bert-256x4",
+        "transformer encoder",
+        build,
+        data,
+        ("graph", "int8-dynamic", "int8-static", "int8-weight"),
+    )
+
+
+def _kws_model() -> Model:
+    def build(version: int, path: Path) -> None:
+        import torch
+
+        _export(_kws(version), torch.randn(1, 40, 49), path, ["input"])
+
+    def data(calib: Path, evald: Path) -> None:
+        from graphtrim.examples.kws import make_kws_data
+
+        x, _ = make_kws_data(64, seed=7)
+        np.savez(calib, input=x)
+        x, y = make_kws_data(256, seed=8)
+        np.savez(evald, input=x, labels=y)
+
+    return Model(
+        "kws-audio",
+        "audio (keyword spotter, trained)",
+        build,
+        data,
+        ("graph", "int8-dynamic", "int8-static"),
+    )
+
+
+def _decoder_model() -> Model:
+    def build(version: int, path: Path) -> None:
+        from graphtrim.examples.language import llama
+        from graphtrim.exporter import export_causal_lm
+
+        model = llama(
+            vocab_size=2048,
+            hidden=256,
+            layers=4,
+            heads=8,
+            kv_heads=4,
+            intermediate=688,
+            seed=version,
+        )
+        export_causal_lm(model, path)
+
+    def data(calib: Path, evald: Path) -> None:
+        rng = np.random.default_rng(0)
+        np.savez(calib, input_ids=rng.integers(0, 2048, (8, 64), dtype=np.int64))
+        np.savez(evald, input_ids=rng.integers(0, 2048, (8, 64), dtype=np.int64))
+
+    return Model(
+        "llama-256x4",
+        "decoder LM with KV cache",
+        build,
+        data,
+        ("graph", "int8-dynamic", "int4-weight", "int8-weight"),
+        calibrated=False,
+    )
+
+
+MODELS: dict[str, Model] = {
+    m.name: m
+    for m in (
+        _image_model("resnet", "CNN, residual adds", lambda s: _cnn(s, "resnet"), (1, 3, 96, 96)),
+        _image_model(
+            "mobilenet", "mobile CNN, depthwise", lambda s: _cnn(s, "mobilenet"), (1, 3, 128, 128)
+        ),
+        _encoder_model(),
+        _image_model("detector", "YOLO-style detector", _detector, (1, 3, 160, 160)),
+        _kws_model(),
+        _decoder_model(),
+    )
+}
+
+
+# -- the runs ----------------------------------------------------------------------------------
+
+
+def _speedup(variant: Any) -> float | None:
+    lat = variant.gate("latency") if variant is not None else None
+    value = lat.measured.get("speedup_p50") if lat else None
+    return float(value) if isinstance(value, int | float) else None
+
+
+def run_model(m: Model, cache: Path, out: Path, budget: float) -> dict[str, Any]:
+    from graphtrim.data import input_specs, load_npz
+    from graphtrim.gates import GatePolicy, evaluate
+    from graphtrim.quantize import QuantizeConfig
+    from graphtrim.stages.pipeline import build_and_evaluate
+    from graphtrim.tune.memory import FileMemory
+    from graphtrim.tune.search import TuneSettings, tune, write_result
+
+    folder = out / m.name
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    v1, calib_path, eval_path = m.files(cache, 0)
+    v2, _, _ = m.files(cache, 1)
+    specs = input_specs(v1)
+    # batch 1, as served
+    calib = load_npz(calib_path, specs, batch_size=1) if m.calibrated else None
+    data = load_npz(eval_path, specs, batch_size=1)
+    policy = GatePolicy(POLICY)
+    say = lambda line: log.info("%s: %s", m.name, line)  # noqa: E731
+
+    log.info("%s: fixed recipes %s", m.name, ",".join(m.kinds))
+    t0 = time.perf_counter()
+    fixed = build_and_evaluate(
+        v1,
+        folder / "fixed",
+        [k for k in m.kinds if k != "int8-static" or m.calibrated],
+        config=QuantizeConfig(tune_device="cpu"),
+        calibration=calib_path if m.calibrated else None,
+        eval_data=eval_path,
+        policy=policy,
+        batch_size=1,
+    )
+    fixed_s = time.perf_counter() - t0
+    passed = [v for v in fixed.evaluation.variants if v.passed]
+    best = max(passed, key=lambda v: _speedup(v) or 0.0, default=None)
+
+    memory = FileMemory(folder / "memory.json")
+    log.info("%s: tuning version 1 (budget %.0f s)", m.name, budget)
+    t0 = time.perf_counter()
+    first = tune(
+        v1,
+        folder / "tuned-v1",
+        policy=policy,
+        data=data,
+        calibration=calib,
+        kinds=m.kinds,
+        settings=TuneSettings(budget_s=budget),
+        memory=memory,
+        progress=say,
+    )
+    first_s = time.perf_counter() - t0
+    write_result(first, folder / "tuned-v1")
+
+    head: dict[str, Any] = {}
+    if best is not None and first.output is not None:
+        log.info("%s: head to head, fixed %s against the champion", m.name, best.name)
+        champion_kind = first.champion.candidate.kind if first.champion else best.name
+        ev = evaluate(
+            v1,
+            {"fixed": fixed.outputs[best.name], "tuned": Path(first.output)},
+            policy=GatePolicy(
+                {**POLICY, "defaults": {**POLICY["defaults"], "latency": {"runs": 400}}}
+            ),
+            data=data,
+            kinds={"fixed": best.name, "tuned": champion_kind},
+        )
+        sf, st = _speedup(ev.variant("fixed")), _speedup(ev.variant("tuned"))
+        head = {
+            "fixed_speedup": sf,
+            "tuned_speedup": st,
+            "tuned_over_fixed": st / sf if sf and st else None,
+            "fixed_passed": ev.variant("fixed").passed,
+            "tuned_passed": ev.variant("tuned").passed,
+        }
+
+    log.info("%s: tuning version 2 from the memory", m.name)
+    t0 = time.perf_counter()
+    second = tune(
+        v2,
+        folder / "tuned-v2",
+        policy=policy,
+        data=data,
+        calibration=calib,
+        kinds=m.kinds,
+        settings=TuneSettings(budget_s=budget),
+        memory=memory,
+        progress=say,
+    )
+    second_s = time.perf_counter() - t0
+    write_result(second, folder / "tuned-v2")
+
+    def champion(r: Any) -> dict[str, Any] | None:
+        c = r.champion
+        return (
+            None
+            if c is None
+            else {"key": c.candidate.key, "speedup": c.speedup, "size": c.size_ratio}
+        )
+
+    return {
+        "model": m.name,
+        "kind": m.kind,
+        "kinds": list(m.kinds),
+        "fixed": {
+            "seconds": fixed_s,
+            "best": best.name if best else None,
+            "best_speedup": _speedup(best),
+            "passed": [v.name for v in passed],
+            "speedups": {v.name: _speedup(v) for v in fixed.evaluation.variants},
+        },
+        "tuned": {
+            "seconds": first_s,
+            "trials": len(first.trials),
+            "stopped": first.stopped,
+            "champion": champion(first),
+            "against_recipe": first.against_recipe(),
+        },
+        "head_to_head": head,
+        "memory": {
+            "seconds": second_s,
+            "time_ratio": second_s / first_s if first_s else None,
+            "trials": len(second.trials),
+            "mode": second.mode,
+            "champion": champion(second),
+        },
+    }
+
+
+def _f(v: Any, spec: str) -> str:
+    return "-" if v is None else format(v, spec)
+
+
+def render(results: list[dict[str, Any]]) -> str:
+    lines = [
+        "| model | fixed best | fixed speedup | champion | tuned speedup | tuned / fixed "
+        "(same run) | fixed s | tune s | trials | stopped | v2 tune s | v2 / v1 time | "
+        "v2 champion speedup |",
+        "|---|---|---:|---|---:|---:|---:|---:|---:|---|---:|---:|---:|",
+    ]
+    for r in results:
+        h, t, mem = r["head_to_head"], r["tuned"], r["memory"]
+        c, c2 = t["champion"] or {}, mem["champion"] or {}
+        lines.append(
+            f"| {r['model']} | {r['fixed']['best'] or 'none passed'} | {_f(h.get('fixed_speedup'), '.2f')}x "
+            f"| `{c.get('key', 'none')}` | {_f(h.get('tuned_speedup'), '.2f')}x "
+            f"| **{_f(h.get('tuned_over_fixed'), '.3f')}** | {r['fixed']['seconds']:.0f} "
+            f"| {t['seconds']:.0f} | {t['trials']} | {t['stopped']} | {mem['seconds']:.0f} "
+            f"| {_f(mem['time_ratio'], '.2f')} | {_f(c2.get('speedup'), '.2f')}x |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(
+        prog="python -m bench.tune",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    ap.add_argument("--models", nargs="*", default=list(MODELS), choices=list(MODELS))
+    ap.add_argument("--budget", type=float, default=300.0, help="seconds per search")
+    ap.add_argument("--cache", type=Path, default=ROOT / "models" / "tune")
+    ap.add_argument("--out", type=Path, default=ROOT / "results-tune")
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="bench: %(message)s")
+    for noisy in ("torch", "torch.onnx", "onnxruntime", "graphtrim"):
+        logging.getLogger(noisy).setLevel(logging.ERROR)
+    args.out.mkdir(parents=True, exist_ok=True)
+    results = []
+    for name in args.models:
+        results.append(run_model(MODELS[name], args.cache, args.out, args.budget))
+        (args.out / "results.json").write_text(json.dumps(results, indent=2))
+        (args.out / "results.md").write_text(render(results))
+    print(render(results))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
