@@ -113,13 +113,70 @@ def _detector(seed: int) -> Any:
     return Detector()
 
 
-def _cnn(seed: int, which: str) -> Any:
+def _resnet(seed: int) -> Any:
     import torch
 
-    from bench.suite import _mobilenet, _resnet
+    from bench.suite import _resnet as resnet
 
     torch.manual_seed(seed)
-    return (_resnet if which == "resnet" else _mobilenet)()[0]
+    return resnet()[0]
+
+
+def _mobilenet_v2(seed: int) -> Any:
+    """MobileNetV2 at width 0.5: inverted residual blocks (1x1 expand, 3x3 depthwise, 1x1
+    project, residual add where shapes allow), ReLU6, the paper's stage table."""
+    import torch
+    from torch import nn
+
+    def cbr(cin: int, cout: int, k: int, stride: int = 1, groups: int = 1, act: bool = True) -> Any:
+        layers: list[Any] = [
+            nn.Conv2d(cin, cout, k, stride, k // 2, groups=groups, bias=False),
+            nn.BatchNorm2d(cout),
+        ]
+        return nn.Sequential(*layers, *([nn.ReLU6()] if act else []))
+
+    class Block(nn.Module):
+        def __init__(self, cin: int, cout: int, stride: int, expand: int) -> None:
+            super().__init__()
+            mid = cin * expand
+            self.residual = stride == 1 and cin == cout
+            self.body = nn.Sequential(
+                *([cbr(cin, mid, 1)] if expand != 1 else []),
+                cbr(mid, mid, 3, stride, groups=mid),
+                cbr(mid, cout, 1, act=False),
+            )
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            y = self.body(x)
+            return x + y if self.residual else y
+
+    class MobileNetV2(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            table = [
+                (1, 8, 1, 1),
+                (6, 12, 2, 2),
+                (6, 16, 3, 2),
+                (6, 32, 4, 2),
+                (6, 48, 3, 1),
+                (6, 80, 3, 2),
+                (6, 160, 1, 1),
+            ]
+            layers: list[Any] = [cbr(3, 16, 3, 2)]
+            cin = 16
+            for t, c, n, stride in table:
+                for i in range(n):
+                    layers.append(Block(cin, c, stride if i == 0 else 1, t))
+                    cin = c
+            layers.append(cbr(cin, 640, 1))
+            self.features = nn.Sequential(*layers)
+            self.fc = nn.Linear(640, 100)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.fc(self.features(x).mean(dim=(2, 3)))
+
+    torch.manual_seed(seed)
+    return MobileNetV2()
 
 
 def _encoder(seed: int) -> Any:
@@ -211,7 +268,10 @@ def _kws_model() -> Model:
     def build(version: int, path: Path) -> None:
         import torch
 
-        _export(_kws(version), torch.randn(1, 40, 49), path, ["input"])
+        from graphtrim.examples.models import export
+
+        # TorchScript's exporter takes no fused multi-head attention: dynamo's, batch 1
+        export(_kws(version), torch.randn(1, 40, 49), path, dynamo=True, dynamic_batch=False)
 
     def data(calib: Path, evald: Path) -> None:
         from graphtrim.examples.kws import make_kws_data
@@ -264,9 +324,12 @@ def _decoder_model() -> Model:
 MODELS: dict[str, Model] = {
     m.name: m
     for m in (
-        _image_model("resnet", "CNN, residual adds", lambda s: _cnn(s, "resnet"), (1, 3, 96, 96)),
+        _image_model("resnet", "CNN, residual adds", _resnet, (1, 3, 96, 96)),
         _image_model(
-            "mobilenet", "mobile CNN, depthwise", lambda s: _cnn(s, "mobilenet"), (1, 3, 128, 128)
+            "mobilenet-v2",
+            "mobile CNN, depthwise, inverted residuals",
+            _mobilenet_v2,
+            (1, 3, 160, 160),
         ),
         _encoder_model(),
         _image_model("detector", "YOLO-style detector", _detector, (1, 3, 160, 160)),

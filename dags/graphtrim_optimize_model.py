@@ -78,6 +78,12 @@ def _params(device: str) -> dict[str, Param]:
             "weight_symmetric, weight_algorithm, weight_form, accuracy_level, "
             "quantize_embeddings; none: the defaults",
         ),
+        "tune": Param(
+            None,
+            type=["null", "string"],
+            description="search the variants' settings for this long (e.g. 10m; graphtrim tune); "
+            "none: the fixed recipes",
+        ),
         "calibration": Param(None, type=["null", "string"], description=".npz calibration data"),
         "eval_data": Param(None, type=["null", "string"], description=".npz evaluation data"),
         "target_name": Param(

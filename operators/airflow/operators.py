@@ -436,6 +436,21 @@ class MlflowAliasPromoteOperator(GraphtrimStageOperator):
 # ---------------------------------------------------------------- what the DAGs need of the core
 
 
+def _budget(value: Any) -> float | None:
+    """The ``tune`` param (``"10m"``, ``"600"``, a number, or none) in seconds."""
+    import argparse
+
+    from airflow.sdk.exceptions import AirflowFailException
+    from graphtrim.cli.argtypes import duration
+
+    if value in (None, "", 0):
+        return None
+    try:
+        return duration(str(value))
+    except argparse.ArgumentTypeError as exc:
+        raise AirflowFailException(f"tune: {exc}") from exc
+
+
 def plan_run(params: Mapping[str, Any] | None, device: str) -> dict[str, Any]:
     """A run's source URI and pipeline config from the DAG run's params, checked here, so a
     bad request fails (with no retry) before any work."""
@@ -459,6 +474,7 @@ def plan_run(params: Mapping[str, Any] | None, device: str) -> dict[str, Any]:
             eval_data=p.get("eval_data"),
             target_name=p.get("target_name"),
             weights=p.get("weights") or None,
+            tune=_budget(p.get("tune")),
         )
     except GraphtrimError as exc:
         raise AirflowFailException(str(exc)) from exc

@@ -94,6 +94,16 @@ def _add_pipeline_args(p: argparse.ArgumentParser) -> None:
         help="PyTorch models: torch.fx dead-code elimination and constant folding before export",
     )
     add_weight_args(p)
+    p.add_argument(
+        "--tune",
+        type=_tune_budget,
+        default=None,
+        metavar="DURATION",
+        help="search the variants' settings for that long (e.g. 10m; graphtrim tune): the "
+        "variant of the kind the search picks is built with the settings it found, the others "
+        "with their fixed recipes; the winning settings are kept on the source's registered "
+        "model, and the next version of the same graph starts from them",
+    )
     p.add_argument("--workdir", help="scratch folder (default: the system's temporary folder)")
     p.add_argument(
         "--orchestrator-run-id",
@@ -284,8 +294,16 @@ def _context_and_config(args: argparse.Namespace) -> tuple[Any, Any]:
         fallback=not args.no_fallback,
         fx_simplify=args.fx_simplify,
         weights=_changed_weights(args),
+        tune=args.tune,
     )
     return ctx, config
+
+
+def _tune_budget(text: str) -> float | None:
+    """``--tune``: a duration; ``""`` (an orchestrator's empty parameter) or ``0``: no search."""
+    from graphtrim.cli.argtypes import duration
+
+    return None if text.strip() in ("", "0") else duration(text)
 
 
 def _changed_weights(args: argparse.Namespace) -> dict[str, Any] | None:

@@ -41,6 +41,7 @@ VARIANT_TAG = TAG + "variant"
 HISTORY_TAG = TAG + "alias_history."  # registered-model tag, one per alias: JSON list of versions
 MOVES_TAG = TAG + "moves."  # registered-model tags ``moves.<alias>.<n>``: every move's audit
 HOLD_TAG = TAG + "hold."  # registered-model tag per alias: set by a person, kept by the pipeline
+TUNE_TAG = TAG + "tune."  # registered-model tag per device: the search's champion (graphtrim.tune)
 GATES_TAG = TAG + "gates"  # ``serving=pass,size=pass,...``
 # a JSON object of the variant's numbers: what versions registered before graphtrim 0.1 carry
 # (their numbers now are the linked logged model's metrics); read, never written
@@ -743,3 +744,47 @@ def _audit(action: str, alias: str, old: str | None, new: str, why: str, who: st
 
 def _quote(value: str) -> str:
     return str(value).replace("'", "\\'")
+
+
+class RegistryTuneMemory:
+    """The settings search's memory (:mod:`graphtrim.tune.memory`) on a registered model: a
+    tag per device (``graphtrim.tune.cpu``) holding the champion of the newest search and
+    the graph signature it was found for. A version with another signature starts afresh."""
+
+    LIMIT = 7500  # characters of a tag value kept; the nodes kept in float go first beyond it
+
+    def __init__(self, registry: Registry, name: str) -> None:
+        self.registry, self.name = registry, name
+
+    def recall(self, signature: str, device: str) -> dict[str, Any] | None:
+        rm = self.registry._call(
+            f"registered model '{self.name}'", self.registry.client.get_registered_model, self.name
+        )
+        raw = (rm.tags or {}).get(TUNE_TAG + device)
+        try:
+            doc = json.loads(raw) if raw else None
+        except ValueError:
+            return None
+        if not isinstance(doc, dict) or doc.get("signature") != signature:
+            return None
+        entry = doc.get("entry")
+        return dict(entry) if isinstance(entry, dict) else None
+
+    def remember(self, signature: str, device: str, entry: Mapping[str, Any]) -> None:
+        from graphtrim.tune.memory import stamp
+
+        body = stamp(entry)
+        text = json.dumps({"signature": signature, "entry": body}, sort_keys=True)
+        if len(text) > self.LIMIT:
+            body = {**body, "excluded": [], "excluded_dropped": len(body.get("excluded") or [])}
+            text = json.dumps({"signature": signature, "entry": body}, sort_keys=True)
+        self.registry._call(
+            f"registered model '{self.name}'",
+            self.registry.client.set_registered_model_tag,
+            self.name,
+            TUNE_TAG + device,
+            text,
+        )
+
+    def describe(self) -> str:
+        return f"registered model '{self.name}' at {self.registry.where}"

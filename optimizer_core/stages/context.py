@@ -84,6 +84,10 @@ class PipelineConfig:
     # (block_size, weight_symmetric, weight_algorithm, weight_form, accuracy_level,
     # quantize_embeddings); None: the defaults
     weights: Mapping[str, Any] | None = None
+    # seconds for the settings search (graphtrim.tune): the variant of the kind the search
+    # picks is built with the settings it found, the others with their fixed recipes; None: no
+    # search
+    tune: float | None = None
 
     def __post_init__(self) -> None:
         from graphtrim.graph.presets import PRESETS
@@ -105,6 +109,12 @@ class PipelineConfig:
         if self.device not in ("cpu", "gpu"):
             raise PipelineError(f"device must be 'cpu' or 'gpu', not '{self.device}'")
         object.__setattr__(self, "variants", tuple(self.variants))
+        if self.tune is not None:
+            if isinstance(self.tune, bool) or not isinstance(self.tune, int | float):
+                raise PipelineError(f"tune: a number of seconds, not {self.tune!r}")
+            if not self.tune > 0:
+                raise PipelineError(f"tune: the search's budget must be positive, not {self.tune}")
+            object.__setattr__(self, "tune", float(self.tune))
         if self.weights is not None:
             object.__setattr__(self, "weights", _checked_weights(self.weights))
         # parsed here, once per document: a bad policy is refused before any work, and the
@@ -168,6 +178,8 @@ class PipelineConfig:
             doc.pop("fx_simplify")  # off: the hash of configs from before the option existed
         if not doc["weights"]:
             doc.pop("weights")  # the defaults: likewise
+        if doc["tune"] is None:
+            doc.pop("tune")  # no search: likewise
         if parts:
             doc = {k: doc[k] for k in parts}
         return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()

@@ -2,12 +2,15 @@
 
 Each variant is built from the graph-optimized model; int8 and fp16 variants that fail their
 accuracy gate are rebuilt with their most sensitive nodes in float, within the budget of
-attempts. The pipeline builds each variant in a child process (:func:`build_job`) and stores it;
+attempts. With ``tune`` in the config, a settings search (:mod:`graphtrim.tune`) runs first
+over the requested kinds: its champion is the variant of its kind, the other kinds are built
+with their fixed recipes. The pipeline builds each variant in a child process (:func:`build_job`) and stores it;
 ``graphtrim variants`` builds them in this process (:func:`build_variants`) beside its input.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -121,6 +124,187 @@ def build_job(variant: str, **job: Any) -> Any:
     )
 
 
+def _tuned(
+    ctx: StageContext,
+    config: PipelineConfig,
+    record: QuantizeRecord,
+    mlflow: Any,
+    store: Any,
+    qconfig: QuantizeConfig,
+    wanted: list[str],
+    base: Path,
+    tmp: Path,
+    calib: Any,
+    evald: Any,
+    source: Mapping[str, Any],
+    run_id: str,
+    opt: OptimizeRecord,
+) -> list[str]:
+    """Run the settings search over the ``wanted`` kinds in a child process, store its champion
+    as the variant of its kind (with what the search found in its record), keep the winning
+    settings on the source's registered model, log every trial; returns the kinds still to be
+    built with their fixed recipes."""
+    from graphtrim.integrations.registry import RegistryTuneMemory
+    from graphtrim.isolation import map_isolated
+    from graphtrim.tune.memory import graph_signature
+
+    assert config.tune is not None
+    memory = RegistryTuneMemory(ctx.registry(), source["name"])
+    signature = graph_signature(base)
+    remembered = memory.recall(signature, config.device)
+    ctx.say(
+        f"quantize: searching settings of {', '.join(wanted)} for {config.tune:.0f} s"
+        + (f", from the remembered {remembered.get('key')}" if remembered else "")
+    )
+    (outcome,) = map_isolated(
+        "graphtrim.stages.quantize:tune_job",
+        [wanted],
+        common={
+            "src": str(base),
+            "out": str(tmp / "tuned"),
+            "config": qconfig,
+            "calibration": calib,
+            "data": evald,
+            "policy": config.gate_policy(),
+            "device": config.device,
+            "tensorrt": config.tensorrt,
+            "budget": config.tune,
+            "remembered": remembered,
+            "memory_where": memory.describe(),
+        },
+        # the budget, the judgement it may overrun by, and the fixed time a child needs
+        timeout=max(ctx.child_timeout, 2 * config.tune + 600),
+        what=lambda _k: "searching settings",
+        on_step=lambda line: ctx.say(f"quantize: tune: {line}"),
+        fresh=True,
+    )
+    if isinstance(outcome, BaseException):
+        logger.warning("quantize: the settings search failed: %s", outcome)
+        mlflow.set_tag(run_id, f"{T}tune.error", redact(outcome)[:5000])
+        ctx.say(f"quantize: the settings search failed ({outcome}): fixed recipes only")
+        return wanted
+    result, remember = outcome
+    from graphtrim.tune.report import summary
+
+    doc = result.to_json()
+    mlflow.log_dict(run_id, doc, "graphtrim/tune.json")
+    _log_trials(mlflow, run_id, result)
+    ctx.say(f"quantize: tune: {summary(doc)}")
+    champion = result.champion
+    if champion is None or result.output is None:
+        mlflow.set_tag(run_id, f"{T}tune.champion", "none")
+        return wanted
+    kind = champion.candidate.kind
+    if remember is not None:
+        memory.remember(signature, config.device, remember)
+    stored = store.put_model(
+        Path(result.output),
+        model=source["name"],
+        version=source["version"],
+        stage=f"variant-{kind}",
+        parents=[opt.model["sha256"]] if opt.model else [],
+        config_hash=config.config_hash,
+        extra={"variant": kind, "tuned": champion.candidate.key},
+    )
+    mlflow.set_tag(run_id, f"{T}tune.champion", champion.candidate.key[:5000])
+    record.variants[kind] = {
+        "model": stored.to_json(),
+        "attempts": 1,
+        "excluded": champion.excluded,
+        "accuracy_passed": champion.accuracy_passed,
+        "conversion": None,
+        "agreement": None,
+        "tuning": {
+            "key": champion.candidate.key,
+            "settings": champion.candidate.overrides(),
+            "trials": len(result.trials),
+            "seconds": round(result.seconds, 1),
+            "mode": result.mode,
+            "stopped": result.stopped,
+            "signature": result.signature,
+            "speedup_p50": champion.speedup,
+            "against_recipe": result.against_recipe(),
+        },
+    }
+    return [v for v in wanted if v != kind]
+
+
+def tune_job(kinds: Sequence[str], **job: Any) -> Any:
+    """The settings search as a child process runs it (:mod:`graphtrim.isolation`): ``src``
+    (the optimized model, the search's reference too), ``out``, ``config``, ``calibration`` and
+    ``data`` (:class:`EvalData`), ``policy``, ``device``, ``tensorrt``, ``budget`` (seconds),
+    ``remembered`` (the memory's entry for this graph, or None) and ``memory_where``. Returns
+    (the :class:`~graphtrim.tune.search.TuneResult`, the entry to remember or None)."""
+    from graphtrim.isolation import step
+    from graphtrim.stages.context import parse_policy
+    from graphtrim.tune.memory import HeldMemory
+    from graphtrim.tune.search import TuneSettings, tune
+
+    policy = job["policy"]
+    if policy is None or isinstance(policy, Mapping):
+        policy = parse_policy(policy)
+    memory = HeldMemory(job["remembered"], job["memory_where"])
+    result = tune(
+        job["src"],
+        job["out"],
+        device=job["device"],
+        policy=policy,
+        data=job["data"],
+        calibration=job["calibration"],
+        config=job["config"],
+        kinds=list(kinds),
+        settings=TuneSettings(budget_s=job["budget"]),
+        memory=memory,
+        tensorrt=job["tensorrt"],
+        progress=step,
+    )
+    return result, memory.remembered
+
+
+def _log_trials(mlflow: Any, run_id: str, result: Any) -> None:
+    """Each trial of a search as a child run of the pipeline's run: its settings as params,
+    its numbers as metrics, its status and verdict as tags."""
+    from graphtrim.stages.tracking import log_metrics, params
+
+    experiment_id = mlflow.get_run(run_id).info.experiment_id
+    champion = result.champion.number if result.champion is not None else None
+    for trial in result.trials:
+        timing = trial.timings[-1] if trial.timings else None
+        tags = {
+            "mlflow.parentRunId": run_id,
+            "mlflow.runName": f"tune {trial.number}: {trial.candidate.key}"[:250],
+            f"{T}tune.kind": trial.candidate.kind,
+            f"{T}tune.status": trial.status,
+            f"{T}tune.origin": trial.origin[:5000],
+            f"{T}tune.champion": str(trial.number == champion).lower(),
+        }
+        if trial.verdict is not None:
+            tags[f"{T}tune.verdict"] = json.dumps(trial.verdict, sort_keys=True)[:5000]
+        if trial.error:
+            tags[f"{T}tune.error"] = redact(trial.error)[:5000]
+        child = mlflow.create_run(experiment_id, tags=tags).info.run_id
+        settings = {f"tune.{k}": json.dumps(v) for k, v in trial.candidate.values().items()}
+        mlflow.log_batch(child, params=params({"tune.kind": trial.candidate.kind, **settings}))
+        log_metrics(
+            mlflow,
+            child,
+            {
+                "build_seconds": trial.build_s,
+                "size_ratio": trial.size_ratio,
+                "speedup_p50": timing[1] if timing else None,
+                "timing_runs": timing[0] if timing else None,
+                "timing_spread": timing[2] if timing else None,
+                "excluded_nodes": len(trial.excluded),
+                **{
+                    f"accuracy.{k}": v
+                    for k, v in trial.accuracy.items()
+                    if isinstance(v, int | float) and not isinstance(v, bool)
+                },
+            },
+        )
+        mlflow.set_terminated(child, status="FINISHED" if trial.status != "failed" else "FAILED")
+
+
 def quantize(
     ctx: StageContext,
     config: PipelineConfig,
@@ -172,6 +356,26 @@ def quantize(
             reference = ctx.fetch(exp.model["uri"], tmp / "reference")
             base = ctx.fetch(opt.model["uri"], tmp / "optimized")
             calib, evald = data.load(reference)
+            if config.tune is not None:
+                wanted = _tuned(
+                    ctx,
+                    config,
+                    record,
+                    mlflow,
+                    store,
+                    qconfig,
+                    wanted,
+                    base,
+                    tmp,
+                    calib,
+                    evald,
+                    source,
+                    run_id,
+                    opt,
+                )
+            if not wanted:
+                record.worker = worker(ctx)
+                return record
             ctx.say(f"quantize: building {', '.join(wanted)}, each in a child process")
             builds = map_isolated(
                 "graphtrim.stages.quantize:build_job",

@@ -196,6 +196,21 @@ def _conversion_tags(conversion: Mapping[str, Any] | None) -> dict[str, str]:
     return out
 
 
+def _tuning_tags(tuning: Mapping[str, Any] | None) -> dict[str, str]:
+    """What the settings search found for a variant (``graphtrim.tune.key`` =
+    ``int8-static[activation_type="uint8"]``, its settings as JSON, the trials it took)."""
+    if not tuning:
+        return {}
+    out = {
+        f"{T}tune.key": str(tuning.get("key", ""))[:5000],
+        f"{T}tune.settings": json.dumps(tuning.get("settings") or {}, sort_keys=True)[:5000],
+        f"{T}tune.trials": str(tuning.get("trials", "")),
+        f"{T}tune.mode": str(tuning.get("mode", "")),
+        f"{T}tune.signature": str(tuning.get("signature", "")),
+    }
+    return {k: v for k, v in out.items() if v}
+
+
 def _params(
     variant: str,
     config: PipelineConfig,
@@ -307,6 +322,7 @@ def register(
                 T + "artifact": summary["model"]["uri"],
                 T + "sha256": summary["model"]["sha256"],
                 **_conversion_tags(summary.get("conversion")),
+                **_tuning_tags(summary.get("tuning")),
             }
             tags = {k: v for k, v in tags.items() if v}
             description = describe(

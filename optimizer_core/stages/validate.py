@@ -275,8 +275,9 @@ def validate(
             for v in evaluation.variants:
                 if v.name in quant.variants and quant.variants[v.name].get("model"):
                     variants[v.name]["model"] = quant.variants[v.name]["model"]
-                    if quant.variants[v.name].get("conversion"):
-                        variants[v.name]["conversion"] = quant.variants[v.name]["conversion"]
+                    for key in ("conversion", "tuning"):  # what register tags it with
+                        if quant.variants[v.name].get(key):
+                            variants[v.name][key] = quant.variants[v.name][key]
             metrics: dict[str, Any] = {}
             for name, s in variants.items():
                 metrics[f"{name}.passed"] = 1 if s["passed"] else 0

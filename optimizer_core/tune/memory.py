@@ -119,3 +119,22 @@ class FileMemory:
 
     def describe(self) -> str:
         return str(self.path)
+
+
+class HeldMemory:
+    """One entry read elsewhere, carried into a search in another process; what the search
+    remembers is kept in :attr:`remembered` for the caller to write where it belongs."""
+
+    def __init__(self, entry: Mapping[str, Any] | None, where: str) -> None:
+        self.entry = dict(entry) if entry is not None else None
+        self.where = where
+        self.remembered: dict[str, Any] | None = None
+
+    def recall(self, signature: str, device: str) -> dict[str, Any] | None:
+        return dict(self.entry) if self.entry is not None else None
+
+    def remember(self, signature: str, device: str, entry: Mapping[str, Any]) -> None:
+        self.remembered = stamp(entry)
+
+    def describe(self) -> str:
+        return self.where

@@ -81,9 +81,11 @@ class TuneSettings:
             raise TuneError(f"unknown objective '{self.objective}': use {', '.join(OBJECTIVES)}")
         if not self.budget_s > 0:
             raise TuneError("the budget must be positive")
-        for name in ("beam", "max_rounds", "finalists", "screen_samples", "screen_runs"):
+        for name in ("beam", "finalists", "screen_samples", "screen_runs"):
             if getattr(self, name) < 1:
                 raise TuneError(f"{name} must be at least 1")
+        if self.max_rounds < 0:
+            raise TuneError("max_rounds must be at least 0 (0: the start points alone)")
 
 
 @dataclasses.dataclass
@@ -486,13 +488,23 @@ class _Search:
         return sorted(built)[len(built) // 2] if built else 0.0
 
     # -- the search -----------------------------------------------------------------------
-    def explore(self, starts: Sequence[tuple[Candidate, str, list[str]]], rounds: int) -> str:
-        """Screen ``starts``, then the beam's neighbourhoods for up to ``rounds`` rounds;
-        returns why it stopped."""
+    def explore(
+        self,
+        starts: Sequence[tuple[Candidate, str, list[str]]],
+        rounds: int,
+        *,
+        weights_only: bool = False,
+    ) -> str:
+        """Screen ``starts``, then the beam's neighbourhoods for up to ``rounds`` rounds (in
+        the knobs that depend on the weights only, with ``weights_only``); returns why it
+        stopped. A kind none of whose candidates is feasible yet has the neighbourhood of its
+        nearest miss explored too: another scale or calibration may bring it within its
+        gates."""
         s = self.settings
         ops = _model_ops(self.source)
         queue = [(c, origin, ex) for c, origin, ex in starts if c.key not in self.trials]
         best_before = self.best_score()
+        kinds_before = {t.candidate.kind for t in self.ranked()}
         for round_ in range(rounds + 1):
             built: list[Trial] = []
             for candidate, origin, excluded in queue:
@@ -509,19 +521,42 @@ class _Search:
             best = self.best_score()
             if round_ == rounds:
                 return "rounds"
-            if round_ > 0 and best < best_before * (1 + s.min_gain):
+            rescued = {t.candidate.kind for t in feasible} - kinds_before
+            if round_ > 0 and best < best_before * (1 + s.min_gain) and not rescued:
                 return "converged"
             best_before = max(best, best_before)
-            leaders = self.ranked()[: s.beam]
+            kinds_before = {t.candidate.kind for t in self.ranked()}
+            leaders = self.ranked()[: s.beam] + self.nearest_misses(kinds_before)
             queue = [
                 (n, f"neighbour of {lead.candidate.key}", lead.excluded)
                 for lead in leaders
-                for n in neighbours(lead.candidate, ops)
+                for n in neighbours(lead.candidate, ops, weights_only=weights_only)
                 if n.key not in self.trials
             ]
             if not queue:
                 return "exhausted"
         return "rounds"
+
+    def nearest_misses(self, feasible_kinds: set[str]) -> list[Trial]:
+        """Per kind with no feasible candidate, the built one closest to its gates: the
+        smallest over the size gate, else the most accurate under the accuracy gate."""
+        out = []
+        missed = [
+            t
+            for t in self.trials.values()
+            if t.status in ("too-big", "inaccurate") and t.candidate.kind not in feasible_kinds
+        ]
+        for kind in dict.fromkeys(t.candidate.kind for t in missed):
+            mine = [t for t in missed if t.candidate.kind == kind]
+
+            def closeness(t: Trial) -> tuple[int, float]:
+                if t.status == "too-big":
+                    return (0, t.size_ratio or float("inf"))
+                cos = t.accuracy.get("cosine")
+                return (1, -float(cos) if isinstance(cos, int | float) else 0.0)
+
+            out.append(min(mine, key=closeness))
+        return out
 
     def best_score(self) -> float:
         ranked = self.ranked()
@@ -685,7 +720,9 @@ def tune(
             mode = "memory"
             say(f"memory: starting from {start.key} ({memory.describe()})")
             excluded = [str(x) for x in remembered.get("excluded") or []] if remembered else []
-            stopped = search.explore([(start, "memory", excluded)], rounds=1)
+            # one neighbourhood, in the knobs that depend on the weights: the others time the
+            # same on every version of this graph
+            stopped = search.explore([(start, "memory", excluded)], rounds=1, weights_only=True)
             remembered_trial = search.trials.get(start.key)
             if remembered_trial is None or not remembered_trial.feasible:
                 notes.append("the remembered settings failed their gates here: full search")

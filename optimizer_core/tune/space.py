@@ -24,23 +24,26 @@ class Knob:
     Attributes:
         field: the :class:`~graphtrim.quantize.QuantizeConfig` field.
         values: the values tried; lists are written as tuples.
-        needs_ops: a value that is a list of op types is tried only where the model has one of
-            them (quantizing op types a model lacks builds the float model again).
         help: one line for the report and ``--help``.
+        weights: whether its best value can change with the weights alone (scales, ranges,
+            calibration: accuracy); a knob that changes which kernels run (types, forms, op
+            types) times the same on every version of one graph. A search from memory re-checks
+            only these.
     """
 
     field: str
     values: tuple[Any, ...]
     help: str = ""
+    weights: bool = False
 
 
 SPACE: dict[str, tuple[Knob, ...]] = {
     "graph": (Knob("preset", ("default", "compact"), "graph optimization preset"),),
     "int8-dynamic": (
         Knob("weight_type", ("int8", "uint8"), "weight integer type"),
-        Knob("per_channel", (True, False), "a scale per output channel, or per tensor"),
+        Knob("per_channel", (True, False), "a scale per output channel, or per tensor", True),
         # None: the kind's default (7-bit weights on: saturation on CPUs without VNNI)
-        Knob("reduce_range", (None, False), "7-bit weights"),
+        Knob("reduce_range", (None, False), "7-bit weights", True),
         Knob(
             "op_types",
             (None, ("MatMul", "Gemm"), ("Conv",)),
@@ -50,10 +53,10 @@ SPACE: dict[str, tuple[Knob, ...]] = {
     "int8-static": (
         Knob("activation_type", ("int8", "uint8"), "activation integer type"),
         Knob("weight_type", ("int8", "uint8"), "weight integer type"),
-        Knob("per_channel", (True, False), "a scale per output channel, or per tensor"),
-        Knob("reduce_range", (None, True), "7-bit weights"),
-        Knob("method", ("minmax", "percentile", "entropy"), "calibration method"),
-        Knob("calibration_batches", (None, 2), "calibration batches read (None: all)"),
+        Knob("per_channel", (True, False), "a scale per output channel, or per tensor", True),
+        Knob("reduce_range", (None, True), "7-bit weights", True),
+        Knob("method", ("minmax", "percentile", "entropy"), "calibration method", True),
+        Knob("calibration_batches", (None, 2), "calibration batches read (None: all)", True),
         Knob(
             "op_types",
             (None, ("Conv", "MatMul", "Gemm")),
@@ -62,12 +65,12 @@ SPACE: dict[str, tuple[Knob, ...]] = {
         Knob("quant_format", ("qdq", "qoperator"), "QDQ pairs or onnxruntime's QLinear ops"),
     ),
     "int4-weight": (
-        Knob("block_size", (32, 64, 128), "weights per scale"),
-        Knob("weight_symmetric", (True, False), "symmetric, or a zero point per block"),
+        Knob("block_size", (32, 64, 128), "weights per scale", True),
+        Knob("weight_symmetric", (True, False), "symmetric, or a zero point per block", True),
         Knob("weight_form", ("portable", "ort"), "DequantizeLinear + MatMul, or MatMulNBits"),
     ),
     "int8-weight": (
-        Knob("block_size", (32, 128), "weights per scale"),
+        Knob("block_size", (32, 128), "weights per scale", True),
         Knob("weight_form", ("portable", "ort"), "DequantizeLinear + MatMul, or MatMulNBits"),
     ),
     "fp16": (Knob("keep_io_types", (True, False), "float32 inputs and outputs"),),
@@ -176,12 +179,17 @@ def forbidden(candidate: Candidate) -> str | None:
     return None
 
 
-def neighbours(candidate: Candidate, ops: frozenset[str] | None = None) -> list[Candidate]:
+def neighbours(
+    candidate: Candidate, ops: frozenset[str] | None = None, *, weights_only: bool = False
+) -> list[Candidate]:
     """The candidates that differ from ``candidate`` in one knob (values a model with ``ops``
-    can use, combinations that can be built), in the table's order."""
+    can use, combinations that can be built), in the table's order; ``weights_only``: in the
+    knobs whose best value can change with the weights (:attr:`Knob.weights`)."""
     current = candidate.values()
     out = []
     for knob in SPACE[candidate.kind]:
+        if weights_only and not knob.weights:
+            continue
         for value in knob.values:
             if value == current[knob.field] or not _usable(knob, value, ops):
                 continue

@@ -235,6 +235,13 @@ def test_the_next_version_starts_from_the_remembered_champion(
     assert len(second.trials) <= 1 + len(neighbours(start))
     assert len(second.trials) < len(first.trials)
     assert all(t.origin in ("memory", f"neighbour of {start.key}") for t in second.trials)
+    # the neighbourhood re-checked is in the knobs that depend on the weights: the others
+    # time the same on every version of one graph
+    weight_knobs = {k.field for k in SPACE[start.kind] if k.weights}
+    for t in second.trials[1:]:
+        changed = {k for k, v in t.candidate.values().items() if start.values()[k] != v}
+        assert changed <= weight_knobs, t.candidate.key
+    assert len(second.trials) == 1 + len(neighbours(start, weights_only=True))
     assert second.champion is not None and second.champion.verdict["passed"]
 
 
@@ -261,6 +268,44 @@ def test_settings_remembered_that_fail_here_fall_back_to_the_full_search(
     assert [t.candidate.key for t in result.trials[1:3]] == ["graph", "int8-static"]
     assert result.champion is not None
     assert memory.recall(signature, "cpu")["kind"] != "int4-weight"
+
+
+def test_a_kind_whose_recipe_misses_a_gate_is_searched_from_its_nearest_miss(
+    digits_task: DigitsTask, tmp_path: Path
+) -> None:
+    """Per-channel scales make the static recipe of the digits CNN a little larger than
+    per-tensor ones: with a size gate between the two, the recipe misses it and the search
+    goes on from it to a neighbour that passes."""
+    from graphtrim.gates import GatePolicy
+
+    data, calib = _data(digits_task)
+    result = tune(
+        digits_task.model,
+        tmp_path / "probe",
+        data=data,
+        calibration=calib,
+        kinds=["int8-static"],
+        settings=TuneSettings(max_rounds=0),
+    )
+    recipe = result.trials[0]
+    assert recipe.candidate.recipe and recipe.size_ratio is not None
+    policy = GatePolicy(
+        {"variants": {"int8-static": {"size": {"max_ratio": recipe.size_ratio - 1e-4}}}}
+    )
+    result = tune(
+        digits_task.model,
+        tmp_path / "out",
+        data=data,
+        calibration=calib,
+        kinds=["int8-static"],
+        policy=policy,
+        settings=TuneSettings(max_rounds=1),
+    )
+    assert result.trials[0].status == "too-big"
+    assert all(t.origin == "neighbour of int8-static" for t in result.trials[1:])
+    assert result.champion is not None
+    assert result.champion.candidate.values()["per_channel"] is False
+    assert result.champion.size_ratio < recipe.size_ratio
 
 
 def test_the_budget_ends_the_search_with_the_best_so_far_and_the_reason(

@@ -1,0 +1,125 @@
+"""The settings search in the pipeline (``--tune``): against a real MLflow server and S3."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from graphtrim.examples.digits import DigitsTask
+from graphtrim.integrations.registry import TUNE_TAG, Registry
+from graphtrim.stages import pipeline
+from graphtrim.stages.context import PipelineConfig, PipelineError
+from graphtrim.tune.memory import graph_signature
+from tests.optimizer_core.test_pipeline import _config, _ctx
+from tests.servers import register_onnx
+
+pytestmark = [pytest.mark.xdist_group("mlflow"), pytest.mark.slow]
+
+mlflow = pytest.importorskip("mlflow")
+
+
+def _children(tracking: str, run_id: str) -> list[Any]:
+    client = mlflow.MlflowClient(tracking)
+    experiment = client.get_run(run_id).info.experiment_id
+    return list(
+        client.search_runs([experiment], f"tags.`mlflow.parentRunId` = '{run_id}'", max_results=500)
+    )
+
+
+@pytest.fixture(scope="module")
+def tuned_runs(
+    servers: dict[str, str], digits_task: DigitsTask, tmp_path_factory: pytest.TempPathFactory
+) -> dict[str, Any]:
+    """Two versions of the digits model through ``pipeline run`` with a search: the second
+    starts from what the first remembered."""
+    name = "digits-tuned"
+    register_onnx(servers["mlflow"], digits_task.model, name)
+    register_onnx(servers["mlflow"], digits_task.model, name)
+    config = _config(digits_task, variants=("graph", "int8-static"), tune=300.0)
+    tmp = tmp_path_factory.mktemp("tuned")
+    first = pipeline.run_pipeline(_ctx(servers, tmp / "1"), config, f"models:/{name}/1")
+    second = pipeline.run_pipeline(_ctx(servers, tmp / "2"), config, f"models:/{name}/2")
+    return {"name": name, "first": first, "second": second, "config": config}
+
+
+def test_the_champion_is_registered_with_the_settings_the_search_found(
+    servers: dict[str, str], tuned_runs: dict[str, Any]
+) -> None:
+    first = tuned_runs["first"]
+    tuned = [v for v, rec in first["quantize"]["variants"].items() if rec.get("tuning")]
+    assert len(tuned) == 1, first["quantize"]["variants"]
+    kind = tuned[0]
+    tuning = first["quantize"]["variants"][kind]["tuning"]
+    assert tuning["key"].startswith(kind) and tuning["mode"] == "full"
+    # the other kind was built with its fixed recipe, beside the champion
+    other = next(v for v in ("graph", "int8-static") if v != kind)
+    assert "tuning" not in first["quantize"]["variants"][other]
+    registered = first["register"]["registered"]
+    assert kind in registered, first["register"]
+    reg = Registry(servers["mlflow"])
+    tags = reg.version_tags(registered[kind]["name"], registered[kind]["version"])
+    assert tags["graphtrim.tune.key"] == tuning["key"]
+    assert json.loads(tags["graphtrim.tune.settings"]) == tuning["settings"]
+    assert tags["graphtrim.tune.trials"] == str(tuning["trials"])
+
+
+def test_every_trial_is_a_child_run_of_the_pipeline_run(
+    servers: dict[str, str], tuned_runs: dict[str, Any]
+) -> None:
+    first = tuned_runs["first"]
+    run_id = first["export"]["run_id"]
+    kind = next(v for v, rec in first["quantize"]["variants"].items() if rec.get("tuning"))
+    tuning = first["quantize"]["variants"][kind]["tuning"]
+    children = _children(servers["mlflow"], run_id)
+    assert len(children) == tuning["trials"]
+    champions = [c for c in children if c.data.tags.get("graphtrim.tune.champion") == "true"]
+    assert len(champions) == 1
+    champion = champions[0]
+    assert tuning["key"] in champion.data.tags["mlflow.runName"]
+    assert json.loads(champion.data.tags["graphtrim.tune.verdict"])["passed"] is True
+    assert champion.data.params["tune.kind"] == kind
+    assert "speedup_p50" in champion.data.metrics and "size_ratio" in champion.data.metrics
+    client = mlflow.MlflowClient(servers["mlflow"])
+    files = {f.path for f in client.list_artifacts(run_id, "graphtrim")}
+    assert "graphtrim/tune.json" in files
+
+
+def test_the_next_version_starts_from_the_settings_kept_on_the_registered_model(
+    servers: dict[str, str], tuned_runs: dict[str, Any]
+) -> None:
+    first, second = tuned_runs["first"], tuned_runs["second"]
+    reg = Registry(servers["mlflow"])
+    tag = reg.client.get_registered_model(tuned_runs["name"]).tags[TUNE_TAG + "cpu"]
+    kept = json.loads(tag)
+    kind = next(v for v, rec in first["quantize"]["variants"].items() if rec.get("tuning"))
+    one = first["quantize"]["variants"][kind]["tuning"]
+    assert kept["signature"] == one["signature"]
+    two_kind = next(v for v, rec in second["quantize"]["variants"].items() if rec.get("tuning"))
+    two = second["quantize"]["variants"][two_kind]["tuning"]
+    assert two["mode"] == "memory"
+    assert two["trials"] < one["trials"]
+    assert second["register"]["registered"].get(two_kind)
+
+
+def test_a_bad_budget_is_refused_before_any_work(digits_task: DigitsTask) -> None:
+    for bad in (0, -5, "10m", True):
+        with pytest.raises(PipelineError, match="tune"):
+            PipelineConfig(tune=bad)  # type: ignore[arg-type]
+    # no search: the config hashes as before the option existed
+    assert PipelineConfig(tune=None).config_hash == PipelineConfig().config_hash
+    assert PipelineConfig(tune=60).config_hash != PipelineConfig().config_hash
+
+
+def test_the_signature_of_a_registered_model_is_the_optimized_graphs(
+    digits_task: DigitsTask, tmp_path: Path
+) -> None:
+    """The memory is keyed on the optimized model: optimizing twice gives one signature."""
+    from graphtrim.optimize_file import optimize_file
+
+    a, b = tmp_path / "a.onnx", tmp_path / "b.onnx"
+    optimize_file(digits_task.model, a)
+    optimize_file(digits_task.model, b)
+    assert graph_signature(a) == graph_signature(b)
