@@ -56,6 +56,19 @@ def _add_quant_args(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="one scale per weight tensor instead of per output channel",
     )
+    p.add_argument(
+        "--calibration-batches",
+        type=positive_int,
+        default=None,
+        help="int8-static: calibrate on the first N batches only (default: all)",
+    )
+    p.add_argument(
+        "--quant-format",
+        choices=("qdq", "qoperator"),
+        default="qdq",
+        help="int8-static: QuantizeLinear/DequantizeLinear pairs, or onnxruntime's quantized "
+        "operators (QLinearConv, QLinearMatMul, ...)",
+    )
     p.add_argument("--activation-type", choices=("int8", "uint8"), default="int8")
     p.add_argument("--weight-type", choices=("int8", "uint8"), default="int8")
     p.add_argument(
@@ -258,6 +271,8 @@ def _config(args: argparse.Namespace) -> Any:
         method=args.method,
         activation_type=args.activation_type,
         weight_type=args.weight_type,
+        quant_format=args.quant_format,
+        calibration_batches=args.calibration_batches,
         nodes_to_exclude=list(args.exclude),
         max_attempts=args.max_attempts,
         keep_io_types=not args.fp16_io,

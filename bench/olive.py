@@ -1,0 +1,652 @@
+"""Microsoft Olive 0.13 on a local ONNX file, offline, on CPU, in a fresh process.
+
+``python -m bench.olive MODEL.onnx OUT --calibration C.npz [--data D.npz]`` runs both and prints
+their results as JSON. Olive is installed into ``bench/.olive`` with ``pip --target --no-deps`` on
+first use (its other dependencies are the project's: onnx, onnxruntime, onnxscript, onnx-ir, torch,
+transformers, pydantic, pandas, sqlalchemy, alembic...) and runs as ``python -m olive`` with that
+folder on ``PYTHONPATH``; every cache (Hugging Face, XDG, Olive's own) goes to a temporary folder
+and the hub is switched off.
+
+* :func:`run_auto_opt`: ``olive auto-opt --precision int8`` (CPUExecutionProvider). On an ONNX
+  input it runs OnnxPeepholeOptimizer, OrtTransformersOptimization (skipped by Olive for a model
+  type it does not know) and OnnxDynamicQuantization; it takes no calibration data for an ONNX
+  model (its ``--data_name`` is for Hugging Face datasets and is not used by the command).
+  ``olive optimize --precision int8`` is no alternative offline: it calibrates static
+  quantization on wikitext-2 from the hub whatever the model.
+* :func:`run_workflow`: ``olive run --config`` with a joint search (TPE by default) over
+  OnnxQuantization's own space (dynamic or static, QDQ or QOperator, per channel, reduce range,
+  calibration method, preprocessing; OnnxDynamicQuantization when no calibration is given),
+  followed by OrtSessionParamsTuning, ranked by top-1 agreement with the fp32 model's outputs on
+  ``data`` (priority 1, with a goal) and then by average latency. Data comes from ``.npz`` files
+  (one array per model input, samples on the first axis) through a generated user script that
+  registers an Olive dataset.
+
+Worked around in Olive 0.13 (with pydantic 2.14):
+
+* ``search_strategy.sampler_config`` (hence ``max_samples`` and ``seed``) is lost when the engine
+  config is dumped (the field is typed as the base config class), so the search would be
+  exhaustive: the sample count is bounded with ``max_iter`` (and ``max_time``) instead;
+* a pass output loaded from Olive's cache inside a run fails (``"FootprintNode" object has no
+  field "model_config"``), so every searched step after the first fails when a pass without
+  searched parameters comes before the searched one: the searched workflow starts with the
+  quantization pass (its ``quant_preprocess`` already runs shape inference and onnxruntime's
+  optimizer), and each run has a fresh cache;
+* a ``custom`` metric cannot be serialized (``backend`` None), and an evaluator without
+  ``type`` breaks resource discovery: the fidelity metric is a ``torch_metrics`` accuracy on
+  argmax labels and the evaluator is typed ``OnnxEvaluator``;
+* ``--disable_telemetry`` and ``OLIVE_DISABLE_TELEMETRY`` act after the start-up heartbeat is
+  queued, and without a network its flush holds the exit for about 10 s: ``CI=1`` (Olive's own
+  CI detection) turns telemetry off before it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+OLIVE_DIR = Path(__file__).parent / ".olive"
+# Olive itself and the dependencies the project does not have, at the versions tried here.
+OLIVE_PINS = (
+    "olive-ai==0.13.0",
+    "optuna==5.1.0",
+    "questionary==2.1.1",
+    "torchmetrics==1.9.0",
+    "lightning-utilities==0.15.3",
+)
+# Modules Olive 0.13 needs to run these commands, and the distribution each comes from.
+_REQUIRED = {
+    "olive": "olive-ai==0.13.0",
+    "optuna": "optuna==5.1.0",
+    "questionary": "questionary==2.1.1",
+    "torchmetrics": "torchmetrics==1.9.0",
+    "lightning_utilities": "lightning-utilities==0.15.3",
+    "onnx": "onnx",
+    "onnxruntime": "onnxruntime",
+    "onnxscript": "onnxscript",
+    "onnx_ir": "onnx-ir",
+    "torch": "torch",
+    "transformers": "transformers",
+    "pydantic": "pydantic",
+    "pandas": "pandas",
+    "yaml": "pyyaml",
+    "sqlalchemy": "sqlalchemy",
+    "alembic": "alembic",
+    "colorlog": "colorlog",
+    "prompt_toolkit": "prompt-toolkit",
+    "psutil": "psutil",
+    "tqdm": "tqdm",
+    "hf_xet": "hf-xet",
+    "opentelemetry.sdk": "opentelemetry-sdk",
+}
+# Installed into OLIVE_DIR when missing from both; never into the project's environment.
+_INSTALLABLE = {"olive", "optuna", "questionary", "torchmetrics", "lightning_utilities", "colorlog", "hf_xet"}
+LOG_TAIL = 40
+_USER_SCRIPT = "olive_npz_data.py"
+_MARKER = ".bench-olive"
+
+
+# ----------------------------------------------------------------------------- installation
+
+
+def _missing_modules() -> list[str]:
+    code = (
+        "import importlib.util, json, sys\n"
+        f"names = {sorted(_REQUIRED)!r}\n"
+        "missing = []\n"
+        "for n in names:\n"
+        "    try:\n"
+        "        ok = importlib.util.find_spec(n) is not None\n"
+        "    except Exception:\n"
+        "        ok = False\n"
+        "    if not ok:\n"
+        "        missing.append(n)\n"
+        "print(json.dumps(missing))\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], env=_env(None), capture_output=True, text=True, timeout=120
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(f"cannot check Olive's modules: {proc.stderr.strip()[-500:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def ensure_installed() -> None:
+    """Install Olive 0.13 and its missing dependencies into OLIVE_DIR (``pip --target --no-deps``).
+
+    The project's environment is never changed. Raises RuntimeError when a module is still
+    missing afterwards, or when one that only the project's environment can provide is absent.
+    """
+    missing = _missing_modules()
+    if not missing:
+        return
+    not_ours = [m for m in missing if m not in _INSTALLABLE]
+    if not_ours:
+        raise RuntimeError(
+            "Olive 0.13 needs modules that the project's environment lacks: "
+            + ", ".join(f"{m} ({_REQUIRED[m]})" for m in not_ours)
+        )
+    pins = sorted({_REQUIRED[m] for m in missing} | ({"olive-ai==0.13.0"} if "olive" in missing else set()))
+    cmd = [
+        sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--upgrade",
+        "--target", str(OLIVE_DIR), *pins,
+    ]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"installing {' '.join(pins)} into {OLIVE_DIR} failed: {proc.stderr.strip()[-1000:]}")
+    still = _missing_modules()
+    if still:
+        raise RuntimeError(f"Olive's modules still missing after installing into {OLIVE_DIR}: {', '.join(still)}")
+
+
+# ----------------------------------------------------------------------------- process
+
+
+def _env(tmp: Path | None) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(OLIVE_DIR.resolve()), *filter(None, [os.environ.get("PYTHONPATH")])])
+    env.update(
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+        HF_DATASETS_OFFLINE="1",
+        HF_HUB_DISABLE_TELEMETRY="1",
+        OLIVE_DISABLE_TELEMETRY="1",
+        # Olive's telemetry is switched off before its start-up heartbeat only in "CI"
+        CI="1",
+        PYTHONUNBUFFERED="1",
+    )
+    if tmp is not None:
+        env.update(
+            HF_HOME=str(tmp / "hf"),
+            XDG_CACHE_HOME=str(tmp / "xdg"),
+            OLIVE_TELEMETRY_CACHE_DIR=str(tmp / "telemetry"),
+            MPLCONFIGDIR=str(tmp / "matplotlib"),
+            TORCHINDUCTOR_CACHE_DIR=str(tmp / "inductor"),
+        )
+    return env
+
+
+def _prepare_out(out: Path) -> Path:
+    """An empty output folder; one left by an earlier call (it has our marker) is emptied."""
+    out = Path(out).resolve()
+    if out.exists():
+        if not out.is_dir():
+            raise ValueError(f"{out} is not a folder")
+        if any(out.iterdir()):
+            if not (out / _MARKER).exists():
+                raise ValueError(f"{out} is not empty and was not written by bench.olive; give an empty folder")
+            shutil.rmtree(out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / _MARKER).write_text("written by bench/olive.py; emptied on the next run\n")
+    return out
+
+
+_STAMP = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3})\]")
+
+
+def _stamp(line: str) -> float | None:
+    m = _STAMP.match(line)
+    if not m:
+        return None
+    return datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp()
+
+
+def _phases(lines: list[str], start: float, end: float) -> dict[str, float | None]:
+    """Start-up (imports, config) / engine / exit, from Olive's INFO log time stamps."""
+    begin = finish = None
+    for line in lines:
+        if begin is None and "Running workflow" in line:
+            begin = _stamp(line)
+        if "Saved output model" in line or "Run history for" in line:
+            finish = _stamp(line) or finish
+    return {
+        "startup_seconds": round(begin - start, 3) if begin else None,
+        "engine_seconds": round(finish - begin, 3) if begin and finish else None,
+        "exit_seconds": round(end - finish, 3) if finish else None,
+    }
+
+
+def _error_of(lines: list[str]) -> str | None:
+    """The last exception line of a traceback in Olive's log."""
+    pat = re.compile(r"^([A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit)|AssertionError)\b.*")
+    for line in reversed(lines):
+        if pat.match(line.strip()):
+            return line.strip()
+    return None
+
+
+def _find_output(out: Path) -> Path | None:
+    """The final model Olive saved under ``out``: model_config.json's path, else model.onnx, else newest .onnx."""
+    cfg = out / "model_config.json"
+    if cfg.is_file():
+        try:
+            c = json.loads(cfg.read_text()).get("config", {})
+            p = Path(c.get("model_path") or "")
+            if c.get("onnx_file_name") and p.is_dir():
+                p = p / c["onnx_file_name"]
+            if p.is_dir():
+                onnx_files = sorted(p.glob("*.onnx"))
+                p = onnx_files[0] if len(onnx_files) == 1 else Path("")
+            if p.suffix == ".onnx" and p.is_file():
+                return p.resolve()
+        except (OSError, ValueError, AttributeError):
+            pass
+    if (out / "model.onnx").is_file():
+        return (out / "model.onnx").resolve()
+    found = [p for p in out.rglob("*.onnx") if "olive-cli-tmp" not in str(p)]
+    return max(found, key=lambda p: p.stat().st_mtime).resolve() if found else None
+
+
+def _run(cmd: list[str], out: Path, tmp: Path, timeout: float) -> dict[str, Any]:
+    log_path = out / "olive.log"
+    work = tmp / "work"  # the CLI puts .olive-cache in its working folder
+    work.mkdir(parents=True, exist_ok=True)
+    error = None
+    start = time.time()
+    t0 = time.perf_counter()
+    with log_path.open("w") as log:
+        proc = subprocess.Popen(
+            cmd, cwd=work, env=_env(tmp), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        try:
+            rc = proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            rc = None
+            error = f"timed out after {timeout:g} s"
+    seconds = time.perf_counter() - t0
+    end = time.time()
+    lines = log_path.read_text(errors="replace").splitlines()
+    output = _find_output(out) if rc == 0 else None
+    if rc is not None and rc != 0:
+        error = _error_of(lines) or f"olive exited with {rc}"
+    elif rc == 0 and output is None:
+        warn = [ln for ln in lines if "no expected candidates" in ln or "No output model" in ln]
+        error = "Olive produced no output model" + (f": {warn[-1].strip()}" if warn else "")
+    return {
+        "ok": rc == 0 and output is not None,
+        "seconds": round(seconds, 3),
+        "output": str(output) if output else None,
+        "error": error,
+        "command": cmd,
+        "log_tail": lines[-LOG_TAIL:],
+        "returncode": rc,
+        "log": str(log_path),
+        **_phases(lines, start, end),
+    }
+
+
+# ----------------------------------------------------------------------------- auto-opt
+
+
+def run_auto_opt(
+    model: Path, out: Path, *, calibration: Path | None = None, timeout: float = 600.0, precision: str = "int8"
+) -> dict:
+    """``olive auto-opt`` on an ONNX file for CPUExecutionProvider, output under ``out``.
+
+    ``calibration`` is accepted for symmetry but not used: auto-opt on an ONNX model quantizes
+    dynamically (OnnxDynamicQuantization) and has no way to take local calibration data.
+    """
+    ensure_installed()
+    out = _prepare_out(out)
+    with tempfile.TemporaryDirectory(prefix="bench-olive-") as tmp:
+        cmd = [
+            sys.executable, "-m", "olive", "auto-opt",
+            "-m", str(Path(model).resolve()), "-o", str(out),
+            "--device", "cpu", "--provider", "CPUExecutionProvider",
+            "--precision", precision, "--log_level", "1", "--disable_telemetry",
+        ]  # fmt: skip
+        res = _run(cmd, out, Path(tmp), timeout)
+    res["calibration_used"] = False
+    if calibration is not None:
+        res["note"] = "auto-opt takes no local calibration data for an ONNX model; it quantizes dynamically"
+    return res
+
+
+# ----------------------------------------------------------------------------- workflow
+
+_USER_SCRIPT_TEXT = '''\
+"""Olive data components for bench/olive.py: .npz model inputs (samples on the first axis)."""
+import numpy as np
+import torch
+
+from olive.data.registry import Registry
+
+
+class _NpzDataset(torch.utils.data.Dataset):
+    def __init__(self, data_path, labels_path=None):
+        with np.load(data_path) as z:
+            self.inputs = {k: np.asarray(z[k]) for k in z.files}
+        self.n = min(len(v) for v in self.inputs.values())
+        self.labels = None
+        if labels_path:
+            with np.load(labels_path) as z:
+                self.labels = np.asarray(z["labels"])
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        x = {k: torch.from_numpy(np.ascontiguousarray(v[i])) for k, v in self.inputs.items()}
+        y = int(self.labels[i]) if self.labels is not None else 0
+        return x, torch.tensor(y)
+
+
+@Registry.register_dataset("bench_npz_dataset")
+def bench_npz_dataset(data_path, labels_path=None):
+    return _NpzDataset(data_path, labels_path)
+
+
+@Registry.register_post_process("bench_argmax")
+def bench_argmax(output, **kwargs):
+    if isinstance(output, dict):
+        output = next(iter(output.values()))
+    return output.reshape(output.shape[0], -1).argmax(dim=1)
+'''
+
+
+def _input_specs(model: Path) -> list[tuple[str, list[int], Any]]:
+    import onnx
+    from onnx import helper
+
+    m = onnx.load(str(model), load_external_data=False)
+    inits = {i.name for i in m.graph.initializer}
+    specs = []
+    for vi in m.graph.input:
+        if vi.name in inits:
+            continue
+        t = vi.type.tensor_type
+        dims = [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else 1 for d in t.shape.dim]
+        specs.append((vi.name, dims, helper.tensor_dtype_to_np_dtype(t.elem_type)))
+    return specs
+
+
+def _random_inputs(model: Path, path: Path, samples: int = 4) -> Path:
+    """Random inputs (batch dim squeezed into the sample axis) for latency when no data is given."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    arrays = {}
+    for name, dims, dtype in _input_specs(model):
+        shape = (samples, *dims[1:]) if dims else (samples,)
+        if np.issubdtype(dtype, np.floating):
+            arrays[name] = rng.standard_normal(shape).astype(dtype)
+        else:
+            arrays[name] = rng.integers(0, 2, size=shape).astype(dtype)
+    np.savez(path, **arrays)
+    return path
+
+
+def _reference_labels(model: Path, data: Path, path: Path) -> int:
+    """argmax of the fp32 model's first output per sample (batch of one), saved as ``labels``.
+
+    Returns the number of classes (elements of that output per sample).
+    """
+    import numpy as np
+    import onnxruntime as ort
+
+    sess = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
+    names = [i.name for i in sess.get_inputs()]
+    with np.load(data) as z:
+        arrays = {k: np.asarray(z[k]) for k in names}
+    n = min(len(v) for v in arrays.values())
+    labels, classes = [], 1
+    for i in range(n):
+        (y,) = sess.run([sess.get_outputs()[0].name], {k: v[i : i + 1] for k, v in arrays.items()})
+        flat = np.asarray(y).reshape(1, -1)
+        classes = flat.shape[1]
+        labels.append(int(flat[0].argmax()))
+    np.savez(path, labels=np.asarray(labels, dtype=np.int64))
+    return classes
+
+
+def workflow_config(
+    model: Path,
+    out: Path,
+    work: Path,
+    *,
+    calibration: Path | None,
+    data: Path | None,
+    labels: Path | None,
+    num_classes: int,
+    max_samples: int,
+    sampler: str = "tpe",
+    accuracy_drop: float = 0.05,
+    max_time: int | None = None,
+) -> dict[str, Any]:
+    """The ``olive run`` config (see the module docstring for what it searches and why)."""
+    script = str(work / _USER_SCRIPT)
+
+    def data_config(name: str, path: Path, labels_path: Path | None = None, post: bool = False) -> dict:
+        params = {"data_path": str(Path(path).resolve())}
+        if labels_path is not None:
+            params["labels_path"] = str(labels_path)
+        cfg = {
+            "name": name,
+            "user_script": script,
+            "load_dataset_config": {"type": "bench_npz_dataset", "params": params},
+            "dataloader_config": {"batch_size": 1},
+        }
+        if post:
+            cfg["post_process_data_config"] = {"type": "bench_argmax"}
+        return cfg
+
+    latency_data = calibration or data or (work / "random_inputs.npz")
+    data_configs = [data_config("latency_data", latency_data)]
+    metrics: list[dict[str, Any]] = []
+    if data is not None and labels is not None:
+        data_configs.append(data_config("accuracy_data", data, labels, post=True))
+        metrics.append(
+            {
+                "name": "agreement",
+                "type": "accuracy",
+                "backend": "torch_metrics",
+                "data_config": "accuracy_data",
+                "sub_types": [
+                    {
+                        "name": "accuracy_score",
+                        "priority": 1,
+                        "metric_config": {"task": "multiclass", "num_classes": max(2, num_classes)},
+                        "goal": {"type": "max-degradation", "value": accuracy_drop},
+                    }
+                ],
+            }
+        )
+    metrics.append(
+        {
+            "name": "latency",
+            "type": "latency",
+            "data_config": "latency_data",
+            "sub_types": [{"name": "avg", "priority": len(metrics) + 1}],
+        }
+    )
+    passes: dict[str, Any] = {}
+    if calibration is not None:
+        data_configs.append(data_config("calibration_data", calibration))
+        passes["quantization"] = {"type": "OnnxQuantization", "data_config": "calibration_data"}
+    else:
+        passes["quantization"] = {"type": "OnnxDynamicQuantization"}
+    passes["session_params"] = {"type": "OrtSessionParamsTuning", "data_config": "latency_data"}
+    search: dict[str, Any] = {
+        "execution_order": "joint",
+        "sampler": sampler,
+        # sampler_config is dropped by Olive 0.13's engine (see above): max_iter is what bounds it
+        "sampler_config": {"max_samples": max_samples, "seed": 0},
+        "max_iter": max(0, max_samples - 1),
+    }
+    if max_time:
+        search["max_time"] = max_time
+    return {
+        "input_model": {"type": "ONNXModel", "model_path": str(Path(model).resolve())},
+        "systems": {
+            "local_system": {
+                "type": "LocalSystem",
+                "accelerators": [{"device": "cpu", "execution_providers": ["CPUExecutionProvider"]}],
+            }
+        },
+        "data_configs": data_configs,
+        "evaluators": {"evaluator": {"type": "OnnxEvaluator", "metrics": metrics}},
+        "passes": passes,
+        "search_strategy": search,
+        "evaluator": "evaluator",
+        "host": "local_system",
+        "target": "local_system",
+        "cache_dir": str(work / "cache"),
+        "output_dir": str(out),
+        "log_severity_level": 1,
+    }
+
+
+def _footprint_summary(out: Path) -> dict[str, Any]:
+    """Metrics of the input and of the output model, and the quantization config chosen."""
+    summary: dict[str, Any] = {}
+    inp = out / "input_model_metrics.json"
+    if inp.is_file():
+        try:
+            summary["input_metrics"] = {k: v.get("value") for k, v in json.loads(inp.read_text()).items()}
+        except (ValueError, AttributeError):
+            pass
+    fp = out / "footprint.json"
+    if not fp.is_file():
+        return summary
+    try:
+        nodes = json.loads(fp.read_text()).get("nodes", {})
+    except ValueError:
+        return summary
+    evaluated = [n for n in nodes.values() if n.get("metrics") and n.get("parent_model_id")]
+    summary["models_evaluated"] = len(evaluated)
+    output_cfg = out / "model_config.json"
+    chosen = None
+    if output_cfg.is_file():
+        settings = json.loads(output_cfg.read_text()).get("config", {}).get("inference_settings")
+        summary["inference_settings"] = settings
+    # the output model is the best evaluated node: find it by its metrics being on the frontier
+    frontier = [n for n in evaluated if n.get("is_pareto_frontier")]
+    chosen = frontier[0] if len(frontier) == 1 else None
+    if chosen is None and evaluated:
+        chosen = None
+    if chosen is not None:
+        value = (chosen.get("metrics") or {}).get("value") or {}
+        summary["output_metrics"] = {k: v.get("value") for k, v in value.items()}
+        parent = nodes.get(chosen.get("parent_model_id") or "", {})
+        summary["quantization_config"] = (parent.get("pass_run_config") or {}).get("config", parent.get("pass_run_config"))
+    summary["frontier_size"] = len(frontier)
+    return summary
+
+
+def run_workflow(
+    model: Path,
+    out: Path,
+    *,
+    calibration: Path | None = None,
+    data: Path | None = None,
+    max_samples: int = 8,
+    timeout: float = 600.0,
+    sampler: str = "tpe",
+    accuracy_drop: float = 0.05,
+) -> dict:
+    """``olive run --config`` with a joint search of at most ``max_samples`` quantization settings.
+
+    ``calibration``: .npz for static quantization (without it only dynamic quantization is
+    searched). ``data``: .npz for the fidelity metric, top-1 agreement of the first output with
+    the fp32 model (labels computed here before the clock starts); ``calibration`` is used when
+    it is None, and with neither the search ranks by latency alone on random inputs.
+    ``accuracy_drop``: the agreement goal (max-degradation), below which Olive keeps no model.
+    """
+    ensure_installed()
+    model = Path(model).resolve()
+    out = _prepare_out(out)
+    calibration = Path(calibration).resolve() if calibration else None
+    data = Path(data).resolve() if data else calibration
+    with tempfile.TemporaryDirectory(prefix="bench-olive-") as tmp_name:
+        tmp = Path(tmp_name)
+        work = tmp / "work"
+        work.mkdir(parents=True)
+        (work / _USER_SCRIPT).write_text(_USER_SCRIPT_TEXT)
+        t0 = time.perf_counter()
+        labels = num_classes = None
+        if data is not None:
+            labels = work / "labels.npz"
+            num_classes = _reference_labels(model, data, labels)
+        if calibration is None and data is None:
+            _random_inputs(model, work / "random_inputs.npz")
+        prep = time.perf_counter() - t0
+        cfg = workflow_config(
+            model, out, work,
+            calibration=calibration, data=data, labels=labels, num_classes=num_classes or 2,
+            max_samples=max_samples, sampler=sampler, accuracy_drop=accuracy_drop,
+            max_time=max(1, int(timeout * 0.6)),
+        )  # fmt: skip
+        cfg_path = out / "olive_config.json"
+        cfg_path.write_text(json.dumps(cfg, indent=2))
+        shutil.copy(work / _USER_SCRIPT, out / _USER_SCRIPT)
+        cmd = [sys.executable, "-m", "olive", "run", "--config", str(cfg_path), "--disable_telemetry"]
+        res = _run(cmd, out, tmp, timeout)
+    lines = Path(res["log"]).read_text(errors="replace").splitlines()
+    res["samples"] = sum("with search point" in ln for ln in lines)
+    res["failed_samples"] = sum(ln.rstrip().endswith("... FAILED.") for ln in lines)
+    res["prep_seconds"] = round(prep, 3)
+    res["config"] = str(cfg_path)
+    res["accuracy_data"] = str(data) if data else None
+    res.update(_footprint_summary(out))
+    return res
+
+
+# ----------------------------------------------------------------------------- checks, CLI
+
+
+def loads_in_onnxruntime(path: str | Path | None) -> bool | str:
+    """True when onnxruntime opens the model on CPU, else the error's first line."""
+    if not path:
+        return "no model"
+    try:
+        import onnxruntime as ort
+
+        ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+        return True
+    except Exception as exc:  # noqa: BLE001 - reported, not handled
+        return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.olive", description=__doc__.split("\n\n")[0])
+    ap.add_argument("model", type=Path)
+    ap.add_argument("out", type=Path, help="folder for the two runs (auto-opt/ and workflow/ under it)")
+    ap.add_argument("--calibration", type=Path)
+    ap.add_argument("--data", type=Path)
+    ap.add_argument("--max-samples", type=int, default=8)
+    ap.add_argument("--timeout", type=float, default=600.0)
+    ap.add_argument("--sampler", default="tpe", choices=["tpe", "random", "sequential"])
+    ap.add_argument("--only", choices=["auto-opt", "workflow"])
+    args = ap.parse_args(argv)
+    results: dict[str, Any] = {}
+    if args.only in (None, "auto-opt"):
+        r = run_auto_opt(args.model, args.out / "auto-opt", calibration=args.calibration, timeout=args.timeout)
+        r["loads_in_onnxruntime"] = loads_in_onnxruntime(r["output"])
+        results["auto_opt"] = r
+    if args.only in (None, "workflow"):
+        r = run_workflow(
+            args.model, args.out / "workflow",
+            calibration=args.calibration, data=args.data, max_samples=args.max_samples,
+            timeout=args.timeout, sampler=args.sampler,
+        )  # fmt: skip
+        r["loads_in_onnxruntime"] = loads_in_onnxruntime(r["output"])
+        results["workflow"] = r
+    print(json.dumps(results, indent=2, default=str))
+    return 0 if all(r["ok"] for r in results.values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
