@@ -42,6 +42,7 @@ Worked around in Olive 0.13 (with pydantic 2.14):
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -91,7 +92,15 @@ _REQUIRED = {
     "opentelemetry.sdk": "opentelemetry-sdk",
 }
 # Installed into OLIVE_DIR when missing from both; never into the project's environment.
-_INSTALLABLE = {"olive", "optuna", "questionary", "torchmetrics", "lightning_utilities", "colorlog", "hf_xet"}
+_INSTALLABLE = {
+    "olive",
+    "optuna",
+    "questionary",
+    "torchmetrics",
+    "lightning_utilities",
+    "colorlog",
+    "hf_xet",
+}
 LOG_TAIL = 40
 _USER_SCRIPT = "olive_npz_data.py"
 _MARKER = ".bench-olive"
@@ -137,17 +146,23 @@ def ensure_installed() -> None:
             "Olive 0.13 needs modules that the project's environment lacks: "
             + ", ".join(f"{m} ({_REQUIRED[m]})" for m in not_ours)
         )
-    pins = sorted({_REQUIRED[m] for m in missing} | ({"olive-ai==0.13.0"} if "olive" in missing else set()))
+    pins = sorted(
+        {_REQUIRED[m] for m in missing} | ({"olive-ai==0.13.0"} if "olive" in missing else set())
+    )
     cmd = [
         sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--upgrade",
         "--target", str(OLIVE_DIR), *pins,
     ]  # fmt: skip
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
-        raise RuntimeError(f"installing {' '.join(pins)} into {OLIVE_DIR} failed: {proc.stderr.strip()[-1000:]}")
+        raise RuntimeError(
+            f"installing {' '.join(pins)} into {OLIVE_DIR} failed: {proc.stderr.strip()[-1000:]}"
+        )
     still = _missing_modules()
     if still:
-        raise RuntimeError(f"Olive's modules still missing after installing into {OLIVE_DIR}: {', '.join(still)}")
+        raise RuntimeError(
+            f"Olive's modules still missing after installing into {OLIVE_DIR}: {', '.join(still)}"
+        )
 
 
 # ----------------------------------------------------------------------------- process
@@ -155,7 +170,9 @@ def ensure_installed() -> None:
 
 def _env(tmp: Path | None) -> dict[str, str]:
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(OLIVE_DIR.resolve()), *filter(None, [os.environ.get("PYTHONPATH")])])
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(OLIVE_DIR.resolve()), *filter(None, [os.environ.get("PYTHONPATH")])]
+    )
     env.update(
         HF_HUB_OFFLINE="1",
         TRANSFORMERS_OFFLINE="1",
@@ -185,7 +202,9 @@ def _prepare_out(out: Path) -> Path:
             raise ValueError(f"{out} is not a folder")
         if any(out.iterdir()):
             if not (out / _MARKER).exists():
-                raise ValueError(f"{out} is not empty and was not written by bench.olive; give an empty folder")
+                raise ValueError(
+                    f"{out} is not empty and was not written by bench.olive; give an empty folder"
+                )
             shutil.rmtree(out)
     out.mkdir(parents=True, exist_ok=True)
     (out / _MARKER).write_text("written by bench/olive.py; emptied on the next run\n")
@@ -257,7 +276,12 @@ def _run(cmd: list[str], out: Path, tmp: Path, timeout: float) -> dict[str, Any]
     t0 = time.perf_counter()
     with log_path.open("w") as log:
         proc = subprocess.Popen(
-            cmd, cwd=work, env=_env(tmp), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            cmd,
+            cwd=work,
+            env=_env(tmp),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
         try:
             rc = proc.wait(timeout=timeout)
@@ -288,30 +312,47 @@ def _run(cmd: list[str], out: Path, tmp: Path, timeout: float) -> dict[str, Any]
     }
 
 
+def _existing(path: Path | None, what: str) -> Path | None:
+    if path is None:
+        return None
+    path = Path(path).resolve()
+    if not path.is_file():
+        raise FileNotFoundError(f"{what} {path} does not exist")
+    return path
+
+
 # ----------------------------------------------------------------------------- auto-opt
 
 
 def run_auto_opt(
-    model: Path, out: Path, *, calibration: Path | None = None, timeout: float = 600.0, precision: str = "int8"
+    model: Path,
+    out: Path,
+    *,
+    calibration: Path | None = None,
+    timeout: float = 600.0,
+    precision: str = "int8",
 ) -> dict:
     """``olive auto-opt`` on an ONNX file for CPUExecutionProvider, output under ``out``.
 
     ``calibration`` is accepted for symmetry but not used: auto-opt on an ONNX model quantizes
     dynamically (OnnxDynamicQuantization) and has no way to take local calibration data.
     """
+    model = _existing(model, "model")
     ensure_installed()
     out = _prepare_out(out)
     with tempfile.TemporaryDirectory(prefix="bench-olive-") as tmp:
         cmd = [
             sys.executable, "-m", "olive", "auto-opt",
-            "-m", str(Path(model).resolve()), "-o", str(out),
+            "-m", str(model), "-o", str(out),
             "--device", "cpu", "--provider", "CPUExecutionProvider",
             "--precision", precision, "--log_level", "1", "--disable_telemetry",
         ]  # fmt: skip
         res = _run(cmd, out, Path(tmp), timeout)
     res["calibration_used"] = False
     if calibration is not None:
-        res["note"] = "auto-opt takes no local calibration data for an ONNX model; it quantizes dynamically"
+        res["note"] = (
+            "auto-opt takes no local calibration data for an ONNX model; it quantizes dynamically"
+        )
     return res
 
 
@@ -368,7 +409,9 @@ def _input_specs(model: Path) -> list[tuple[str, list[int], Any]]:
         if vi.name in inits:
             continue
         t = vi.type.tensor_type
-        dims = [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else 1 for d in t.shape.dim]
+        dims = [
+            d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else 1 for d in t.shape.dim
+        ]
         specs.append((vi.name, dims, helper.tensor_dtype_to_np_dtype(t.elem_type)))
     return specs
 
@@ -415,7 +458,7 @@ def _reference_labels(model: Path, data: Path, path: Path) -> int:
 def workflow_config(
     model: Path,
     out: Path,
-    work: Path,
+    cache_dir: Path,
     *,
     calibration: Path | None,
     data: Path | None,
@@ -426,10 +469,16 @@ def workflow_config(
     accuracy_drop: float = 0.05,
     max_time: int | None = None,
 ) -> dict[str, Any]:
-    """The ``olive run`` config (see the module docstring for what it searches and why)."""
-    script = str(work / _USER_SCRIPT)
+    """The ``olive run`` config (see the module docstring for what it searches and why).
 
-    def data_config(name: str, path: Path, labels_path: Path | None = None, post: bool = False) -> dict:
+    The user script (written by :func:`run_workflow`) and the label/random-input files are in
+    ``out``, so that ``olive run --config out/olive_config.json`` can be repeated by hand.
+    """
+    script = str(out / _USER_SCRIPT)
+
+    def data_config(
+        name: str, path: Path, labels_path: Path | None = None, post: bool = False
+    ) -> dict:
         params = {"data_path": str(Path(path).resolve())}
         if labels_path is not None:
             params["labels_path"] = str(labels_path)
@@ -443,7 +492,7 @@ def workflow_config(
             cfg["post_process_data_config"] = {"type": "bench_argmax"}
         return cfg
 
-    latency_data = calibration or data or (work / "random_inputs.npz")
+    latency_data = calibration or data or (out / "random_inputs.npz")
     data_configs = [data_config("latency_data", latency_data)]
     metrics: list[dict[str, Any]] = []
     if data is not None and labels is not None:
@@ -493,7 +542,9 @@ def workflow_config(
         "systems": {
             "local_system": {
                 "type": "LocalSystem",
-                "accelerators": [{"device": "cpu", "execution_providers": ["CPUExecutionProvider"]}],
+                "accelerators": [
+                    {"device": "cpu", "execution_providers": ["CPUExecutionProvider"]}
+                ],
             }
         },
         "data_configs": data_configs,
@@ -503,46 +554,56 @@ def workflow_config(
         "evaluator": "evaluator",
         "host": "local_system",
         "target": "local_system",
-        "cache_dir": str(work / "cache"),
+        "cache_dir": str(cache_dir),
         "output_dir": str(out),
         "log_severity_level": 1,
     }
 
 
 def _footprint_summary(out: Path) -> dict[str, Any]:
-    """Metrics of the input and of the output model, and the quantization config chosen."""
+    """Metrics of the input and of the output model, and the quantization settings it came from."""
     summary: dict[str, Any] = {}
     inp = out / "input_model_metrics.json"
     if inp.is_file():
-        try:
-            summary["input_metrics"] = {k: v.get("value") for k, v in json.loads(inp.read_text()).items()}
-        except (ValueError, AttributeError):
-            pass
-    fp = out / "footprint.json"
-    if not fp.is_file():
-        return summary
+        with contextlib.suppress(ValueError, AttributeError):
+            summary["input_metrics"] = {
+                k: v.get("value") for k, v in json.loads(inp.read_text()).items()
+            }
     try:
-        nodes = json.loads(fp.read_text()).get("nodes", {})
-    except ValueError:
+        nodes = json.loads((out / "footprint.json").read_text())  # {model_id: node}
+    except (OSError, ValueError):
         return summary
-    evaluated = [n for n in nodes.values() if n.get("metrics") and n.get("parent_model_id")]
-    summary["models_evaluated"] = len(evaluated)
-    output_cfg = out / "model_config.json"
-    chosen = None
-    if output_cfg.is_file():
-        settings = json.loads(output_cfg.read_text()).get("config", {}).get("inference_settings")
-        summary["inference_settings"] = settings
-    # the output model is the best evaluated node: find it by its metrics being on the frontier
+    evaluated = [
+        n
+        for n in nodes.values()
+        if (n.get("metrics") or {}).get("value") and n.get("parent_model_id")
+    ]
     frontier = [n for n in evaluated if n.get("is_pareto_frontier")]
-    chosen = frontier[0] if len(frontier) == 1 else None
-    if chosen is None and evaluated:
-        chosen = None
-    if chosen is not None:
-        value = (chosen.get("metrics") or {}).get("value") or {}
-        summary["output_metrics"] = {k: v.get("value") for k, v in value.items()}
-        parent = nodes.get(chosen.get("parent_model_id") or "", {})
-        summary["quantization_config"] = (parent.get("pass_run_config") or {}).get("config", parent.get("pass_run_config"))
+    summary["models_evaluated"] = len(evaluated)
     summary["frontier_size"] = len(frontier)
+
+    def rank(node: dict) -> tuple:  # Olive's own order: objectives in priority order, best first
+        m = node["metrics"]
+        return tuple(m["value"][k]["value"] * d for k, d in (m.get("cmp_direction") or {}).items())
+
+    if frontier:
+        best = max(frontier, key=rank)
+        summary["output_metrics"] = {k: v.get("value") for k, v in best["metrics"]["value"].items()}
+        chain = []
+        node = best
+        while node and node.get("from_pass"):
+            cfg = {
+                k: v
+                for k, v in (node.get("pass_run_config") or {}).items()
+                if v is not None and k not in ("data_config", "user_script", "script_dir")
+            }
+            chain.append({"pass": node["from_pass"], "config": cfg})
+            node = nodes.get(node.get("parent_model_id") or "")
+        summary["passes"] = chain[::-1]
+        settings = ((best.get("model_config_data") or {}).get("config") or {}).get(
+            "inference_settings"
+        )
+        summary["inference_settings"] = settings
     return summary
 
 
@@ -565,34 +626,39 @@ def run_workflow(
     it is None, and with neither the search ranks by latency alone on random inputs.
     ``accuracy_drop``: the agreement goal (max-degradation), below which Olive keeps no model.
     """
+    model = _existing(model, "model")
+    calibration = _existing(calibration, "calibration data")
+    data = _existing(data, "data") or calibration
     ensure_installed()
-    model = Path(model).resolve()
     out = _prepare_out(out)
-    calibration = Path(calibration).resolve() if calibration else None
-    data = Path(data).resolve() if data else calibration
     with tempfile.TemporaryDirectory(prefix="bench-olive-") as tmp_name:
         tmp = Path(tmp_name)
-        work = tmp / "work"
-        work.mkdir(parents=True)
-        (work / _USER_SCRIPT).write_text(_USER_SCRIPT_TEXT)
+        (out / _USER_SCRIPT).write_text(_USER_SCRIPT_TEXT)
         t0 = time.perf_counter()
         labels = num_classes = None
         if data is not None:
-            labels = work / "labels.npz"
+            labels = out / "labels.npz"
             num_classes = _reference_labels(model, data, labels)
         if calibration is None and data is None:
-            _random_inputs(model, work / "random_inputs.npz")
+            _random_inputs(model, out / "random_inputs.npz")
         prep = time.perf_counter() - t0
         cfg = workflow_config(
-            model, out, work,
+            model, out, tmp / "cache",
             calibration=calibration, data=data, labels=labels, num_classes=num_classes or 2,
             max_samples=max_samples, sampler=sampler, accuracy_drop=accuracy_drop,
             max_time=max(1, int(timeout * 0.6)),
         )  # fmt: skip
         cfg_path = out / "olive_config.json"
         cfg_path.write_text(json.dumps(cfg, indent=2))
-        shutil.copy(work / _USER_SCRIPT, out / _USER_SCRIPT)
-        cmd = [sys.executable, "-m", "olive", "run", "--config", str(cfg_path), "--disable_telemetry"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "olive",
+            "run",
+            "--config",
+            str(cfg_path),
+            "--disable_telemetry",
+        ]
         res = _run(cmd, out, tmp, timeout)
     lines = Path(res["log"]).read_text(errors="replace").splitlines()
     res["samples"] = sum("with search point" in ln for ln in lines)
@@ -616,14 +682,16 @@ def loads_in_onnxruntime(path: str | Path | None) -> bool | str:
 
         ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
         return True
-    except Exception as exc:  # noqa: BLE001 - reported, not handled
+    except Exception as exc:  # reported, not handled
         return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.olive", description=__doc__.split("\n\n")[0])
     ap.add_argument("model", type=Path)
-    ap.add_argument("out", type=Path, help="folder for the two runs (auto-opt/ and workflow/ under it)")
+    ap.add_argument(
+        "out", type=Path, help="folder for the two runs (auto-opt/ and workflow/ under it)"
+    )
     ap.add_argument("--calibration", type=Path)
     ap.add_argument("--data", type=Path)
     ap.add_argument("--max-samples", type=int, default=8)
@@ -633,7 +701,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = ap.parse_args(argv)
     results: dict[str, Any] = {}
     if args.only in (None, "auto-opt"):
-        r = run_auto_opt(args.model, args.out / "auto-opt", calibration=args.calibration, timeout=args.timeout)
+        r = run_auto_opt(
+            args.model, args.out / "auto-opt", calibration=args.calibration, timeout=args.timeout
+        )
         r["loads_in_onnxruntime"] = loads_in_onnxruntime(r["output"])
         results["auto_opt"] = r
     if args.only in (None, "workflow"):

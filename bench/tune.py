@@ -476,6 +476,46 @@ def run_model(m: Model, cache: Path, out: Path, budget: float) -> dict[str, Any]
     }
 
 
+def budget_check(m: Model, cache: Path, out: Path, budgets: list[float]) -> list[dict[str, Any]]:
+    """Searches with budgets too short to converge: how far past its budget each ended, against
+    its longest trial (a build plus its screening) and the finalists' judgement."""
+    from graphtrim.data import input_specs, load_npz
+    from graphtrim.gates import GatePolicy
+    from graphtrim.tune.search import TuneSettings, tune
+
+    v1, calib_path, eval_path = m.files(cache, 0)
+    specs = input_specs(v1)
+    calib = load_npz(calib_path, specs, batch_size=1) if m.calibrated else None
+    data = load_npz(eval_path, specs, batch_size=1)
+    rows = []
+    for budget in budgets:
+        log.info("%s: a search with a budget of %.0f s", m.name, budget)
+        t0 = time.perf_counter()
+        result = tune(
+            v1,
+            out / f"budget-{m.name}-{budget:.0f}",
+            policy=GatePolicy(POLICY),
+            data=data,
+            calibration=calib,
+            kinds=m.kinds,
+            settings=TuneSettings(budget_s=budget),
+        )
+        wall = time.perf_counter() - t0
+        rows.append(
+            {
+                "model": m.name,
+                "budget_s": budget,
+                "wall_s": wall,
+                "over_s": wall - budget,
+                "longest_build_s": max((t.build_s for t in result.trials), default=0.0),
+                "trials": len(result.trials),
+                "stopped": result.stopped,
+                "champion": result.champion.candidate.key if result.champion else None,
+            }
+        )
+    return rows
+
+
 def _f(v: Any, spec: str) -> str:
     return "-" if v is None else format(v, spec)
 
@@ -508,6 +548,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--models", nargs="*", default=list(MODELS), choices=list(MODELS))
     ap.add_argument("--budget", type=float, default=300.0, help="seconds per search")
+    ap.add_argument(
+        "--budget-check",
+        type=float,
+        nargs="*",
+        default=[30.0, 90.0],
+        help="budgets (s) of the searches that check how far past its budget a search ends "
+        "(on the encoder; none: skipped)",
+    )
     ap.add_argument("--cache", type=Path, default=ROOT / "models" / "tune")
     ap.add_argument("--out", type=Path, default=ROOT / "results-tune")
     args = ap.parse_args(argv)
@@ -518,9 +566,26 @@ def main(argv: list[str] | None = None) -> int:
     results = []
     for name in args.models:
         results.append(run_model(MODELS[name], args.cache, args.out, args.budget))
-        (args.out / "results.json").write_text(json.dumps(results, indent=2))
+        (args.out / "results.json").write_text(json.dumps({"models": results}, indent=2))
         (args.out / "results.md").write_text(render(results))
-    print(render(results))
+    checks: list[dict[str, Any]] = []
+    if args.budget_check:
+        checks = budget_check(MODELS["bert-256x4"], args.cache, args.out, args.budget_check)
+        lines = [
+            "",
+            "| model | budget s | wall s | past the budget s | longest build s | trials | stopped |",
+            "|---|---:|---:|---:|---:|---:|---|",
+        ]
+        lines += [
+            f"| {c['model']} | {c['budget_s']:.0f} | {c['wall_s']:.1f} | {c['over_s']:+.1f} "
+            f"| {c['longest_build_s']:.1f} | {c['trials']} | {c['stopped']} |"
+            for c in checks
+        ]
+        (args.out / "results.md").write_text(render(results) + "\n".join(lines) + "\n")
+    (args.out / "results.json").write_text(
+        json.dumps({"models": results, "budget": checks}, indent=2)
+    )
+    print((args.out / "results.md").read_text())
     return 0
 
 

@@ -81,8 +81,8 @@ def _params(device: str) -> dict[str, Param]:
         "tune": Param(
             None,
             type=["null", "string"],
-            description="search the variants' settings for this long (e.g. 10m; graphtrim tune); "
-            "none: the fixed recipes",
+            description="search each variant's settings for this long (e.g. 10m; graphtrim "
+            "tune), a mapped task per variant; none: the fixed recipes",
         ),
         "calibration": Param(None, type=["null", "string"], description=".npz calibration data"),
         "eval_data": Param(None, type=["null", "string"], description=".npz evaluation data"),

@@ -105,6 +105,9 @@ CONFIG: tuple[RunParameter, ...] = (
     RunParameter("policy", "--policy-json", str, "{}"),
     RunParameter("calibration", "--calibration", str, ""),
     RunParameter("eval_data", "--eval-data", str, ""),
+    # each variant's settings search (e.g. "10m"; graphtrim tune), in its ParallelFor step;
+    # "": the fixed recipes
+    RunParameter("tune", "--tune", str, ""),
 )
 """The run's configuration, passed to every step: the pipeline's parameters after ``model_uri``
 and every step's options, in this order."""

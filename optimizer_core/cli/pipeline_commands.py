@@ -99,10 +99,10 @@ def _add_pipeline_args(p: argparse.ArgumentParser) -> None:
         type=_tune_budget,
         default=None,
         metavar="DURATION",
-        help="search the variants' settings for that long (e.g. 10m; graphtrim tune): the "
-        "variant of the kind the search picks is built with the settings it found, the others "
-        "with their fixed recipes; the winning settings are kept on the source's registered "
-        "model, and the next version of the same graph starts from them",
+        help="search each variant's settings over its own knobs for that long (e.g. 10m; "
+        "graphtrim tune): the champion is the variant, a kind whose search finds none gets its "
+        "fixed recipe; the winning settings are kept on the source's registered model, and the "
+        "next version of the same graph starts from them",
     )
     p.add_argument("--workdir", help="scratch folder (default: the system's temporary folder)")
     p.add_argument(

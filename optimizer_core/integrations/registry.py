@@ -748,19 +748,23 @@ def _quote(value: str) -> str:
 
 class RegistryTuneMemory:
     """The settings search's memory (:mod:`graphtrim.tune.memory`) on a registered model: a
-    tag per device (``graphtrim.tune.cpu``) holding the champion of the newest search and
-    the graph signature it was found for. A version with another signature starts afresh."""
+    tag per device and scope (``graphtrim.tune.cpu.int8-static``: the kinds searched) holding
+    the champion of the newest search and the graph signature it was found for. A version with
+    another signature starts afresh."""
 
     LIMIT = 7500  # characters of a tag value kept; the nodes kept in float go first beyond it
 
-    def __init__(self, registry: Registry, name: str) -> None:
-        self.registry, self.name = registry, name
+    def __init__(self, registry: Registry, name: str, *, scope: str | None = None) -> None:
+        self.registry, self.name, self.scope = registry, name, scope
+
+    def _tag(self, device: str) -> str:
+        return TUNE_TAG + device + (f".{self.scope}" if self.scope else "")
 
     def recall(self, signature: str, device: str) -> dict[str, Any] | None:
         rm = self.registry._call(
             f"registered model '{self.name}'", self.registry.client.get_registered_model, self.name
         )
-        raw = (rm.tags or {}).get(TUNE_TAG + device)
+        raw = (rm.tags or {}).get(self._tag(device))
         try:
             doc = json.loads(raw) if raw else None
         except ValueError:
@@ -782,9 +786,9 @@ class RegistryTuneMemory:
             f"registered model '{self.name}'",
             self.registry.client.set_registered_model_tag,
             self.name,
-            TUNE_TAG + device,
+            self._tag(device),
             text,
         )
 
     def describe(self) -> str:
-        return f"registered model '{self.name}' at {self.registry.where}"
+        return f"tag {self._tag('<device>')} of registered model '{self.name}' at {self.registry.where}"

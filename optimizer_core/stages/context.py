@@ -84,8 +84,8 @@ class PipelineConfig:
     # (block_size, weight_symmetric, weight_algorithm, weight_form, accuracy_level,
     # quantize_embeddings); None: the defaults
     weights: Mapping[str, Any] | None = None
-    # seconds for the settings search (graphtrim.tune): the variant of the kind the search
-    # picks is built with the settings it found, the others with their fixed recipes; None: no
+    # seconds for each variant's settings search (graphtrim.tune, over the variant's own
+    # knobs): the champion is the variant, a kind without one gets its fixed recipe; None: no
     # search
     tune: float | None = None
 

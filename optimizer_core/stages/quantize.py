@@ -2,9 +2,10 @@
 
 Each variant is built from the graph-optimized model; int8 and fp16 variants that fail their
 accuracy gate are rebuilt with their most sensitive nodes in float, within the budget of
-attempts. With ``tune`` in the config, a settings search (:mod:`graphtrim.tune`) runs first
-over the requested kinds: its champion is the variant of its kind, the other kinds are built
-with their fixed recipes. The pipeline builds each variant in a child process (:func:`build_job`) and stores it;
+attempts. With ``tune`` in the config, each requested kind's settings are searched first
+(:mod:`graphtrim.tune`, over that kind's knobs, ``tune`` seconds each; an orchestrator that maps
+a task per variant runs the searches on as many workers): the champion is the variant, and a
+kind whose search finds none is built with its fixed recipe. The pipeline builds each variant in a child process (:func:`build_job`) and stores it;
 ``graphtrim variants`` builds them in this process (:func:`build_variants`) beside its input.
 """
 
@@ -140,25 +141,31 @@ def _tuned(
     run_id: str,
     opt: OptimizeRecord,
 ) -> list[str]:
-    """Run the settings search over the ``wanted`` kinds in a child process, store its champion
-    as the variant of its kind (with what the search found in its record), keep the winning
-    settings on the source's registered model, log every trial; returns the kinds still to be
-    built with their fixed recipes."""
+    """Search the settings of each ``wanted`` kind over its own knobs (a child process each,
+    ``config.tune`` seconds each), store each champion as the variant of its kind (with what
+    the search found in its record), keep the winning settings on the source's registered
+    model, log every trial; returns the kinds whose search found no champion, to be built with
+    their fixed recipes."""
     from graphtrim.integrations.registry import RegistryTuneMemory
     from graphtrim.isolation import map_isolated
     from graphtrim.tune.memory import graph_signature
+    from graphtrim.tune.report import summary
 
     assert config.tune is not None
-    memory = RegistryTuneMemory(ctx.registry(), source["name"])
+    registry = ctx.registry()
+    memories = {k: RegistryTuneMemory(registry, source["name"], scope=k) for k in wanted}
     signature = graph_signature(base)
-    remembered = memory.recall(signature, config.device)
-    ctx.say(
-        f"quantize: searching settings of {', '.join(wanted)} for {config.tune:.0f} s"
-        + (f", from the remembered {remembered.get('key')}" if remembered else "")
-    )
-    (outcome,) = map_isolated(
+    items = []
+    for kind in wanted:
+        remembered = memories[kind].recall(signature, config.device)
+        ctx.say(
+            f"quantize: searching the settings of {kind} for {config.tune:.0f} s"
+            + (f", from the remembered {remembered.get('key')}" if remembered else "")
+        )
+        items.append({"kind": kind, "remembered": remembered, "where": memories[kind].describe()})
+    outcomes = map_isolated(
         "graphtrim.stages.quantize:tune_job",
-        [wanted],
+        items,
         common={
             "src": str(base),
             "out": str(tmp / "tuned"),
@@ -169,72 +176,72 @@ def _tuned(
             "device": config.device,
             "tensorrt": config.tensorrt,
             "budget": config.tune,
-            "remembered": remembered,
-            "memory_where": memory.describe(),
         },
         # the budget, the judgement it may overrun by, and the fixed time a child needs
         timeout=max(ctx.child_timeout, 2 * config.tune + 600),
-        what=lambda _k: "searching settings",
+        what=lambda item: f"searching the settings of {item['kind']}",
         on_step=lambda line: ctx.say(f"quantize: tune: {line}"),
         fresh=True,
     )
-    if isinstance(outcome, BaseException):
-        logger.warning("quantize: the settings search failed: %s", outcome)
-        mlflow.set_tag(run_id, f"{T}tune.error", redact(outcome)[:5000])
-        ctx.say(f"quantize: the settings search failed ({outcome}): fixed recipes only")
-        return wanted
-    result, remember = outcome
-    from graphtrim.tune.report import summary
+    fixed = []
+    for kind, outcome in zip(wanted, outcomes, strict=True):
+        if isinstance(outcome, BaseException):
+            logger.warning("quantize: the settings search of %s failed: %s", kind, outcome)
+            mlflow.set_tag(run_id, f"{T}tune.error.{kind}", redact(outcome)[:5000])
+            ctx.say(f"quantize: the search of {kind} failed ({outcome}): its fixed recipe")
+            fixed.append(kind)
+            continue
+        result, remember = outcome
+        doc = result.to_json()
+        mlflow.log_dict(run_id, doc, f"graphtrim/tune-{kind}.json")
+        _log_trials(mlflow, run_id, result)
+        ctx.say(f"quantize: tune {kind}: {summary(doc)}")
+        champion = result.champion
+        if champion is None or result.output is None:
+            mlflow.set_tag(run_id, f"{T}tune.champion.{kind}", "none")
+            fixed.append(kind)
+            continue
+        if remember is not None:
+            memories[kind].remember(signature, config.device, remember)
+        stored = store.put_model(
+            Path(result.output),
+            model=source["name"],
+            version=source["version"],
+            stage=f"variant-{kind}",
+            parents=[opt.model["sha256"]] if opt.model else [],
+            config_hash=config.config_hash,
+            extra={"variant": kind, "tuned": champion.candidate.key},
+        )
+        mlflow.set_tag(run_id, f"{T}tune.champion.{kind}", champion.candidate.key[:5000])
+        record.variants[kind] = {
+            "model": stored.to_json(),
+            "attempts": 1,
+            "excluded": champion.excluded,
+            "accuracy_passed": champion.accuracy_passed,
+            "conversion": None,
+            "agreement": None,
+            "tuning": {
+                "key": champion.candidate.key,
+                "settings": champion.candidate.overrides(),
+                "trials": len(result.trials),
+                "seconds": round(result.seconds, 1),
+                "mode": result.mode,
+                "stopped": result.stopped,
+                "signature": result.signature,
+                "speedup_p50": champion.speedup,
+                "against_recipe": result.against_recipe(),
+            },
+        }
+    return fixed
 
-    doc = result.to_json()
-    mlflow.log_dict(run_id, doc, "graphtrim/tune.json")
-    _log_trials(mlflow, run_id, result)
-    ctx.say(f"quantize: tune: {summary(doc)}")
-    champion = result.champion
-    if champion is None or result.output is None:
-        mlflow.set_tag(run_id, f"{T}tune.champion", "none")
-        return wanted
-    kind = champion.candidate.kind
-    if remember is not None:
-        memory.remember(signature, config.device, remember)
-    stored = store.put_model(
-        Path(result.output),
-        model=source["name"],
-        version=source["version"],
-        stage=f"variant-{kind}",
-        parents=[opt.model["sha256"]] if opt.model else [],
-        config_hash=config.config_hash,
-        extra={"variant": kind, "tuned": champion.candidate.key},
-    )
-    mlflow.set_tag(run_id, f"{T}tune.champion", champion.candidate.key[:5000])
-    record.variants[kind] = {
-        "model": stored.to_json(),
-        "attempts": 1,
-        "excluded": champion.excluded,
-        "accuracy_passed": champion.accuracy_passed,
-        "conversion": None,
-        "agreement": None,
-        "tuning": {
-            "key": champion.candidate.key,
-            "settings": champion.candidate.overrides(),
-            "trials": len(result.trials),
-            "seconds": round(result.seconds, 1),
-            "mode": result.mode,
-            "stopped": result.stopped,
-            "signature": result.signature,
-            "speedup_p50": champion.speedup,
-            "against_recipe": result.against_recipe(),
-        },
-    }
-    return [v for v in wanted if v != kind]
 
-
-def tune_job(kinds: Sequence[str], **job: Any) -> Any:
-    """The settings search as a child process runs it (:mod:`graphtrim.isolation`): ``src``
-    (the optimized model, the search's reference too), ``out``, ``config``, ``calibration`` and
-    ``data`` (:class:`EvalData`), ``policy``, ``device``, ``tensorrt``, ``budget`` (seconds),
-    ``remembered`` (the memory's entry for this graph, or None) and ``memory_where``. Returns
-    (the :class:`~graphtrim.tune.search.TuneResult`, the entry to remember or None)."""
+def tune_job(item: Mapping[str, Any], **job: Any) -> Any:
+    """One kind's settings search as a child process runs it (:mod:`graphtrim.isolation`):
+    ``item`` holds the ``kind``, the memory's entry for this graph (``remembered``, or None)
+    and where it is kept (``where``); ``job``: ``src`` (the optimized model, the search's
+    reference too), ``out``, ``config``, ``calibration`` and ``data`` (:class:`EvalData`),
+    ``policy``, ``device``, ``tensorrt``, ``budget`` (seconds). Returns (the
+    :class:`~graphtrim.tune.search.TuneResult`, the entry to remember or None)."""
     from graphtrim.isolation import step
     from graphtrim.stages.context import parse_policy
     from graphtrim.tune.memory import HeldMemory
@@ -243,16 +250,16 @@ def tune_job(kinds: Sequence[str], **job: Any) -> Any:
     policy = job["policy"]
     if policy is None or isinstance(policy, Mapping):
         policy = parse_policy(policy)
-    memory = HeldMemory(job["remembered"], job["memory_where"])
+    memory = HeldMemory(item["remembered"], item["where"])
     result = tune(
         job["src"],
-        job["out"],
+        Path(job["out"]) / item["kind"],
         device=job["device"],
         policy=policy,
         data=job["data"],
         calibration=job["calibration"],
         config=job["config"],
-        kinds=list(kinds),
+        kinds=[item["kind"]],
         settings=TuneSettings(budget_s=job["budget"]),
         memory=memory,
         tensorrt=job["tensorrt"],

@@ -194,6 +194,7 @@ def test_config_parameters_are_declared_once() -> None:
         "policy",
         "calibration",
         "eval_data",
+        "tune",
     )
     tokens = Counter(
         t.string.strip("\"'")
