@@ -595,7 +595,10 @@ def _footprint_summary(out: Path) -> dict[str, Any]:
             cfg = {
                 k: v
                 for k, v in (node.get("pass_run_config") or {}).items()
-                if v is not None and k not in ("data_config", "user_script", "script_dir")
+                # a search parameter left in the config is one this sample did not use
+                if v is not None
+                and k not in ("data_config", "user_script", "script_dir")
+                and not (isinstance(v, dict) and "olive_parameter_type" in v)
             }
             chain.append({"pass": node["from_pass"], "config": cfg})
             node = nodes.get(node.get("parent_model_id") or "")

@@ -476,6 +476,105 @@ def run_model(m: Model, cache: Path, out: Path, budget: float) -> dict[str, Any]
     }
 
 
+def olive_compare(
+    m: Model, cache: Path, out: Path, *, max_samples: int, timeout: float
+) -> dict[str, Any] | None:
+    """Olive 0.13 on the same file: ``olive auto-opt`` and a JSON workflow whose search covers
+    its quantization space (``bench.olive``), each a fresh process; then their outputs and the
+    champion of this bench's search (``out/<model>/tuned-v1``) judged in one run against the
+    reference, under the same gates."""
+    from bench import olive
+    from graphtrim.data import input_specs, load_npz
+    from graphtrim.gates import GatePolicy, evaluate
+
+    folder = out / m.name
+    tuned = json.loads((folder / "tuned-v1" / "tune.json").read_text())
+    if not tuned.get("output"):
+        log.info("%s: no champion to compare with Olive", m.name)
+        return None
+    v1, calib_path, eval_path = m.files(cache, 0)
+    shutil.rmtree(folder / "olive", ignore_errors=True)
+    log.info("%s: olive auto-opt", m.name)
+    auto = olive.run_auto_opt(v1, folder / "olive" / "auto-opt", timeout=timeout)
+    log.info("%s: olive workflow search (%d samples at most)", m.name, max_samples)
+    search = olive.run_workflow(
+        v1,
+        folder / "olive" / "workflow",
+        calibration=calib_path if m.calibrated else None,
+        data=calib_path,
+        max_samples=max_samples,
+        timeout=timeout,
+    )
+    outputs = {"graphtrim": Path(tuned["output"])}
+    for name, run in (("olive-auto-opt", auto), ("olive-search", search)):
+        if run.get("ok") and run.get("output"):
+            outputs[name] = Path(run["output"])
+    specs = input_specs(v1)
+    data = load_npz(eval_path, specs, batch_size=1)
+    champion_kind = tuned["champion"]["kind"]
+    # the same gates for all: Olive's outputs are held to int8-static's, which int8-dynamic's
+    # equal (size 0.35x, the accuracy defaults)
+    kinds = {n: champion_kind if n == "graphtrim" else "int8-static" for n in outputs}
+    ev = evaluate(
+        v1,
+        outputs,
+        policy=GatePolicy({**POLICY, "defaults": {**POLICY["defaults"], "latency": {"runs": 400}}}),
+        data=data,
+        kinds=kinds,
+    )
+    judged = {
+        v.name: {
+            "passed": v.passed,
+            "speedup": _speedup(v),
+            "size_ratio": (v.gate("size").measured.get("ratio") if v.gate("size") else None),
+            "failed": [f"{g.gate}: {'; '.join(g.reasons)}" for g in v.gates if not g.passed],
+        }
+        for v in ev.variants
+    }
+    return {
+        "model": m.name,
+        "graphtrim_tune_s": tuned["seconds"],
+        "graphtrim_champion": tuned["champion"]["key"],
+        "olive_auto_opt_s": auto.get("seconds"),
+        "olive_auto_opt_error": auto.get("error"),
+        "olive_search_s": search.get("seconds"),
+        "olive_search_error": search.get("error"),
+        "olive_search_samples": search.get("samples"),
+        "olive_search_passes": search.get("passes"),
+        "judged": judged,
+    }
+
+
+def render_olive(rows: list[dict[str, Any]]) -> str:
+    lines = [
+        "| model | graphtrim search s | graphtrim champion speedup | Olive auto-opt s | its speedup "
+        "| Olive search s | its speedup | champion / best Olive that passed |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+
+    def cell(j: dict[str, Any] | None) -> str:
+        if not j:
+            return "failed"
+        mark = "" if j["passed"] else " (fails gates)"
+        return f"{_f(j['speedup'], '.2f')}x{mark}"
+
+    for r in rows:
+        j = r["judged"]
+        best = max(
+            (v["speedup"] or 0 for k, v in j.items() if k != "graphtrim" and v["passed"]),
+            default=None,
+        )
+        ours = (j.get("graphtrim") or {}).get("speedup")
+        ratio = ours / best if ours and best else None
+        lines.append(
+            f"| {r['model']} | {r['graphtrim_tune_s']:.0f} | {cell(j.get('graphtrim'))} "
+            f"| {_f(r['olive_auto_opt_s'], '.0f')} | {cell(j.get('olive-auto-opt'))} "
+            f"| {_f(r['olive_search_s'], '.0f')} | {cell(j.get('olive-search'))} "
+            f"| {_f(ratio, '.2f') if best else 'no Olive output passed'} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
 def budget_check(m: Model, cache: Path, out: Path, budgets: list[float]) -> list[dict[str, Any]]:
     """Searches with budgets too short to converge: how far past its budget each ended, against
     its longest trial (a build plus its screening) and the finalists' judgement."""
@@ -556,6 +655,14 @@ def main(argv: list[str] | None = None) -> int:
         help="budgets (s) of the searches that check how far past its budget a search ends "
         "(on the encoder; none: skipped)",
     )
+    ap.add_argument(
+        "--olive",
+        action="store_true",
+        help="only the comparison with Olive 0.13 (installed into bench/.olive), on the "
+        "champions of an earlier run in --out",
+    )
+    ap.add_argument("--olive-samples", type=int, default=16, help="Olive search's samples at most")
+    ap.add_argument("--olive-timeout", type=float, default=900.0)
     ap.add_argument("--cache", type=Path, default=ROOT / "models" / "tune")
     ap.add_argument("--out", type=Path, default=ROOT / "results-tune")
     args = ap.parse_args(argv)
@@ -563,6 +670,26 @@ def main(argv: list[str] | None = None) -> int:
     for noisy in ("torch", "torch.onnx", "onnxruntime", "graphtrim"):
         logging.getLogger(noisy).setLevel(logging.ERROR)
     args.out.mkdir(parents=True, exist_ok=True)
+    if args.olive:
+        rows = []
+        for name in args.models:
+            if not MODELS[name].calibrated:
+                # the Olive runner feeds the .npz's arrays as the model's inputs: a KV-cache
+                # decoder's token data holds input_ids alone
+                continue
+            row = olive_compare(
+                MODELS[name],
+                args.cache,
+                args.out,
+                max_samples=args.olive_samples,
+                timeout=args.olive_timeout,
+            )
+            if row is not None:
+                rows.append(row)
+            (args.out / "olive.json").write_text(json.dumps(rows, indent=2))
+            (args.out / "olive.md").write_text(render_olive(rows))
+        print(render_olive(rows))
+        return 0
     results = []
     for name in args.models:
         results.append(run_model(MODELS[name], args.cache, args.out, args.budget))
