@@ -38,7 +38,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from graphtrim.errors import GraphtrimError
+from graphtrim.errors import GraphtrimError, PassFailure, VerificationError
 from graphtrim.tune.space import DEVICE_KINDS, Candidate, check_kinds, neighbours, start_points
 
 logger = logging.getLogger("graphtrim.tune")
@@ -380,6 +380,8 @@ class _Search:
                 accuracy_check=timed_check,
             )
         except (QuantizeError, GraphtrimError) as exc:
+            if isinstance(exc, VerificationError | PassFailure):  # a defect of graphtrim's
+                logger.error("trial %d (%s): %s", trial.number, candidate.key, exc)
             trial.status, trial.error = "failed", " ".join(str(exc).split())
             trial.build_s = time.perf_counter() - t0
             self.say(f"trial {trial.number}: not built: {trial.error}")
@@ -584,6 +586,18 @@ class _Search:
             final.append(recipe)
         return final
 
+    def decide(self) -> tuple[Trial | None, dict[str, Any] | None]:
+        """Halve, judge the finalists; when none passes (a screening subset can pass where all
+        the data fails), the next best candidates not judged yet, while the budget allows."""
+        champion, evaluation = self.judge(self.halve())
+        while champion is None:
+            rest = [t for t in self.ranked() if t.verdict is None][: self.settings.finalists]
+            if not rest or not self.room_for(0.0, len(rest)):
+                break
+            self.say("no finalist passed every gate: judging the next candidates")
+            champion, evaluation = self.judge(rest)
+        return champion, evaluation
+
     def judge(self, finalists: Sequence[Trial]) -> tuple[Trial | None, dict[str, Any] | None]:
         from graphtrim.gates.evaluate import evaluate
 
@@ -727,7 +741,7 @@ def tune(
             if remembered_trial is None or not remembered_trial.feasible:
                 notes.append("the remembered settings failed their gates here: full search")
             else:
-                champion, evaluation = search.judge(search.halve())
+                champion, evaluation = search.decide()
                 if champion is None:
                     notes.append("no finalist of the remembered neighbourhood passed: full search")
             if champion is None:
@@ -743,7 +757,7 @@ def tune(
                     f"(its ops: {', '.join(sorted(ops))})"
                 )
             stopped = search.explore(starts, rounds=settings.max_rounds)
-            champion, evaluation = search.judge(search.halve())
+            champion, evaluation = search.decide()
         output = None
         if champion is not None and champion.path is not None:
             output = str(out / f"{src.stem}.tuned.onnx")

@@ -510,6 +510,22 @@ def test_a_dag_run_without_a_policy_takes_the_workers_deployment_policy(
         plan_run(conf, "cpu")
 
 
+def test_a_dag_run_asks_for_a_settings_search() -> None:
+    """The ``tune`` param (a duration) reaches the config as seconds; a bad one fails the run
+    before any work."""
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from graphtrim.airflow.operators import plan_run
+
+    conf = {"model_name": "m", "version": "1", "variants": ["int8-static"], "preset": "default"}
+    assert plan_run(conf, "cpu")["config"]["tune"] is None
+    assert plan_run({**conf, "tune": ""}, "cpu")["config"]["tune"] is None
+    assert plan_run({**conf, "tune": "10m"}, "cpu")["config"]["tune"] == 600.0
+    assert plan_run({**conf, "tune": "90"}, "gpu")["config"]["tune"] == 90.0
+    with pytest.raises(AirflowFailException, match="not a duration"):
+        plan_run({**conf, "tune": "ten minutes"}, "cpu")
+
+
 def test_a_dag_run_chooses_the_weight_only_settings() -> None:
     """The ``weights`` param reaches the config every later task builds from; settings no
     variant can take fail the run before any work."""

@@ -308,6 +308,36 @@ def test_a_kind_whose_recipe_misses_a_gate_is_searched_from_its_nearest_miss(
     assert result.champion.size_ratio < recipe.size_ratio
 
 
+def test_when_no_finalist_passes_the_next_candidates_are_judged(
+    digits_task: DigitsTask, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The finalists' full judgement fails (here: made to, as all the data can fail where the
+    screening subset passed): the next best candidates are judged, and one of them wins."""
+    real_judge = search_mod._Search.judge
+    groups: list[list[str]] = []
+
+    def judge(self: Any, finalists: Any) -> Any:
+        groups.append([t.candidate.key for t in finalists])
+        if len(groups) == 1:
+            for t in finalists:
+                t.verdict = {"passed": False, "gates": {}, "reasons": ["made to fail"]}
+            return None, None
+        return real_judge(self, finalists)
+
+    monkeypatch.setattr(search_mod._Search, "judge", judge)
+    data, calib = _data(digits_task)
+    result = tune(
+        digits_task.model,
+        tmp_path / "out",
+        data=data,
+        calibration=calib,
+        kinds=["int8-static"],
+        settings=TuneSettings(max_rounds=1),
+    )
+    assert len(groups) == 2 and not set(groups[0]) & set(groups[1])
+    assert result.champion is not None and result.champion.candidate.key in groups[1]
+
+
 def test_the_budget_ends_the_search_with_the_best_so_far_and_the_reason(
     digits_task: DigitsTask, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
