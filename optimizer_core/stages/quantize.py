@@ -194,6 +194,11 @@ def _tuned(
         result, remember = outcome
         doc = result.to_json()
         mlflow.log_dict(run_id, doc, f"graphtrim/tune-{kind}.json")
+        # the trials' table and the speed/size front, beside the run's other reports
+        from graphtrim.tune.report import write_tune_reports
+
+        reports = write_tune_reports(doc, tmp / "tune-reports" / kind)
+        mlflow.log_artifacts(run_id, str(reports["html"].parent), f"graphtrim/reports/tune-{kind}")
         _log_trials(mlflow, run_id, result)
         ctx.say(f"quantize: tune {kind}: {summary(doc)}")
         champion = result.champion

@@ -81,6 +81,8 @@ def test_every_trial_is_a_child_run_of_the_pipeline_run(
     client = mlflow.MlflowClient(servers["mlflow"])
     files = {f.path for f in client.list_artifacts(run_id, "graphtrim")}
     assert {"graphtrim/tune-graph.json", "graphtrim/tune-int8-static.json"} <= files
+    drawn = {f.path for f in client.list_artifacts(run_id, "graphtrim/reports/tune-int8-static")}
+    assert "graphtrim/reports/tune-int8-static/tune.html" in drawn
 
 
 def test_the_next_version_starts_from_the_settings_kept_on_the_registered_model(
