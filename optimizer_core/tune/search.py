@@ -19,8 +19,9 @@ The search, on a noisy machine:
    half kept, until the finalists are left.
 5. **Finalists** are judged by :func:`graphtrim.gates.evaluate` with the policy's full method
    and data. The champion is the best one that passes every gate: an undecided latency gate (a
-   measurement inside the noise) does not pass, so nothing wins on noise. Finalists within the
-   noise of each other go to the smaller model, then to the fixed recipe.
+   measurement inside the noise) does not pass, so nothing wins on noise; and where the best
+   beats the fixed recipe judged beside it by less than that run's noise (the blocks' spread,
+   at least ``min_gain``), the recipe stays.
 
 The budget is checked before each build and each timing, with the finalists' judgement
 estimated from what screening measured, so a search ends within the budget plus one trial.
@@ -326,6 +327,7 @@ class _Search:
         self.decoder = is_decoder(self.specs)
         self.ref_ms: float | None = None
         self.accuracy_s: float = 0.0  # the longest accuracy check seen, on the screening data
+        self.notes: list[str] = []
 
     # -- measuring ------------------------------------------------------------------------
     def feeds(self) -> dict[str, Any]:
@@ -632,14 +634,34 @@ class _Search:
                 passed.append(t)
         if not passed:
             return None, doc
-        objective = self.settings.objective
-        passed.sort(key=lambda t: -t.score(objective))
-        top = passed[0]
-        # within the noise of the best: the smaller model, then the fixed recipe
-        noise = max(self.lat.max_noise, top.timings[-1][2] if top.timings else 0.0)
-        close = [t for t in passed if t.score(objective) >= top.score(objective) * (1 - noise)]
-        close.sort(key=lambda t: (t.size_ratio or 1.0, not t.candidate.recipe))
-        return close[0], doc
+        champion, note = choose(passed, self.settings.objective, self.settings.min_gain)
+        if note:
+            self.notes.append(note)
+        return champion, doc
+
+
+def choose(passed: Sequence[Trial], objective: str, min_gain: float) -> tuple[Trial, str | None]:
+    """The champion among trials that passed every gate in one judgement, and why the recipe
+    was kept if it was: the best by ``objective``, unless it beats the best fixed recipe among
+    them by less than that run's noise (the larger spread of their blocks' speedups, at least
+    ``min_gain``; sizes are exact): a gain inside the noise is no gain."""
+    ranked = sorted(passed, key=lambda t: -t.score(objective))
+    top = ranked[0]
+    recipe = next((t for t in ranked if t.candidate.recipe), None)
+    if recipe is None or recipe is top:
+        return top, None
+    noise = 0.0
+    if objective != "size":
+        spreads = [t.timings[-1][2] for t in (top, recipe) if t.timings]
+        noise = max([min_gain, *spreads])
+    base = recipe.score(objective)
+    gain = top.score(objective) / base - 1 if base else float("inf")
+    if gain < noise:
+        return recipe, (
+            f"{top.candidate.key} measured {gain:+.1%} against the fixed recipe "
+            f"{recipe.candidate.key}, inside this run's noise ({noise:.1%}): the recipe stays"
+        )
+    return top, None
 
 
 def _parse_kinds(kinds: Sequence[str] | None, device: str) -> list[str]:
@@ -777,7 +799,7 @@ def tune(
             settings.budget_s,
             evaluation,
             remembered,
-            notes,
+            notes + search.notes,
         )
         if memory is not None and champion is not None:
             entry = result.memory_entry()

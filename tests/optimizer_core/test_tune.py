@@ -81,6 +81,29 @@ def test_start_points_are_the_recipes_the_model_can_take() -> None:
     assert "int4-weight" in [c.key for c in start_points(kinds, conv_only | {"MatMul"})]
 
 
+def test_a_gain_inside_the_noise_keeps_the_fixed_recipe() -> None:
+    from graphtrim.tune.search import Trial, choose
+
+    def trial(n: int, key: dict[str, Any], speedup: float, spread: float, size: float) -> Trial:
+        t = Trial(n, Candidate.of("int8-static", key), 0, "test", status="screened")
+        t.timings.append((200, speedup, spread))
+        t.size_ratio = size
+        return t
+
+    recipe = trial(1, {}, 2.00, 0.01, 0.25)
+    close = trial(2, {"per_channel": False}, 2.03, 0.01, 0.24)  # +1.5%: inside 2%
+    far = trial(3, {"activation_type": "uint8"}, 2.40, 0.01, 0.25)  # +20%
+    noisy = trial(4, {"method": "entropy"}, 2.10, 0.08, 0.25)  # +5%, blocks 8% apart
+    champion, note = choose([recipe, close], "latency", 0.02)
+    assert champion is recipe and note and "inside this run's noise" in note
+    assert choose([recipe, close, far], "latency", 0.02) == (far, None)
+    assert choose([noisy, recipe], "latency", 0.02)[0] is recipe
+    # sizes are exact: the smaller one wins however close
+    assert choose([recipe, close], "size", 0.02) == (close, None)
+    # no recipe among them: the best
+    assert choose([close, far], "latency", 0.02) == (far, None)
+
+
 # -- the memory ------------------------------------------------------------------------------
 
 
