@@ -385,21 +385,26 @@ def run_model(m: Model, cache: Path, out: Path, budget: float) -> dict[str, Any]
     best = max(passed, key=lambda v: _speedup(v) or 0.0, default=None)
 
     memory = FileMemory(folder / "memory.json")
+
+    def search(model: Path, name: str) -> tuple[Any, float]:
+        t0 = time.perf_counter()
+        result = tune(
+            model,
+            folder / name,
+            policy=policy,
+            data=data,
+            calibration=calib,
+            kinds=m.kinds,
+            settings=TuneSettings(budget_s=budget),
+            memory=memory,
+            progress=say,
+        )
+        seconds = time.perf_counter() - t0
+        write_result(result, folder / name)
+        return result, seconds
+
     log.info("%s: tuning version 1 (budget %.0f s)", m.name, budget)
-    t0 = time.perf_counter()
-    first = tune(
-        v1,
-        folder / "tuned-v1",
-        policy=policy,
-        data=data,
-        calibration=calib,
-        kinds=m.kinds,
-        settings=TuneSettings(budget_s=budget),
-        memory=memory,
-        progress=say,
-    )
-    first_s = time.perf_counter() - t0
-    write_result(first, folder / "tuned-v1")
+    first, first_s = search(v1, "tuned-v1")
 
     head: dict[str, Any] = {}
     if best is not None and first.output is not None:
@@ -424,20 +429,7 @@ def run_model(m: Model, cache: Path, out: Path, budget: float) -> dict[str, Any]
         }
 
     log.info("%s: tuning version 2 from the memory", m.name)
-    t0 = time.perf_counter()
-    second = tune(
-        v2,
-        folder / "tuned-v2",
-        policy=policy,
-        data=data,
-        calibration=calib,
-        kinds=m.kinds,
-        settings=TuneSettings(budget_s=budget),
-        memory=memory,
-        progress=say,
-    )
-    second_s = time.perf_counter() - t0
-    write_result(second, folder / "tuned-v2")
+    second, second_s = search(v2, "tuned-v2")
 
     def champion(r: Any) -> dict[str, Any] | None:
         c = r.champion

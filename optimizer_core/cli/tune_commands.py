@@ -9,8 +9,9 @@ import argparse
 from typing import Any
 
 from graphtrim.cli.argtypes import csv as _csv
-from graphtrim.cli.argtypes import duration, positive_int
+from graphtrim.cli.argtypes import duration
 from graphtrim.cli.exits import EXIT_MISMATCH, EXIT_OK
+from graphtrim.cli.variant_commands import add_data_args
 
 
 def add_parsers(sub: Any) -> None:
@@ -65,28 +66,16 @@ def add_parsers(sub: Any) -> None:
         metavar="C.npz",
         help="calibration data (int8-static is searched only with it)",
     )
-    t.add_argument(
-        "--data",
-        metavar="E.npz",
-        help="evaluation data (+ optional labels); default: the calibration data, else "
-        "seeded random inputs",
+    add_data_args(t)
+    t._option_string_actions["--data"].help = (
+        "evaluation data: one array per model input (+ optional labels); default: the "
+        "calibration data, else seeded random inputs"
     )
-    t.add_argument("--label-key", default="labels", help="name of the labels array in the .npz")
-    t.add_argument(
-        "--batch-size", type=positive_int, default=32, help="batch size for dynamic batch dims"
-    )
-    t.add_argument(
-        "--policy",
-        metavar="P.yaml",
-        help="gate policy (default: the file $GRAPHTRIM_POLICY names, else built-in thresholds)",
-    )
-    t.add_argument("--device", choices=("cpu", "gpu"), default="cpu", help="where to measure")
     t.add_argument(
         "--keep-trials",
         action="store_true",
         help="keep every trial's model in OUT/<name>.trials (default: only the champion)",
     )
-    t.add_argument("-q", "--quiet", action="store_true", help="print nothing but the result")
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
@@ -117,6 +106,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
         args.input,
         args.out,
         device=args.device,
+        tensorrt=args.tensorrt,
         policy=GatePolicy.load(args.policy),
         data=npz(args.data),
         calibration=npz(args.calibration),

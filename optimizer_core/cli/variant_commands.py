@@ -153,7 +153,8 @@ def weight_settings(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-def _add_data_args(p: argparse.ArgumentParser) -> None:
+def add_data_args(p: argparse.ArgumentParser) -> None:
+    """Evaluation data, gate policy and device: the commands that judge variants."""
     p.add_argument(
         "--data",
         metavar="E.npz",
@@ -207,7 +208,7 @@ def add_parsers(sub: Any) -> None:
         "--report", metavar="R.json", help="write the build record (attempts, exclusions)"
     )
     _add_quant_args(q)
-    _add_data_args(q)
+    add_data_args(q)
 
     e = sub.add_parser(
         "evaluate",
@@ -227,7 +228,7 @@ def add_parsers(sub: Any) -> None:
     e.add_argument(
         "--threads", type=positive_int, default=None, help="intra-op threads (default: policy's)"
     )
-    _add_data_args(e)
+    add_data_args(e)
 
     v = sub.add_parser(
         "variants",
@@ -250,7 +251,7 @@ def add_parsers(sub: Any) -> None:
     )
     v.add_argument("--no-fallback", action="store_true", help="no sensitivity fallback")
     _add_quant_args(v)
-    _add_data_args(v)
+    add_data_args(v)
 
     r = sub.add_parser(
         "report",

@@ -28,14 +28,13 @@ class TuneMemoryError(GraphtrimError):
     """The memory could not be read or written (a corrupt file, an unwritable folder)."""
 
 
-def graph_signature(path: str | os.PathLike[str]) -> str:
-    """A digest of the model's op histogram and input/output signature (weights not read)."""
-    model = onnx.load(str(path), load_external_data=False)
-    ops: collections.Counter[str] = collections.Counter()
+def op_histogram(model: onnx.ModelProto) -> collections.Counter[tuple[str, str]]:
+    """``(domain, op type) -> count`` over the model's nodes, subgraphs included."""
+    ops: collections.Counter[tuple[str, str]] = collections.Counter()
 
     def walk(graph: onnx.GraphProto) -> None:
         for node in graph.node:
-            ops[f"{node.domain or 'ai.onnx'}::{node.op_type}"] += 1
+            ops[(node.domain or "ai.onnx", node.op_type)] += 1
             for attr in node.attribute:
                 if attr.type == onnx.AttributeProto.GRAPH:
                     walk(attr.g)
@@ -43,6 +42,13 @@ def graph_signature(path: str | os.PathLike[str]) -> str:
                     walk(sub)
 
     walk(model.graph)
+    return ops
+
+
+def graph_signature(path: str | os.PathLike[str]) -> str:
+    """A digest of the model's op histogram and input/output signature (weights not read)."""
+    model = onnx.load(str(path), load_external_data=False)
+    ops = {f"{domain}::{op}": n for (domain, op), n in op_histogram(model).items()}
     initializers = {t.name for t in model.graph.initializer}
 
     def io(values: Any) -> list[list[Any]]:

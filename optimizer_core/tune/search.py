@@ -20,8 +20,9 @@ The search, on a noisy machine:
 5. **Finalists** are judged by :func:`graphtrim.gates.evaluate` with the policy's full method
    and data. The champion is the best one that passes every gate: an undecided latency gate (a
    measurement inside the noise) does not pass, so nothing wins on noise; and where the best
-   beats the fixed recipe judged beside it by less than that run's noise (the blocks' spread,
-   at least ``min_gain``), the recipe stays.
+   beats the incumbent judged beside it (the fixed recipe, or the remembered champion in a
+   search from memory) by less than that run's noise (the blocks' spread, at least
+   ``min_gain``), the incumbent stays.
 
 The budget is checked before each build and each timing, with the finalists' judgement
 estimated from what screening measured, so a search ends within the budget plus one trial.
@@ -253,20 +254,9 @@ class _Clock:
 def _model_ops(path: Path) -> frozenset[str]:
     import onnx
 
-    model = onnx.load(str(path), load_external_data=False)
-    ops: set[str] = set()
+    from graphtrim.tune.memory import op_histogram
 
-    def walk(graph: Any) -> None:
-        for node in graph.node:
-            ops.add(node.op_type)
-            for attr in node.attribute:
-                if attr.type == onnx.AttributeProto.GRAPH:
-                    walk(attr.g)
-                for sub in attr.graphs:
-                    walk(sub)
-
-    walk(model.graph)
-    return frozenset(ops)
+    return frozenset(op for _, op in op_histogram(onnx.load(str(path), load_external_data=False)))
 
 
 def _bytes(path: Path) -> int:
@@ -328,6 +318,9 @@ class _Search:
         self.ref_ms: float | None = None
         self.accuracy_s: float = 0.0  # the longest accuracy check seen, on the screening data
         self.notes: list[str] = []
+        # what a challenger must beat by more than the noise: the remembered champion in a
+        # search from memory (else the best fixed recipe)
+        self.incumbent: Candidate | None = None
 
     # -- measuring ------------------------------------------------------------------------
     def feeds(self) -> dict[str, Any]:
@@ -634,32 +627,42 @@ class _Search:
                 passed.append(t)
         if not passed:
             return None, doc
-        champion, note = choose(passed, self.settings.objective, self.settings.min_gain)
+        champion, note = choose(
+            passed, self.settings.objective, self.settings.min_gain, self.incumbent
+        )
         if note:
             self.notes.append(note)
         return champion, doc
 
 
-def choose(passed: Sequence[Trial], objective: str, min_gain: float) -> tuple[Trial, str | None]:
-    """The champion among trials that passed every gate in one judgement, and why the recipe
-    was kept if it was: the best by ``objective``, unless it beats the best fixed recipe among
-    them by less than that run's noise (the larger spread of their blocks' speedups, at least
-    ``min_gain``; sizes are exact): a gain inside the noise is no gain."""
+def choose(
+    passed: Sequence[Trial],
+    objective: str,
+    min_gain: float,
+    incumbent: Candidate | None = None,
+) -> tuple[Trial, str | None]:
+    """The champion among trials that passed every gate in one judgement, and why the
+    incumbent was kept if it was. The incumbent is the remembered champion in a search from
+    memory, else the best fixed recipe; the best by ``objective`` replaces it only by more than
+    that run's noise (the larger spread of their blocks' speedups, at least ``min_gain``; sizes
+    are exact): a gain inside the noise is no gain."""
     ranked = sorted(passed, key=lambda t: -t.score(objective))
     top = ranked[0]
-    recipe = next((t for t in ranked if t.candidate.recipe), None)
-    if recipe is None or recipe is top:
+    held = next((t for t in ranked if incumbent is not None and t.candidate == incumbent), None)
+    held = held or next((t for t in ranked if t.candidate.recipe), None)
+    if held is None or held is top:
         return top, None
     noise = 0.0
     if objective != "size":
-        spreads = [t.timings[-1][2] for t in (top, recipe) if t.timings]
+        spreads = [t.timings[-1][2] for t in (top, held) if t.timings]
         noise = max([min_gain, *spreads])
-    base = recipe.score(objective)
+    base = held.score(objective)
     gain = top.score(objective) / base - 1 if base else float("inf")
     if gain < noise:
-        return recipe, (
-            f"{top.candidate.key} measured {gain:+.1%} against the fixed recipe "
-            f"{recipe.candidate.key}, inside this run's noise ({noise:.1%}): the recipe stays"
+        what = "remembered champion" if held.candidate == incumbent else "fixed recipe"
+        return held, (
+            f"{top.candidate.key} measured {gain:+.1%} against the {what} "
+            f"{held.candidate.key}, inside this run's noise ({noise:.1%}): the {what} stays"
         )
     return top, None
 
@@ -754,6 +757,7 @@ def tune(
         mode = "full"
         if start is not None:
             mode = "memory"
+            search.incumbent = start
             say(f"memory: starting from {start.key} ({memory.describe()})")
             excluded = [str(x) for x in remembered.get("excluded") or []] if remembered else []
             # one neighbourhood, in the knobs that depend on the weights: the others time the
@@ -768,6 +772,7 @@ def tune(
                     notes.append("no finalist of the remembered neighbourhood passed: full search")
             if champion is None:
                 mode = "memory, then full"
+                search.incumbent = None
         if champion is None:
             starts: list[tuple[Candidate, str, list[str]]] = [
                 (c, "recipe", [])

@@ -31,6 +31,12 @@ def _data(task: DigitsTask) -> tuple[Any, Any]:
     return load_npz(task.eval, specs), load_npz(task.calibration, specs)
 
 
+def _tune(task: DigitsTask, out: Path, **kw: Any) -> Any:
+    """A search of the digits CNN (or ``model=``) on its evaluation and calibration data."""
+    data, calib = _data(task)
+    return tune(kw.pop("model", task.model), out, data=data, calibration=calib, **kw)
+
+
 # -- the space -------------------------------------------------------------------------------
 
 
@@ -102,6 +108,12 @@ def test_a_gain_inside_the_noise_keeps_the_fixed_recipe() -> None:
     assert choose([recipe, close], "size", 0.02) == (close, None)
     # no recipe among them: the best
     assert choose([close, far], "latency", 0.02) == (far, None)
+    # from memory, the remembered champion is what a challenger must beat beyond the noise
+    kept, why = choose([recipe, close, far], "latency", 0.02, incumbent=far.candidate)
+    assert kept is far and why is None
+    remembered = trial(5, {"per_channel": False, "method": "entropy"}, 2.37, 0.01, 0.24)
+    kept, why = choose([recipe, remembered, far], "latency", 0.02, remembered.candidate)
+    assert kept is remembered and why and "remembered champion" in why
 
 
 # -- the memory ------------------------------------------------------------------------------
@@ -153,13 +165,10 @@ def searched(
 ) -> tuple[Any, Path, Path]:
     """A full search of the digits CNN (graph and the int8 kinds), remembered in a file."""
     out = tmp_path_factory.mktemp("tune")
-    data, calib = _data(digits_task)
     memory = out / "memory.json"
-    result = tune(
-        digits_task.model,
+    result = _tune(
+        digits_task,
         out / "first",
-        data=data,
-        calibration=calib,
         kinds=["graph", "int8-dynamic", "int8-static"],
         memory=FileMemory(memory),
     )
@@ -241,12 +250,10 @@ def test_the_next_version_starts_from_the_remembered_champion(
     v2 = tmp_path / "digits_v2.onnx"
     onnx.save(model, v2)
     assert graph_signature(v2) == first.signature
-    data, calib = _data(digits_task)
-    second = tune(
-        v2,
+    second = _tune(
+        digits_task,
         tmp_path / "second",
-        data=data,
-        calibration=calib,
+        model=v2,
         kinds=["graph", "int8-dynamic", "int8-static"],
         memory=FileMemory(memory),
     )
@@ -271,16 +278,13 @@ def test_the_next_version_starts_from_the_remembered_champion(
 def test_settings_remembered_that_fail_here_fall_back_to_the_full_search(
     digits_task: DigitsTask, tmp_path: Path
 ) -> None:
-    data, calib = _data(digits_task)
     memory = FileMemory(tmp_path / "memory.json")
     signature = graph_signature(digits_task.model)
     # the digits CNN has no MatMul weight: a remembered int4-weight cannot be built
     memory.remember(signature, "cpu", {"kind": "int4-weight", "settings": {"block_size": 64}})
-    result = tune(
-        digits_task.model,
+    result = _tune(
+        digits_task,
         tmp_path / "out",
-        data=data,
-        calibration=calib,
         kinds=["graph", "int8-static", "int4-weight"],
         memory=memory,
         settings=TuneSettings(max_rounds=1),
@@ -301,12 +305,9 @@ def test_a_kind_whose_recipe_misses_a_gate_is_searched_from_its_nearest_miss(
     goes on from it to a neighbour that passes."""
     from graphtrim.gates import GatePolicy
 
-    data, calib = _data(digits_task)
-    result = tune(
-        digits_task.model,
+    result = _tune(
+        digits_task,
         tmp_path / "probe",
-        data=data,
-        calibration=calib,
         kinds=["int8-static"],
         settings=TuneSettings(max_rounds=0),
     )
@@ -315,11 +316,9 @@ def test_a_kind_whose_recipe_misses_a_gate_is_searched_from_its_nearest_miss(
     policy = GatePolicy(
         {"variants": {"int8-static": {"size": {"max_ratio": recipe.size_ratio - 1e-4}}}}
     )
-    result = tune(
-        digits_task.model,
+    result = _tune(
+        digits_task,
         tmp_path / "out",
-        data=data,
-        calibration=calib,
         kinds=["int8-static"],
         policy=policy,
         settings=TuneSettings(max_rounds=1),
@@ -348,12 +347,9 @@ def test_when_no_finalist_passes_the_next_candidates_are_judged(
         return real_judge(self, finalists)
 
     monkeypatch.setattr(search_mod._Search, "judge", judge)
-    data, calib = _data(digits_task)
-    result = tune(
-        digits_task.model,
+    result = _tune(
+        digits_task,
         tmp_path / "out",
-        data=data,
-        calibration=calib,
         kinds=["int8-static"],
         settings=TuneSettings(max_rounds=1),
     )
@@ -382,12 +378,9 @@ def test_the_budget_ends_the_search_with_the_best_so_far_and_the_reason(
 
     monkeypatch.setattr(search_mod, "_Clock", Clock)
     monkeypatch.setattr(search_mod._Search, "build", build)
-    data, calib = _data(digits_task)
-    result = tune(
-        digits_task.model,
+    result = _tune(
+        digits_task,
         tmp_path / "out",
-        data=data,
-        calibration=calib,
         kinds=["graph", "int8-dynamic", "int8-static"],
         settings=TuneSettings(budget_s=250.0),
     )
