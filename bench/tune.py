@@ -580,7 +580,7 @@ def render_olive(rows: list[dict[str, Any]]) -> str:
     for r in rows:
         j = r["judged"]
         best = max(
-            (v["speedup"] or 0 for k, v in j.items() if k != "graphtrim" and v["passed"]),
+            (v["speedup"] or 0 for k, v in j.items() if k.startswith("olive") and v["passed"]),
             default=None,
         )
         short = j.get("graphtrim-olive-time") or {}
