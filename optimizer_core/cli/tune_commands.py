@@ -51,9 +51,10 @@ def add_parsers(sub: Any) -> None:
     t.add_argument(
         "--objective",
         choices=("latency", "size", "balanced"),
-        default="latency",
+        default=None,
         help="what the champion is best at among those that pass every gate: p50 latency, "
-        "size, or speedup x (1/size)^0.25",
+        "size, or balanced: speedup x (1/size)^size_weight (default: the policy's "
+        "tune.objective and tune.size_weight, else latency and 0.25)",
     )
     t.add_argument(
         "--memory",

@@ -138,6 +138,41 @@ class PromotionPolicy:
 
 
 @dataclasses.dataclass(frozen=True)
+class TunePolicy:
+    """What ``graphtrim tune`` optimizes among the candidates that pass every gate: p50
+    latency, size, or ``balanced``: speedup x (1 / size ratio) ** ``size_weight``."""
+
+    objective: str = "latency"
+    size_weight: float = 0.25
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+TUNE_OBJECTIVES = ("latency", "size", "balanced")
+
+
+def _tune(body: Any, source: str) -> TunePolicy:
+    if body is None:
+        return TunePolicy()
+    if not isinstance(body, Mapping):
+        raise PolicyError(f"{source}: tune: expected a mapping")
+    unknown = set(body) - {"objective", "size_weight"}
+    if unknown:
+        raise PolicyError(
+            f"{source}: tune: unknown key(s) {', '.join(sorted(unknown))} "
+            "(known: objective, size_weight)"
+        )
+    objective = body.get("objective", "latency")
+    if objective not in TUNE_OBJECTIVES:
+        raise PolicyError(f"{source}: tune.objective: one of {', '.join(TUNE_OBJECTIVES)}")
+    weight = body.get("size_weight", TunePolicy.size_weight)
+    if isinstance(weight, bool) or not isinstance(weight, int | float) or not 0 <= weight <= 10:
+        raise PolicyError(f"{source}: tune.size_weight: a number in [0, 10], got {weight!r}")
+    return TunePolicy(objective, float(weight))
+
+
+@dataclasses.dataclass(frozen=True)
 class VariantPolicy:
     accuracy: AccuracyThresholds | None
     latency: LatencyThresholds | None
@@ -273,7 +308,7 @@ class GatePolicy:
 
     def __init__(self, document: Mapping[str, Any] | None = None, *, source: str = "built-in"):
         doc = dict(document or {})
-        unknown = set(doc) - {"version", "defaults", "variants", "promotion"}
+        unknown = set(doc) - {"version", "defaults", "variants", "promotion", "tune"}
         if unknown:
             raise PolicyError(f"{source}: unknown top-level key(s) {', '.join(sorted(unknown))}")
         if doc.get("version", 1) != 1:
@@ -288,6 +323,7 @@ class GatePolicy:
             _check_entry(f"{source}: variants.{name}", entry)
         self.source = source
         self.promotion = _promotion(doc.get("promotion"), source)
+        self.tune = _tune(doc.get("tune"), source)
         self.document: dict[str, Any] = {
             "version": 1,
             "defaults": defaults,
@@ -295,6 +331,8 @@ class GatePolicy:
         }
         if doc.get("promotion") is not None:
             self.document["promotion"] = dict(doc["promotion"])
+        if doc.get("tune") is not None:
+            self.document["tune"] = dict(doc["tune"])
 
     @classmethod
     def load(cls, path: str | os.PathLike[str] | None) -> GatePolicy:

@@ -48,8 +48,6 @@ logger = logging.getLogger("graphtrim.tune")
 ProgressFn = Callable[[str], None]
 
 OBJECTIVES = ("latency", "size", "balanced")
-# balanced: speedup x (1 / size ratio) ** SIZE_WEIGHT
-SIZE_WEIGHT = 0.25
 
 
 _REFERENCE = "\x00reference"  # the reference's session: a key no candidate takes
@@ -68,7 +66,10 @@ class TuneSettings:
     """How the search runs. Defaults fit a 2-core machine and models of a few MB."""
 
     budget_s: float = 600.0
-    objective: str = "latency"
+    # None: the policy's (``tune.objective``, else latency)
+    objective: str | None = None
+    # balanced: speedup x (1 / size ratio) ** size_weight; None: the policy's (0.25)
+    size_weight: float | None = None
     beam: int = 2  # candidates whose neighbourhoods each round explores
     max_rounds: int = 4
     finalists: int = 2
@@ -79,7 +80,7 @@ class TuneSettings:
     min_gain: float = 0.02
 
     def validate(self) -> None:
-        if self.objective not in OBJECTIVES:
+        if self.objective is not None and self.objective not in OBJECTIVES:
             raise TuneError(f"unknown objective '{self.objective}': use {', '.join(OBJECTIVES)}")
         if not self.budget_s > 0:
             raise TuneError("the budget must be positive")
@@ -119,8 +120,9 @@ class Trial:
     def speedup(self) -> float | None:
         return self.timings[-1][1] if self.timings else None
 
-    def score(self, objective: str) -> float:
-        """Higher is better; 0 for a candidate not measured."""
+    def score(self, objective: str, size_weight: float = 0.25) -> float:
+        """Higher is better; 0 for a candidate not measured. ``balanced``: speedup x
+        (1 / size ratio) ** ``size_weight``."""
         speed = self.speedup
         size = self.size_ratio
         if objective == "size":
@@ -128,7 +130,7 @@ class Trial:
         if speed is None:
             return 0.0
         if objective == "balanced" and size:
-            return speed * (1.0 / size) ** SIZE_WEIGHT
+            return speed * (1.0 / size) ** size_weight
         return speed
 
     def to_json(self) -> dict[str, Any]:
@@ -161,6 +163,7 @@ class TuneResult:
     device: str
     signature: str
     objective: str
+    size_weight: float
     mode: str  # full | memory | memory, then full
     trials: list[Trial]
     champion: Trial | None
@@ -192,7 +195,7 @@ class TuneResult:
         """The champion against the fixed recipe judged beside it (the same timing run): the
         recipe, its verdict and the ratio of their p50 speedups."""
         judged = [t for t in self.trials if t.candidate.recipe and t.verdict is not None]
-        recipe = max(judged, key=lambda t: t.score(self.objective), default=None)
+        recipe = max(judged, key=lambda t: t.score(self.objective, self.size_weight), default=None)
         if recipe is None or self.champion is None:
             return None
         ratio = None
@@ -211,6 +214,7 @@ class TuneResult:
             "device": self.device,
             "signature": self.signature,
             "objective": self.objective,
+            "size_weight": self.size_weight,
             "mode": self.mode,
             "stopped": self.stopped,
             "seconds": round(self.seconds, 2),
@@ -476,9 +480,13 @@ class _Search:
         pool = self.ranked()[:finalists]
         return self.clock.left() > seconds + self.final_cost(pool)
 
+    def score(self, trial: Trial) -> float:
+        assert self.settings.objective is not None and self.settings.size_weight is not None
+        return trial.score(self.settings.objective, self.settings.size_weight)
+
     def ranked(self) -> list[Trial]:
         feasible = [t for t in self.trials.values() if t.feasible and t.speedup is not None]
-        return sorted(feasible, key=lambda t: -t.score(self.settings.objective))
+        return sorted(feasible, key=lambda t: -self.score(t))
 
     def typical_build_s(self) -> float:
         built = [t.build_s for t in self.trials.values() if t.build_s]
@@ -557,7 +565,7 @@ class _Search:
 
     def best_score(self) -> float:
         ranked = self.ranked()
-        return ranked[0].score(self.settings.objective) if ranked else 0.0
+        return self.score(ranked[0]) if ranked else 0.0
 
     def halve(self) -> list[Trial]:
         """Successive halving over the feasible candidates: re-time the better half with
@@ -627,8 +635,13 @@ class _Search:
                 passed.append(t)
         if not passed:
             return None, doc
+        assert self.settings.objective is not None
         champion, note = choose(
-            passed, self.settings.objective, self.settings.min_gain, self.incumbent
+            passed,
+            self.settings.objective,
+            self.settings.min_gain,
+            self.incumbent,
+            size_weight=self.settings.size_weight or 0.0,
         )
         if note:
             self.notes.append(note)
@@ -640,13 +653,15 @@ def choose(
     objective: str,
     min_gain: float,
     incumbent: Candidate | None = None,
+    *,
+    size_weight: float = 0.25,
 ) -> tuple[Trial, str | None]:
     """The champion among trials that passed every gate in one judgement, and why the
     incumbent was kept if it was. The incumbent is the remembered champion in a search from
     memory, else the best fixed recipe; the best by ``objective`` replaces it only by more than
     that run's noise (the larger spread of their blocks' speedups, at least ``min_gain``; sizes
     are exact): a gain inside the noise is no gain."""
-    ranked = sorted(passed, key=lambda t: -t.score(objective))
+    ranked = sorted(passed, key=lambda t: -t.score(objective, size_weight))
     top = ranked[0]
     held = next((t for t in ranked if incumbent is not None and t.candidate == incumbent), None)
     held = held or next((t for t in ranked if t.candidate.recipe), None)
@@ -656,8 +671,8 @@ def choose(
     if objective != "size":
         spreads = [t.timings[-1][2] for t in (top, held) if t.timings]
         noise = max([min_gain, *spreads])
-    base = held.score(objective)
-    gain = top.score(objective) / base - 1 if base else float("inf")
+    base = held.score(objective, size_weight)
+    gain = top.score(objective, size_weight) / base - 1 if base else float("inf")
     if gain < noise:
         what = "remembered champion" if held.candidate == incumbent else "fixed recipe"
         return held, (
@@ -714,6 +729,13 @@ def tune(
     specs = input_specs(src)
     providers_for(device, tensorrt=tensorrt)  # a missing GPU is an error before any work
     policy = policy or GatePolicy()
+    settings = dataclasses.replace(
+        settings,
+        objective=settings.objective or policy.tune.objective,
+        size_weight=(
+            policy.tune.size_weight if settings.size_weight is None else settings.size_weight
+        ),
+    )
     kind_list = _parse_kinds(kinds, device)
     if data is None:
         data = calibration if calibration is not None else random_data(specs, batches=8)
@@ -794,7 +816,8 @@ def tune(
             str(src),
             device,
             signature,
-            settings.objective,
+            settings.objective or "latency",
+            settings.size_weight or 0.0,
             mode,
             list(search.trials.values()),
             champion,

@@ -357,6 +357,43 @@ def test_when_no_finalist_passes_the_next_candidates_are_judged(
     assert result.champion is not None and result.champion.candidate.key in groups[1]
 
 
+def test_the_policy_chooses_what_the_champion_is_best_at(
+    digits_task: DigitsTask, tmp_path: Path
+) -> None:
+    from graphtrim.gates import GatePolicy
+    from graphtrim.gates.policy import PolicyError
+
+    policy = GatePolicy({"tune": {"objective": "size"}})
+    result = _tune(
+        digits_task,
+        tmp_path / "out",
+        kinds=["int8-static"],
+        policy=policy,
+        settings=TuneSettings(max_rounds=1),
+    )
+    assert result.objective == "size"
+    assert result.champion is not None
+    feasible = [t for t in result.trials if t.feasible and t.size_ratio]
+    assert result.champion.size_ratio == min(t.size_ratio for t in feasible)
+    assert result.to_json()["objective"] == "size"
+    # the command's flag wins over the policy
+    flagged = _tune(
+        digits_task,
+        tmp_path / "flag",
+        kinds=["graph"],
+        policy=policy,
+        settings=TuneSettings(max_rounds=0, objective="latency"),
+    )
+    assert flagged.objective == "latency"
+    for bad, why in (
+        ({"objective": "fastest"}, "tune.objective"),
+        ({"size_weight": -1}, "tune.size_weight"),
+        ({"budget": 5}, "unknown key"),
+    ):
+        with pytest.raises(PolicyError, match=why):
+            GatePolicy({"tune": bad})
+
+
 def test_the_budget_ends_the_search_with_the_best_so_far_and_the_reason(
     digits_task: DigitsTask, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
