@@ -10,11 +10,13 @@ The search, on a noisy machine:
    the file: those are hard constraints. The feasible ones are timed against the reference,
    interleaved, with a short run; the score is the policy's objective (p50 speedup, size, or a
    weighted product of both).
-3. **Neighbourhoods.** The best feasible candidates (the beam) lead; their neighbours (one knob
-   changed, :mod:`graphtrim.tune.space`) are built and screened next, round after round, until a
-   round improves nothing beyond the noise, nothing is left, or the budget runs out. A search
-   from memory re-checks one neighbourhood only; when the remembered settings fail, the full
-   search runs with what is left of the budget.
+3. **Neighbourhoods.** The best feasible candidates (the beam) lead, with the nearest miss of
+   each kind that has no feasible candidate yet; their neighbours (one knob changed,
+   :mod:`graphtrim.tune.space`) are built and screened next, round after round, until a round
+   improves nothing beyond ``min_gain``, nothing is left, or the budget runs out. A search from
+   memory re-checks one neighbourhood only, in the knobs whose best value can change with the
+   weights; when the remembered settings fail, the full search runs with what is left of the
+   budget.
 4. **Successive halving.** The feasible candidates are re-timed with twice the runs, the better
    half kept, until the finalists are left.
 5. **Finalists** are judged by :func:`graphtrim.gates.evaluate` with the policy's full method
