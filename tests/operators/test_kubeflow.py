@@ -319,6 +319,7 @@ def test_compiled_steps_run_the_pipeline(
         ),
         "calibration": str(digits_task.calibration),
         "eval_data": str(digits_task.eval),
+        "tune": "",  # the run's default: no settings search
     }
     work = tmp_path / "outputs"
     work.mkdir()

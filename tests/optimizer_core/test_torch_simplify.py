@@ -116,7 +116,15 @@ def test_untraceable_module_is_exported_as_it_is(tmp_path):
 def test_fx_simplify_enters_the_config_hash_only_when_on():
     plain = PipelineConfig()
     doc = plain.to_json()
-    for k in ("calibration", "eval_data", "experiment", "target_name", "fx_simplify", "weights"):
+    for k in (
+        "calibration",
+        "eval_data",
+        "experiment",
+        "target_name",
+        "fx_simplify",
+        "weights",
+        "tune",
+    ):
         doc.pop(k)
     # the hash of a config without the options is what it was before they existed
     assert plain.config_hash == hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
