@@ -5,8 +5,9 @@ accuracy gate are rebuilt with their most sensitive nodes in float, within the b
 attempts. With ``tune`` in the config, each requested kind's settings are searched first
 (:mod:`graphtrim.tune`, over that kind's knobs, ``tune`` seconds each; an orchestrator that maps
 a task per variant runs the searches on as many workers): the champion is the variant, and a
-kind whose search finds none is built with its fixed recipe. The pipeline builds each variant in a child process (:func:`build_job`) and stores it;
-``graphtrim variants`` builds them in this process (:func:`build_variants`) beside its input.
+kind whose search finds none is built with its fixed recipe. The pipeline builds each variant
+in a child process (:func:`build_job`) and stores it; ``graphtrim variants`` builds them in
+this process (:func:`build_variants`) beside its input.
 """
 
 from __future__ import annotations

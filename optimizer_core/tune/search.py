@@ -380,10 +380,14 @@ class _Search:
                 calibration=self.calibration.batches if self.calibration is not None else None,
                 accuracy_check=timed_check,
             )
-        except (QuantizeError, GraphtrimError) as exc:
-            if isinstance(exc, VerificationError | PassFailure):  # a defect of graphtrim's
-                logger.error("trial %d (%s): %s", trial.number, candidate.key, exc)
-            trial.status, trial.error = "failed", " ".join(str(exc).split())
+        except Exception as exc:  # this candidate cannot be built: the search goes on
+            if not isinstance(exc, QuantizeError) or isinstance(
+                exc, VerificationError | PassFailure
+            ):
+                # a pass that changed results, or an error no converter should raise
+                logger.error("trial %d (%s): %s", trial.number, candidate.key, _line(exc))
+            text = str(exc) if isinstance(exc, GraphtrimError) else _line(exc)
+            trial.status, trial.error = "failed", " ".join(text.split())
             trial.build_s = time.perf_counter() - t0
             self.say(f"trial {trial.number}: not built: {trial.error}")
             shutil.rmtree(folder, ignore_errors=True)

@@ -399,6 +399,39 @@ def test_the_policy_chooses_what_the_champion_is_best_at(
             GatePolicy({"tune": bad})
 
 
+def test_a_gpu_search_takes_fp16_and_a_crashing_candidate_fails_alone(
+    digits_task: DigitsTask, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On the GPU path (routed to the CPU provider by the explicit test switch) fp16 is
+    searched; a candidate whose build raises an error no converter should is a failed trial
+    with that error, and the search goes on."""
+    from graphtrim.quantize import build as build_mod
+
+    monkeypatch.setenv("GRAPHTRIM_TEST_GPU_ON_CPU", "1")
+    real = build_mod.build_variant
+
+    def build_variant(src: Any, dst: Any, variant: str, **kw: Any) -> Any:
+        if variant == "graph" and kw["config"].preset == "compact":
+            raise RuntimeError("a defect in a converter")
+        return real(src, dst, variant, **kw)
+
+    monkeypatch.setattr(build_mod, "build_variant", build_variant)
+    result = _tune(
+        digits_task,
+        tmp_path / "out",
+        device="gpu",
+        kinds=["graph", "fp16"],
+        settings=TuneSettings(max_rounds=1),
+    )
+    assert result.device == "gpu"
+    by_key = {t.candidate.key: t for t in result.trials}
+    assert by_key["fp16"].status == "screened" and by_key["fp16"].size_ratio < 0.6
+    crashed = by_key['graph[preset="compact"]']
+    assert crashed.status == "failed"
+    assert crashed.error == "RuntimeError: a defect in a converter"
+    assert result.champion is not None
+
+
 def test_the_budget_ends_the_search_with_the_best_so_far_and_the_reason(
     digits_task: DigitsTask, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
