@@ -244,22 +244,24 @@ def _image_model(name: str, kind: str, make: Callable[[int], Any], shape: tuple[
     return Model(name, kind, build, data, ("graph", "int8-dynamic", "int8-static"))
 
 
+def _token_data(calib: Path, evald: Path, *, vocab: int, samples: int) -> None:
+    """Random token ids, 64 per sample, for calibration and evaluation (one seed for both)."""
+    rng = np.random.default_rng(0)
+    for path in (calib, evald):
+        np.savez(path, input_ids=rng.integers(0, vocab, (samples, 64), dtype=np.int64))
+
+
 def _encoder_model() -> Model:
     def build(version: int, path: Path) -> None:
         import torch
 
         _export(_encoder(version), torch.randint(0, 4096, (1, 64)), path, ["input_ids"])
 
-    def data(calib: Path, evald: Path) -> None:
-        rng = np.random.default_rng(0)
-        np.savez(calib, input_ids=rng.integers(0, 4096, (16, 64), dtype=np.int64))
-        np.savez(evald, input_ids=rng.integers(0, 4096, (16, 64), dtype=np.int64))
-
     return Model(
         "bert-256x4",
         "transformer encoder",
         build,
-        data,
+        lambda calib, evald: _token_data(calib, evald, vocab=4096, samples=16),
         ("graph", "int8-dynamic", "int8-static", "int8-weight"),
     )
 
@@ -306,16 +308,11 @@ def _decoder_model() -> Model:
         )
         export_causal_lm(model, path)
 
-    def data(calib: Path, evald: Path) -> None:
-        rng = np.random.default_rng(0)
-        np.savez(calib, input_ids=rng.integers(0, 2048, (8, 64), dtype=np.int64))
-        np.savez(evald, input_ids=rng.integers(0, 2048, (8, 64), dtype=np.int64))
-
     return Model(
         "llama-256x4",
         "decoder LM with KV cache",
         build,
-        data,
+        lambda calib, evald: _token_data(calib, evald, vocab=2048, samples=8),
         ("graph", "int8-dynamic", "int4-weight", "int8-weight"),
         calibrated=False,
     )
