@@ -441,12 +441,10 @@ def _budget(value: Any) -> float | None:
     import argparse
 
     from airflow.sdk.exceptions import AirflowFailException
-    from graphtrim.cli.argtypes import duration
+    from graphtrim.cli.argtypes import tune_budget
 
-    if value in (None, "", 0):
-        return None
     try:
-        return duration(str(value))
+        return tune_budget(value)
     except argparse.ArgumentTypeError as exc:
         raise AirflowFailException(f"tune: {exc}") from exc
 

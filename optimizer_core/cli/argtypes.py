@@ -86,9 +86,6 @@ def positive_float(text: str) -> float:
     return value
 
 
-_UNITS = {"s": 1, "m": 60, "h": 3600}
-
-
 def duration(text: str) -> float:
     """argparse ``type=``: a positive duration in seconds: ``600``, ``90s``, ``10m``, ``1h30m``."""
     import re
@@ -102,6 +99,15 @@ def duration(text: str) -> float:
     if not seconds > 0:
         raise argparse.ArgumentTypeError(f"must be positive, got {text!r}")
     return seconds
+
+
+def tune_budget(value: object) -> float | None:
+    """A settings search's budget (``--tune``, an orchestrator's ``tune`` parameter): a
+    :func:`duration`, or none for no search (``None``, ``""``, ``"0"``, ``0``: an empty
+    parameter)."""
+    if value is None or str(value).strip() in ("", "0"):
+        return None
+    return duration(str(value))
 
 
 def csv(text: str) -> list[str]:

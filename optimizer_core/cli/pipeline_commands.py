@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from graphtrim.cli.argtypes import csv as _csv
-from graphtrim.cli.argtypes import lazy_choices, literal_names, positive_float
+from graphtrim.cli.argtypes import lazy_choices, literal_names, positive_float, tune_budget
 from graphtrim.cli.exits import add_allow_failed, variants_exit
 from graphtrim.cli.variant_commands import add_weight_args, weight_settings
 from graphtrim.errors import GraphtrimError
@@ -96,7 +96,7 @@ def _add_pipeline_args(p: argparse.ArgumentParser) -> None:
     add_weight_args(p)
     p.add_argument(
         "--tune",
-        type=_tune_budget,
+        type=tune_budget,
         default=None,
         metavar="DURATION",
         help="search each variant's settings over its own knobs for that long (e.g. 10m; "
@@ -297,13 +297,6 @@ def _context_and_config(args: argparse.Namespace) -> tuple[Any, Any]:
         tune=args.tune,
     )
     return ctx, config
-
-
-def _tune_budget(text: str) -> float | None:
-    """``--tune``: a duration; ``""`` (an orchestrator's empty parameter) or ``0``: no search."""
-    from graphtrim.cli.argtypes import duration
-
-    return None if text.strip() in ("", "0") else duration(text)
 
 
 def _changed_weights(args: argparse.Namespace) -> dict[str, Any] | None:

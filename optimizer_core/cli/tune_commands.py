@@ -9,7 +9,7 @@ import argparse
 from typing import Any
 
 from graphtrim.cli.argtypes import csv as _csv
-from graphtrim.cli.argtypes import duration
+from graphtrim.cli.argtypes import duration, lazy_choices, literal_names
 from graphtrim.cli.exits import EXIT_MISMATCH, EXIT_OK
 from graphtrim.cli.variant_commands import add_data_args
 
@@ -48,14 +48,15 @@ def add_parsers(sub: Any) -> None:
         help="variant kinds searched, comma-separated (default: those for --device: graph, "
         "int8-dynamic, int8-static with --calibration, the weight-only kinds, fp16 on gpu)",
     )
-    t.add_argument(
+    objective = t.add_argument(
         "--objective",
-        choices=("latency", "size", "balanced"),
         default=None,
         help="what the champion is best at among those that pass every gate: p50 latency, "
         "size, or balanced: speedup x (1/size)^size_weight (default: the policy's "
         "tune.objective and tune.size_weight, else latency and 0.25)",
     )
+    # read when used, from the source: the policy module imports the variant table
+    lazy_choices(objective, lambda: literal_names("graphtrim.gates.policy", "TUNE_OBJECTIVES"))
     t.add_argument(
         "--memory",
         metavar="M.json",

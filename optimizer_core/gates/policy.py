@@ -145,9 +145,6 @@ class TunePolicy:
     objective: str = "latency"
     size_weight: float = 0.25
 
-    def to_json(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
 
 TUNE_OBJECTIVES = ("latency", "size", "balanced")
 

@@ -41,7 +41,7 @@ VARIANT_TAG = TAG + "variant"
 HISTORY_TAG = TAG + "alias_history."  # registered-model tag, one per alias: JSON list of versions
 MOVES_TAG = TAG + "moves."  # registered-model tags ``moves.<alias>.<n>``: every move's audit
 HOLD_TAG = TAG + "hold."  # registered-model tag per alias: set by a person, kept by the pipeline
-TUNE_TAG = TAG + "tune."  # registered-model tag per device: the search's champion (graphtrim.tune)
+TUNE_TAG = TAG + "tune."  # registered-model tag per device and variant: the search's champion
 GATES_TAG = TAG + "gates"  # ``serving=pass,size=pass,...``
 # a JSON object of the variant's numbers: what versions registered before graphtrim 0.1 carry
 # (their numbers now are the linked logged model's metrics); read, never written

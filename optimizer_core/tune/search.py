@@ -49,8 +49,6 @@ logger = logging.getLogger("graphtrim.tune")
 
 ProgressFn = Callable[[str], None]
 
-OBJECTIVES = ("latency", "size", "balanced")
-
 
 _REFERENCE = "\x00reference"  # the reference's session: a key no candidate takes
 
@@ -82,8 +80,12 @@ class TuneSettings:
     min_gain: float = 0.02
 
     def validate(self) -> None:
-        if self.objective is not None and self.objective not in OBJECTIVES:
-            raise TuneError(f"unknown objective '{self.objective}': use {', '.join(OBJECTIVES)}")
+        from graphtrim.gates.policy import TUNE_OBJECTIVES
+
+        if self.objective is not None and self.objective not in TUNE_OBJECTIVES:
+            raise TuneError(
+                f"unknown objective '{self.objective}': use {', '.join(TUNE_OBJECTIVES)}"
+            )
         if not self.budget_s > 0:
             raise TuneError("the budget must be positive")
         for name in ("beam", "finalists", "screen_samples", "screen_runs"):
