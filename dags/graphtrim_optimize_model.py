@@ -1,7 +1,10 @@
 """graphtrim: optimize one registered model version.
 
 export -> optimize -> quantize[variant] -> gate[variant] -> register -> promote -> summary, each
-its own task; one mapped quantize / gate pair per variant. The stage tasks are derived from the
+its own task; one mapped quantize / gate pair per variant. With ``tune``, the settings search
+runs before quantize in the task group ``tune``: a plan, then per round one mapped trial task
+per trial on the device's workers (pool ``$GRAPHTRIM_TUNE_POOL``, on the GPU DAG the GPU pool
+by default) and a select; without it those tasks end at once. The stage tasks are derived from the
 pipeline's list of stages (``graphtrim.airflow.pipeline.stage_tasks``): a stage added there is a
 task here. Two DAGs: ``graphtrim_optimize_model``
 gates on CPU workers, ``graphtrim_optimize_model_gpu`` builds and gates variants on GPU workers
@@ -36,6 +39,9 @@ from graphtrim.airflow.pipeline import stage_tasks
 from graphtrim.airflow.timeouts import task_timeout
 
 GPU_POOL = os.environ.get("GRAPHTRIM_GPU_POOL", "graphtrim_gpu")
+# the settings search's trial tasks (a ``tune`` run): on the CPU DAG Airflow's default pool
+# unless named; on the GPU DAG the GPU pool unless named
+TUNE_POOL = os.environ.get("GRAPHTRIM_TUNE_POOL") or None
 
 
 def _params(device: str) -> dict[str, Param]:
@@ -82,7 +88,8 @@ def _params(device: str) -> dict[str, Param]:
             None,
             type=["null", "string"],
             description="search each variant's settings for this long (e.g. 10m; graphtrim "
-            "tune), a mapped task per variant; none: the fixed recipes",
+            "tune): a task per trial over the device's workers (task group tune), round by "
+            "round, the best judged by each variant's quantize task; none: the fixed recipes",
         ),
         "calibration": Param(None, type=["null", "string"], description=".npz calibration data"),
         "eval_data": Param(None, type=["null", "string"], description=".npz evaluation data"),
@@ -158,6 +165,7 @@ def optimize_dag(dag_id: str, device: str) -> DAG:
             common=common,
             device=device,
             pool=GPU_POOL if device == "gpu" else None,
+            tune_pool=TUNE_POOL,
         )
 
         @task(execution_timeout=task_timeout("summary"))

@@ -76,6 +76,7 @@ def stage_tasks(
     common: Mapping[str, Any],
     device: str = "cpu",
     pool: str | None = None,
+    tune_pool: str | None = None,
     stages: Sequence[Any] | None = None,
 ) -> dict[str, Any]:
     """Add a task per stage of ``stages`` (by default ``graphtrim.stages.STAGES``) to the
@@ -87,6 +88,7 @@ def stage_tasks(
         common: the arguments every stage task takes (config, artifacts, flags).
         device: the worker class of the on-device stages (``cpu`` or ``gpu``).
         pool: the pool of the on-device stages, if any.
+        tune_pool: the pool of the settings search's trial tasks (default: ``pool``).
         stages: the stages, in order.
     """
     if stages is None:
@@ -97,6 +99,7 @@ def stage_tasks(
     placed: dict[str, Any] = {"device": device, **placement(device)}
     if pool:
         placed["pool"] = pool
+    tune_pool = tune_pool or pool
     loop = variant_loops(stages)
     tasks: dict[str, Any] = {}
     for s in stages:
@@ -118,6 +121,13 @@ def stage_tasks(
         kwargs.update(common)
         if s.on_device:
             kwargs.update(placed)
+        if s.searched:
+            kwargs["tuned"] = tune_tasks(
+                records={n: tasks[n].output for n in s.inputs},
+                common=common,
+                placed=placed,
+                pool=tune_pool,
+            )
         if not s.per_variant:
             tasks[s.name] = cls(**kwargs)
         elif chained:
@@ -126,3 +136,53 @@ def stage_tasks(
         else:
             tasks[s.name] = cls.partial(**kwargs).expand(variant=variants)
     return tasks
+
+
+def tune_tasks(
+    *,
+    records: Mapping[str, Any],
+    common: Mapping[str, Any],
+    placed: Mapping[str, Any],
+    pool: str | None = None,
+    rounds: int | None = None,
+) -> Any:
+    """The settings search over the worker pool, as a task group ``tune``
+    (:mod:`graphtrim.stages.tune`): ``plan``, then per round ``trial_<r>``, one task per trial
+    of the round on the device's workers (under ``pool``), and ``select_<r>``, which chooses
+    the next round. A round with no trial is skipped and its select passes the search on;
+    without ``tune`` in the config every task after the plan ends at once. Returns the search
+    the last select ends with, for the searched stage's ``tuned``."""
+    from airflow.sdk import TaskGroup
+    from graphtrim.airflow.operators import TunePlanOperator, TuneSelectOperator, TuneTrialOperator
+    from graphtrim.tune.rounds import ROUNDS
+
+    layers = rounds or ROUNDS
+    inputs = {record_arg(n): v for n, v in records.items()}
+    on_device = dict(placed)
+    if pool:
+        on_device["pool"] = pool
+    with TaskGroup("tune", tooltip="the settings search, a task per trial"):
+        step: Any = TunePlanOperator(
+            task_id="plan",
+            execution_timeout=task_timeout("tune"),
+            rounds=layers,
+            **inputs,
+            **common,
+        )
+        for r in range(layers):
+            trial = TuneTrialOperator.partial(
+                task_id=f"trial_{r}",
+                execution_timeout=task_timeout("tune"),
+                map_index_template="{{ task.trial['number'] }} {{ task.trial['candidate']['key'] }}",
+                **inputs,
+                **common,
+                **on_device,
+            ).expand(trial=step.output)
+            step = TuneSelectOperator(
+                task_id=f"select_{r}",
+                execution_timeout=task_timeout("tune"),
+                search=step.output["search"],
+                trials=trial.output,
+                **common,
+            )
+    return step.output["search"]

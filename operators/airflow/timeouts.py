@@ -27,6 +27,7 @@ DEFAULT_MINUTES: dict[str, float] = {
     "export": 120,
     "optimize": 120,
     "quantize": 180,
+    "tune": 60,  # one step of the settings search: a plan, a trial, a select
     "gate": 120,
     "register": 15,
     "promote": 10,

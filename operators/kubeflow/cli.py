@@ -24,10 +24,11 @@ def register(sub: Any) -> dict[str, Callable[[argparse.Namespace], int]]:
         "compile",
         help="compile the optimize pipeline to a KFP v2 YAML file (offline)",
         description=(
-            "Write the pipeline export -> optimize -> quantize/gate per variant -> register -> "
-            "promote as KFP v2 YAML, its steps running IMAGE. Upload it with the KFP UI or "
+            "Write the pipeline export -> optimize -> settings search -> quantize/gate per "
+            "variant -> register -> promote as KFP v2 YAML, its steps running IMAGE. Upload it with the KFP UI or "
             "client; run parameters: model_uri, tracking_uri, artifacts, s3_endpoint_url, "
-            "variants, preset, policy (JSON), calibration, eval_data."
+            "variants, preset, policy (JSON), calibration, eval_data, tune (a budget such as "
+            "10m: the settings search, a step per trial, before the variants are built)."
         ),
     )
     comp.add_argument("-o", "--output", required=True, help="where to write the YAML")

@@ -115,6 +115,12 @@ and every step's options, in this order."""
 ONLY = RunParameter("variant", "--only", str)
 """The variant a per-variant step builds: the ``ParallelFor``'s item."""
 
+TUNED = RunParameter("tuned", "--tuned", str)
+"""The settings search a searched stage's step judges: the last tune select's ``search``."""
+
+TUNE_ROUNDS = 5
+"""The rounds of the settings search the pipeline lays out (:data:`graphtrim.tune.rounds.ROUNDS`)."""
+
 RECORD = "record"
 
 
@@ -147,6 +153,116 @@ def reports(stage: Stage) -> bool:
     return any(f.name == "reports" for f in dataclasses.fields(stage.record_type()))
 
 
+def _run_args(given: dict[str, Any], device: str) -> list[Any]:
+    """The arguments every step ends with: the run's configuration, the device, the run id."""
+    args: list[Any] = []
+    for c in CONFIG:
+        args += [c.flag, given[c.name]]
+    return [
+        *args,
+        "--device",
+        device,
+        "--orchestrator-run-id",
+        f"kfp:{dsl.PIPELINE_JOB_ID_PLACEHOLDER}",
+        "-q",
+    ]
+
+
+def _container(
+    name: str,
+    params: Sequence[RunParameter],
+    outputs: Sequence[tuple[str, Any]],
+    args: Any,
+) -> Any:
+    """A container component called ``name`` with ``params`` (then ``CONFIG``) and
+    ``outputs`` (name, KFP type); ``args(given)`` builds its command line."""
+    names = [p.name for p in (*params, *CONFIG)] + [n for n, _ in outputs]
+
+    def component(*values: Any) -> dsl.ContainerSpec:
+        return args(dict(zip(names, values, strict=True)))
+
+    component.__name__ = component.__qualname__ = name
+    signature = inspect.Signature(
+        [
+            *(p.parameter(with_default=False) for p in (*params, *CONFIG)),
+            *(
+                inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=kind)
+                for n, kind in outputs
+            ),
+        ],
+        return_annotation=dsl.ContainerSpec,
+    )
+    setattr(component, "__signature__", signature)  # noqa: B010
+    return dsl.container_component(component)
+
+
+SEARCH, BATCH = "search", "batch"
+
+
+def tune_components(image: str, device: str, rounds: int = TUNE_ROUNDS) -> dict[str, Any]:
+    """The settings search's steps (``graphtrim pipeline tune plan|trial|select``): ``plan``
+    and ``select`` output the search's state (``search``) and the next round (``batch``, a
+    list of trials as JSON strings, what a ``ParallelFor`` maps ``trial`` over); ``trial``
+    outputs its result (``record``)."""
+    records = [RunParameter(record_arg(n), "--input", str) for n in ("export", "optimize")]
+
+    def inputs(given: dict[str, Any]) -> list[Any]:
+        out: list[Any] = []
+        for p, n in zip(records, ("export", "optimize"), strict=True):
+            out += ["--input", dsl.ConcatPlaceholder([f"{n}=", given[p.name]])]
+        return out
+
+    def run(step: str, given: dict[str, Any], *extra: Any) -> dsl.ContainerSpec:
+        args = ["pipeline", "tune", step, *extra, *_run_args(given, device)]
+        return dsl.ContainerSpec(image=image, command=["graphtrim"], args=args)
+
+    state = [(SEARCH, dsl.OutputPath(str)), (BATCH, dsl.OutputPath(list))]
+    trial = RunParameter("trial", "--trial", str)
+    previous = RunParameter("previous", "--search", str)  # the state the round started from
+    trials = RunParameter("trials", "--trials", list)
+    return {
+        "plan": _container(
+            "tune-plan",
+            records,
+            state,
+            lambda g: run(
+                "plan",
+                g,
+                *inputs(g),
+                "--rounds",
+                str(rounds),
+                "--search-output",
+                g[SEARCH],
+                "--batch",
+                g[BATCH],
+            ),
+        ),
+        "trial": _container(
+            "tune-trial",
+            [*records, trial],
+            [(RECORD, dsl.OutputPath(str))],
+            lambda g: run("trial", g, *inputs(g), "--trial", g["trial"], "--output", g[RECORD]),
+        ),
+        "select": _container(
+            "tune-select",
+            [previous, trials],
+            state,
+            lambda g: run(
+                "select",
+                g,
+                "--search",
+                g["previous"],
+                "--trials",
+                g["trials"],
+                "--search-output",
+                g[SEARCH],
+                "--batch",
+                g[BATCH],
+            ),
+        ),
+    }
+
+
 def stage_component(stages: Sequence[Stage], stage: Stage, image: str, device: str) -> Any:
     """The container component of ``stage``'s step in a pipeline of ``stages``: ``graphtrim
     pipeline stage NAME`` in ``image``, with the model (for the stage without inputs), a
@@ -164,6 +280,8 @@ def stage_component(stages: Sequence[Stage], stage: Stage, image: str, device: s
     ]
     if variant:
         params.append(ONLY)
+    if stage.searched:
+        params.append(TUNED)
     params += CONFIG
     names = [p.name for p in params] + [RECORD] + ([REPORT, METRICS] if reporting else [])
 
@@ -178,17 +296,12 @@ def stage_component(stages: Sequence[Stage], stage: Stage, image: str, device: s
             args += ["--input", dsl.ConcatPlaceholder([f"{n}=", given[p]])]
         if variant:
             args += [ONLY.flag, given[ONLY.name]]
+        if stage.searched:
+            args += [TUNED.flag, given[TUNED.name]]
         args += ["--output", given[RECORD]]
-        for c in CONFIG:
-            args += [c.flag, given[c.name]]
-        args += [
-            "--device",
-            device,
-            "--orchestrator-run-id",
-            f"kfp:{dsl.PIPELINE_JOB_ID_PLACEHOLDER}",
-            "-q",
-        ]
-        return dsl.ContainerSpec(image=image, command=["graphtrim"], args=args)
+        return dsl.ContainerSpec(
+            image=image, command=["graphtrim"], args=args + _run_args(given, device)
+        )
 
     # KFP reads the component's name and parameters from the function
     component.__name__ = component.__qualname__ = step_name(stage)
@@ -222,6 +335,7 @@ def build_pipeline(
         raise ValueError(f"device must be 'cpu' or 'gpu', not {device!r}")
     stages = graphtrim.stages.STAGES
     components = {s.name: stage_component(stages, s, image, device) for s in stages}
+    tuning = tune_components(image, device)
     loop = variant_loops(stages)
     params = [MODEL, *CONFIG]
 
@@ -234,20 +348,47 @@ def build_pipeline(
             kwargs[record_arg(n)] = dsl.Collected(record) if collects(stages, stage, n) else record
         if takes_variant(stages, stage):
             kwargs[ONLY.name] = variant
+        if stage.searched:
+            kwargs[TUNED.name] = tasks[TUNED.name].outputs[SEARCH]
         task = components[stage.name](**kwargs).set_display_name(step_name(stage))
-        if stage.on_device:
+        # the build steps' inputs (the config included) are their cache key; the steps that
+        # write to the registry are never served from a cache
+        place(task, on_device=stage.on_device, cached=not stage.writes_registry)
+        tasks[stage.name] = task
+
+    def place(task: Any, *, on_device: bool, cached: bool) -> None:
+        if on_device:
             if device == "gpu":
                 task.set_accelerator_type("nvidia.com/gpu").set_accelerator_limit(1)
             task.set_cpu_request("2").set_memory_request("8G")
-        # the build steps' inputs (the config included) are their cache key; the steps that
-        # write to the registry are never served from a cache
-        task.set_caching_options(not stage.writes_registry)
+        task.set_caching_options(cached)
         task.set_retry(num_retries=retries, backoff_duration="30s")
         if credentials_secret:
             kubernetes.use_secret_as_env(
                 task, credentials_secret, {k: k for k in CREDENTIALS}, optional=True
             )
-        tasks[stage.name] = task
+
+    def add_search(run: dict[str, Any], tasks: dict[str, Any]) -> None:
+        """The settings search before a searched stage: a plan, then per round a trial step
+        per trial (``ParallelFor``) and a select on their records (``dsl.Collected``). Never
+        cached: a search's rounds run against its own clock."""
+        config = {p.name: run[p.name] for p in CONFIG}
+        records = {record_arg(n): tasks[n].outputs[RECORD] for n in ("export", "optimize")}
+        step = tuning["plan"](**records, **config).set_display_name("tune-plan")
+        place(step, on_device=False, cached=False)
+        for r in range(TUNE_ROUNDS):
+            with dsl.ParallelFor(step.outputs[BATCH]) as trial:
+                one = tuning["trial"](**records, trial=trial, **config)
+                one.set_display_name(f"tune-trial-{r}")
+                place(one, on_device=True, cached=False)
+            nxt = tuning["select"](
+                previous=step.outputs[SEARCH],
+                trials=dsl.Collected(one.outputs[RECORD]),
+                **config,
+            ).set_display_name(f"tune-select-{r}")
+            place(nxt, on_device=False, cached=False)
+            step = nxt
+        tasks[TUNED.name] = step
 
     def optimize_model(*values: Any) -> None:
         run = dict(zip([p.name for p in params], values, strict=True))
@@ -257,8 +398,11 @@ def build_pipeline(
                 for s in group:
                     add_step(s, run, tasks, None)
                 continue
+            members = list(group)
+            if any(s.searched for s in members):
+                add_search(run, tasks)
             with dsl.ParallelFor(run[VARIANTS.name]) as variant:
-                for s in group:
+                for s in members:
                     add_step(s, run, tasks, variant)
 
     signature = inspect.Signature([p.parameter() for p in params], return_annotation=None)

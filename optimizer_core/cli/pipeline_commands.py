@@ -193,7 +193,46 @@ def add_parsers(sub: Any) -> None:
     st.add_argument(
         "--only", metavar="VARIANT", help="quantize: build this one variant (one task per variant)"
     )
+    st.add_argument(
+        "--tuned",
+        metavar="FILE",
+        help="quantize: the settings search `pipeline tune select` ended with (its --search "
+        "output, a file or inline JSON): judge its best trials here",
+    )
     _add_pipeline_args(st)
+
+    tn = psub.add_parser(
+        "tune",
+        help="one step of the settings search over a worker pool (for orchestrators)",
+        description=(
+            "The settings search (--tune), a task per trial: `plan` (needs --input export= "
+            "and optimize=) writes the search's state (--search) and its first round "
+            "(--batch, a JSON list of trials); `trial` (the same inputs and --trial, one item "
+            "of a round) builds and screens one trial on this worker, its model to the "
+            "artifact store, its result to --output; `select` (--search, and --trials: the "
+            "round's results, a JSON list) writes the state and the next round, empty when "
+            "the search is done (--search-output and --batch: where plan and select write). "
+            "Without --tune the plan has no search and the other steps end at once. Then `pipeline stage quantize --tuned SEARCH` judges each kind's "
+            "best trials and builds the champion."
+        ),
+    )
+    tn.add_argument("step", choices=("plan", "trial", "select"))
+    tn.add_argument(
+        "--input", action="append", default=[], metavar="STAGE=FILE", help="export, optimize"
+    )
+    tn.add_argument("--trial", metavar="JSON", help="trial: one trial of a round")
+    tn.add_argument("--trials", metavar="FILE", help="select: the round's results (JSON list)")
+    tn.add_argument("--search", metavar="FILE", help="select: the search's state (file or JSON)")
+    tn.add_argument("--search-output", metavar="FILE", help="plan, select: where the state goes")
+    tn.add_argument("--batch", metavar="FILE", help="plan, select: where the next round goes")
+    tn.add_argument("--output", metavar="FILE", help="trial: where its result goes")
+    tn.add_argument(
+        "--rounds",
+        type=int,
+        default=None,
+        help="plan: the rounds the orchestrator lays out (default 5)",
+    )
+    _add_pipeline_args(tn)
 
     pr = sub.add_parser(
         "promote",
@@ -354,6 +393,8 @@ def cmd_pipeline(args: argparse.Namespace) -> int:
     if "export" in inputs and "config" in inputs["export"]:
         # the data hashes resolved by export keep the config hash stable across stages
         config = config.__class__.from_json({**config.to_json(), **_resolved(inputs["export"])})
+    if args.pipeline_command == "tune":
+        return _tune_step(args, ctx, config, inputs)
     step = stage(args.stage)
     need = step.args  # the records its function takes
     missing = [n for n in need if n not in inputs]
@@ -365,8 +406,17 @@ def cmd_pipeline(args: argparse.Namespace) -> int:
         # one record per mapped gate task
         inputs["validate"] = ValidateRecord.merge(inputs["validate"])
     fn = step.load()
-    if args.stage == "quantize" and args.only:
-        record = fn(ctx, config, *(inputs[n] for n in need), only=[args.only])
+    if args.tuned and args.stage != "quantize":
+        raise GraphtrimError("--tuned is for the stage quantize")
+    if args.stage == "quantize" and (args.only or args.tuned):
+        tuned = _json_or_null("--tuned", args.tuned) if args.tuned else None
+        record = fn(
+            ctx,
+            config,
+            *(inputs[n] for n in need),
+            only=[args.only] if args.only else None,
+            tuned=tuned or None,  # null: no search was asked
+        )
     elif args.stage == "export":
         if not args.model:
             raise GraphtrimError("stage export needs --model models:/NAME/VERSION")
@@ -375,6 +425,51 @@ def cmd_pipeline(args: argparse.Namespace) -> int:
         record = fn(ctx, config, *(inputs[n] for n in need))
     _write_json(Path(args.output), record.to_json())
     return 0
+
+
+def _tune_step(args: argparse.Namespace, ctx: Any, config: Any, inputs: dict[str, Any]) -> int:
+    """``pipeline tune STEP``: one step of the settings search (:mod:`graphtrim.stages.tune`)."""
+    from graphtrim.stages import tune
+
+    def need(*flags: str) -> None:
+        missing = [f"--{f.replace('_', '-')}" for f in flags if not getattr(args, f)]
+        missing += [f"--input {n}=FILE" for n in ("export", "optimize") if n not in inputs]
+        if args.step == "select":
+            missing = [m for m in missing if not m.startswith("--input")]
+        if missing:
+            raise GraphtrimError(f"pipeline tune {args.step} needs {', '.join(missing)}")
+
+    if args.step == "trial":
+        need("trial", "output")
+        trial = _record("--trial", args.trial)
+        if not isinstance(trial, dict):
+            raise GraphtrimError("--trial: one trial (a JSON object) of a round")
+        if config.tune is None:
+            raise GraphtrimError("pipeline tune trial needs --tune (the search's budget)")
+        _write_json(
+            Path(args.output),
+            tune.tune_trial(ctx, config, inputs["export"], inputs["optimize"], trial),
+        )
+        return 0
+    if args.step == "plan":
+        need("search_output", "batch")
+        out = tune.tune_plan(ctx, config, inputs["export"], inputs["optimize"], rounds=args.rounds)
+    else:
+        need("search", "trials", "search_output", "batch")
+        search = _json_or_null("--search", args.search)
+        trials = _record("--trials", args.trials)
+        if not isinstance(trials, list):
+            raise GraphtrimError("--trials: the round's results, a JSON list")
+        out = tune.tune_select(ctx, config, search or None, trials)
+    _write_json(Path(args.search_output), out["search"])
+    # each trial as a JSON string: a ParallelFor hands each item to a string parameter
+    _write_json(Path(args.batch), [json.dumps(t) for t in out["batch"]])
+    return 0
+
+
+def _json_or_null(item: str, value: str) -> Any:
+    """A record (see :func:`_record`), or None for ``null`` (a step that had nothing)."""
+    return None if value.strip() == "null" else _record(item, value)
 
 
 def _record(item: str, value: str) -> Any:

@@ -29,6 +29,10 @@ class Stage:
         takes: the records the function takes, in order, when not all of ``inputs``: the export
             record reaches every stage run apart for its resolved config (the data hashes)
             only.
+        searched: with ``tune`` in the config, an orchestrator runs the settings search before
+            it over its worker pool (:mod:`.tune`: a plan, then per round a task per trial and
+            a select), on the records of its ``inputs``, and gives it the search's state as
+            ``tuned``; run alone, the stage searches itself.
     """
 
     name: str
@@ -40,6 +44,7 @@ class Stage:
     function: str = ""
     record: str = ""
     takes: tuple[str, ...] | None = None
+    searched: bool = False
 
     @property
     def args(self) -> tuple[str, ...]:
@@ -81,6 +86,7 @@ STAGES: tuple[Stage, ...] = (
         "build one variant of the optimized model",
         per_variant=True,
         on_device=True,
+        searched=True,
         function="graphtrim.stages.quantize:quantize",
         record="graphtrim.stages.records:QuantizeRecord",
     ),

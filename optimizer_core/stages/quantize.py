@@ -141,12 +141,14 @@ def _tuned(
     source: Mapping[str, Any],
     run_id: str,
     opt: OptimizeRecord,
+    tuned: Mapping[str, Any] | None = None,
 ) -> list[str]:
     """Search the settings of each ``wanted`` kind over its own knobs (a child process each,
-    ``config.tune`` seconds each), store each champion as the variant of its kind (with what
-    the search found in its record), keep the winning settings on the source's registered
-    model, log every trial; returns the kinds whose search found no champion, to be built with
-    their fixed recipes."""
+    ``config.tune`` seconds each), or, with ``tuned`` (the state of a search an orchestrator
+    ran over its workers, :mod:`graphtrim.stages.tune`), judge each kind's best trials here;
+    store each champion as the variant of its kind (with what the search found in its record),
+    keep the winning settings on the source's registered model, log every trial; returns the
+    kinds with no champion, to be built with their fixed recipes."""
     from graphtrim.integrations.registry import RegistryTuneMemory
     from graphtrim.isolation import map_isolated
     from graphtrim.tune.memory import graph_signature
@@ -156,35 +158,57 @@ def _tuned(
     registry = ctx.registry()
     memories = {k: RegistryTuneMemory(registry, source["name"], scope=k) for k in wanted}
     signature = graph_signature(base)
-    items = []
-    for kind in wanted:
-        remembered = memories[kind].recall(signature, config.device)
-        ctx.say(
-            f"quantize: searching the settings of {kind} for {config.tune:.0f} s"
-            + (f", from the remembered {remembered.get('key')}" if remembered else "")
-        )
-        items.append({"kind": kind, "remembered": remembered, "where": memories[kind].describe()})
+    common = {
+        "src": str(base),
+        "out": str(tmp / "tuned"),
+        "config": qconfig,
+        "calibration": calib,
+        "data": evald,
+        "policy": config.gate_policy(),
+        "device": config.device,
+        "tensorrt": config.tensorrt,
+    }
+    fixed = []
+    if tuned is not None:
+        from graphtrim.stages.tune import search_state
+        from graphtrim.tune.rounds import to_judge
+
+        state = search_state(tuned)
+        searched = [k for k in wanted if state is not None and k in state.kinds]
+        fixed += [k for k in wanted if k not in searched]
+        items = []
+        for kind in searched:
+            picked = to_judge(state.kinds[kind], state.tune_settings())
+            ctx.say(f"quantize: judging the {len(picked)} best trial(s) of {kind}'s search")
+            paths = {
+                t["number"]: str(ctx.fetch(t["uri"], tmp / "trials" / str(t["number"])))
+                for t in picked
+                if t.get("uri")
+            }
+            items.append({"kind": kind, "state": state.to_json(), "paths": paths})
+        target, wanted = "graphtrim.stages.tune:judge_job", searched
+    else:
+        items = []
+        for kind in wanted:
+            remembered = memories[kind].recall(signature, config.device)
+            ctx.say(
+                f"quantize: searching the settings of {kind} for {config.tune:.0f} s"
+                + (f", from the remembered {remembered.get('key')}" if remembered else "")
+            )
+            items.append(
+                {"kind": kind, "remembered": remembered, "where": memories[kind].describe()}
+            )
+        target, common["budget"] = "graphtrim.stages.quantize:tune_job", config.tune
     outcomes = map_isolated(
-        "graphtrim.stages.quantize:tune_job",
+        target,
         items,
-        common={
-            "src": str(base),
-            "out": str(tmp / "tuned"),
-            "config": qconfig,
-            "calibration": calib,
-            "data": evald,
-            "policy": config.gate_policy(),
-            "device": config.device,
-            "tensorrt": config.tensorrt,
-            "budget": config.tune,
-        },
+        common=common,
         # the budget, the judgement it may overrun by, and the fixed time a child needs
         timeout=max(ctx.child_timeout, 2 * config.tune + 600),
         what=lambda item: f"searching the settings of {item['kind']}",
         on_step=lambda line: ctx.say(f"quantize: tune: {line}"),
         fresh=True,
     )
-    fixed = []
     for kind, outcome in zip(wanted, outcomes, strict=True):
         if isinstance(outcome, BaseException):
             logger.warning("quantize: the settings search of %s failed: %s", kind, outcome)
@@ -324,12 +348,14 @@ def quantize(
     exported: ExportRecord | Mapping[str, Any],
     optimized: OptimizeRecord | Mapping[str, Any],
     only: Sequence[str] | None = None,
+    tuned: Mapping[str, Any] | None = None,
 ) -> QuantizeRecord:
     """Build every requested variant (or the ``only`` ones: an orchestrator maps one task per
     variant) from the optimized model, each in a child process (:mod:`..isolation`): a
     variant that cannot be built, or whose build crashes or hangs the runtime, is recorded
     with its error; the others go on. Variants judged before (``exported.reused``) are not
-    built again."""
+    built again. ``tuned``: the settings search an orchestrator ran over its workers
+    (:mod:`graphtrim.stages.tune`), whose best trials this stage judges."""
     from graphtrim.isolation import map_isolated
     from graphtrim.quantize.build import QuantizeConfig
 
@@ -385,6 +411,7 @@ def quantize(
                     source,
                     run_id,
                     opt,
+                    tuned,
                 )
             if not wanted:
                 record.worker = worker(ctx)

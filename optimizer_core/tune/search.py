@@ -38,7 +38,7 @@ import logging
 import math
 import shutil
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -136,6 +136,30 @@ class Trial:
         if objective == "balanced" and size:
             return speed * (1.0 / size) ** size_weight
         return speed
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> Trial:
+        """The trial :meth:`to_json` wrote."""
+        return cls(
+            number=int(doc["number"]),
+            candidate=Candidate.from_json(doc),
+            round=int(doc["round"]),
+            origin=str(doc["origin"]),
+            status=str(doc["status"]),
+            path=doc.get("path"),
+            build_s=float(doc.get("build_s") or 0.0),
+            bytes=doc.get("bytes"),
+            size_ratio=doc.get("size_ratio"),
+            accuracy_passed=doc.get("accuracy_passed"),
+            accuracy=dict(doc.get("accuracy") or {}),
+            excluded=[str(x) for x in doc.get("excluded") or []],
+            timings=[
+                (int(t["runs"]), float(t["speedup_p50"]), float(t["spread"]))
+                for t in doc.get("timings") or []
+            ],
+            verdict=doc.get("verdict"),
+            error=doc.get("error"),
+        )
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -339,14 +363,20 @@ class _Search:
         return dict(next(iter(self.data)))
 
     def build(
-        self, candidate: Candidate, origin: str, round_: int, excluded: Sequence[str] = ()
+        self,
+        candidate: Candidate,
+        origin: str,
+        round_: int,
+        excluded: Sequence[str] = (),
+        *,
+        number: int | None = None,
     ) -> Trial:
         import dataclasses as dc
 
         from graphtrim.gates.accuracy import accuracy_check
         from graphtrim.quantize.build import QuantizeError, build_variant
 
-        trial = Trial(len(self.trials) + 1, candidate, round_, origin)
+        trial = Trial(number or len(self.trials) + 1, candidate, round_, origin)
         self.trials[candidate.key] = trial
         folder = self.work / f"trial{trial.number:03d}"
         # the name the champion is published under: its data file is named after it
@@ -493,8 +523,9 @@ class _Search:
         return trial.score(self.settings.objective, self.settings.size_weight)
 
     def ranked(self) -> list[Trial]:
-        feasible = [t for t in self.trials.values() if t.feasible and t.speedup is not None]
-        return sorted(feasible, key=lambda t: -self.score(t))
+        s = self.settings
+        assert s.objective is not None and s.size_weight is not None
+        return ranked(self.trials.values(), s.objective, s.size_weight)
 
     def typical_build_s(self) -> float:
         built = [t.build_s for t in self.trials.values() if t.build_s]
@@ -551,25 +582,7 @@ class _Search:
         return "rounds"
 
     def nearest_misses(self, feasible_kinds: set[str]) -> list[Trial]:
-        """Per kind with no feasible candidate, the built one closest to its gates: the
-        smallest over the size gate, else the most accurate under the accuracy gate."""
-        out = []
-        missed = [
-            t
-            for t in self.trials.values()
-            if t.status in ("too-big", "inaccurate") and t.candidate.kind not in feasible_kinds
-        ]
-        for kind in dict.fromkeys(t.candidate.kind for t in missed):
-            mine = [t for t in missed if t.candidate.kind == kind]
-
-            def closeness(t: Trial) -> tuple[int, float]:
-                if t.status == "too-big":
-                    return (0, t.size_ratio or float("inf"))
-                cos = t.accuracy.get("cosine")
-                return (1, -float(cos) if isinstance(cos, int | float) else 0.0)
-
-            out.append(min(mine, key=closeness))
-        return out
+        return nearest_misses(self.trials.values(), feasible_kinds)
 
     def best_score(self) -> float:
         ranked = self.ranked()
@@ -654,6 +667,33 @@ class _Search:
         if note:
             self.notes.append(note)
         return champion, doc
+
+
+def ranked(trials: Iterable[Trial], objective: str, size_weight: float) -> list[Trial]:
+    """The feasible, timed trials with a model at hand, best first by ``objective``."""
+    feasible = [t for t in trials if t.feasible and t.speedup is not None and t.path is not None]
+    return sorted(feasible, key=lambda t: -t.score(objective, size_weight))
+
+
+def nearest_misses(trials: Iterable[Trial], feasible_kinds: set[str]) -> list[Trial]:
+    """Per kind with no feasible candidate, the built one closest to its gates: the smallest
+    over the size gate, else the most accurate under the accuracy gate."""
+    out = []
+    missed = [
+        t
+        for t in trials
+        if t.status in ("too-big", "inaccurate") and t.candidate.kind not in feasible_kinds
+    ]
+
+    def closeness(t: Trial) -> tuple[int, float]:
+        if t.status == "too-big":
+            return (0, t.size_ratio or float("inf"))
+        cos = t.accuracy.get("cosine")
+        return (1, -float(cos) if isinstance(cos, int | float) else 0.0)
+
+    for kind in dict.fromkeys(t.candidate.kind for t in missed):
+        out.append(min((t for t in missed if t.candidate.kind == kind), key=closeness))
+    return out
 
 
 def choose(

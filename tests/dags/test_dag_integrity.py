@@ -55,6 +55,9 @@ def test_optimize_dag_shape(dagbag: Any, dag_id: str) -> None:
         "register",
         "promote",
         "summary",
+        # the settings search: a plan, then a mapped trial task and a select per round
+        "tune.plan",
+        *(f"tune.{step}_{r}" for r in range(5) for step in ("trial", "select")),
     }
     assert {"model_name", "version", "alias", "variants", "device", "policy", "artifacts"} <= set(
         dag.params
@@ -75,6 +78,18 @@ def test_optimize_dag_shape(dagbag: Any, dag_id: str) -> None:
 
     assert isinstance(dag.get_task("quantize"), MappedOperator)
     assert isinstance(dag.get_task("gate"), MappedOperator)
+    # the rounds follow each other, each trial task mapped over its select's round; quantize
+    # reads the last select's search
+    for r in range(5):
+        trial = dag.get_task(f"tune.trial_{r}")
+        assert isinstance(trial, MappedOperator)
+        before = "tune.plan" if r == 0 else f"tune.select_{r - 1}"
+        # (plan: the run's config)
+        assert trial.upstream_task_ids == {before, "export", "optimize", "plan"}
+        select = dag.get_task(f"tune.select_{r}")
+        assert select.upstream_task_ids == {before, f"tune.trial_{r}", "plan"}
+        assert select.trigger_rule == "none_failed"  # a round with no trial is skipped
+    assert "tune.select_4" in dag.get_task("quantize").upstream_task_ids
 
 
 def test_gpu_stages_are_placed_on_gpu_workers(dagbag: Any) -> None:
@@ -92,6 +107,13 @@ def test_gpu_stages_are_placed_on_gpu_workers(dagbag: Any) -> None:
         c = cpu.get_task(task_id).partial_kwargs
         assert c.get("queue") in (None, "default")
         assert "pod_override" not in (c.get("executor_config") or {})
+    # the settings search's trials run where the variants are built, under the GPU pool
+    trial = gpu.get_task("tune.trial_0").partial_kwargs
+    assert trial["queue"] == "gpu" and trial["pool"] == "graphtrim_gpu"
+    assert trial["executor_config"]["pod_override"].spec.containers[0].resources.limits
+    assert cpu.get_task("tune.trial_0").partial_kwargs.get("queue") in (None, "default")
+    for task_id in ("tune.plan", "tune.select_0"):  # bookkeeping: no GPU
+        assert gpu.get_task(task_id).queue != "gpu"
     # the stages that need no accelerator stay on CPU workers in both DAGs
     for task_id in ("export", "optimize", "register", "promote"):
         assert gpu.get_task(task_id).queue != "gpu"

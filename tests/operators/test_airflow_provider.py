@@ -279,20 +279,10 @@ def test_stage_operators_pass_allow_variant_source_to_the_stage(
 # ---------------------------------------------------------------------------- end to end
 
 
-@pytest.mark.slow
-@pytest.mark.xdist_group("mlflow")
-def test_optimize_dag_through_airflow_with_mlflow_server_and_s3(
-    servers: dict[str, str],
-    airflow_db: str,
-    digits_task: DigitsTask,
-    tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
-    capfd: pytest.CaptureFixture[str],
-) -> None:
-    import mlflow
+def _optimize_dag(servers: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> Any:
+    """The CPU optimize DAG, its connections at the test servers."""
     from airflow.dag_processing.dagbag import DagBag
 
-    version = register_onnx(servers["mlflow"], digits_task.model, "digits-airflow")
     monkeypatch.setenv(
         "AIRFLOW_CONN_MLFLOW_DEFAULT",
         json.dumps({"conn_type": "graphtrim_mlflow", "host": servers["mlflow"]}),
@@ -308,8 +298,23 @@ def test_optimize_dag_through_airflow_with_mlflow_server_and_s3(
             }
         ),
     )
-    bag = DagBag(str(REPO / "dags"))
-    dag = bag.dags["graphtrim_optimize_model"]
+    return DagBag(str(REPO / "dags")).dags["graphtrim_optimize_model"]
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("mlflow")
+def test_optimize_dag_through_airflow_with_mlflow_server_and_s3(
+    servers: dict[str, str],
+    airflow_db: str,
+    digits_task: DigitsTask,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    import mlflow
+
+    version = register_onnx(servers["mlflow"], digits_task.model, "digits-airflow")
+    dag = _optimize_dag(servers, monkeypatch)
     policy = {
         "variants": {
             v: {"latency": {"min_speedup": 0.5, "runs": 60, "warmup": 10}}
@@ -342,9 +347,16 @@ def test_optimize_dag_through_airflow_with_mlflow_server_and_s3(
         ("register", -1),
         ("promote", -1),
         ("summary", -1),
+        # no settings search asked: its plan and selects end at once, its rounds are skipped
+        ("tune.plan", -1),
+        *((f"tune.select_{r}", -1) for r in range(5)),
+        *((f"tune.trial_{r}", -1) for r in range(5)),
     }
     assert set(tis) == expected
-    assert all(s.endswith("success") for s in tis.values()), tis
+    assert all(
+        s.endswith("skipped" if t.startswith("tune.trial") else "success")
+        for (t, _), s in tis.items()
+    ), tis
 
     client = mlflow.MlflowClient(servers["mlflow"], servers["mlflow"])
     found = client.search_model_versions(
@@ -413,6 +425,67 @@ def test_optimize_dag_through_airflow_with_mlflow_server_and_s3(
     out = capfd.readouterr()
     assert f"models:/digits-airflow/{variant} is a graphtrim variant" in out.out + out.err
     assert len(client.search_model_versions("name='digits-airflow'")) == before
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("mlflow")
+def test_a_settings_search_runs_a_task_per_trial_over_the_workers(
+    servers: dict[str, str],
+    airflow_db: str,
+    digits_task: DigitsTask,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import mlflow
+
+    name = "digits-airflow-tune"
+    version = register_onnx(servers["mlflow"], digits_task.model, name)
+    dag = _optimize_dag(servers, monkeypatch)
+    # the trials run where the variant does: the device's queue, under the DAG's pool
+    assert dag.task_dict["tune.trial_0"].queue == dag.task_dict["quantize"].queue
+    conf = {
+        "model_name": name,
+        "version": version,
+        "variants": ["int8-dynamic"],
+        "policy": {
+            "variants": {"int8-dynamic": {"latency": {"min_speedup": 0.05, "runs": 60}}},
+        },
+        "calibration": str(digits_task.calibration),
+        "eval_data": str(digits_task.eval),
+        "artifacts": f"s3://{BUCKET}/airflow-tune",
+        "tune": "3m",
+    }
+    run = dag.test(run_conf=conf)
+    assert str(run.state).endswith("success"), run.state
+    tis = run.get_task_instances()
+    trials = [ti for ti in tis if ti.task_id.startswith("tune.trial_")]
+    by_round: dict[str, list[Any]] = {}
+    for ti in trials:
+        by_round.setdefault(ti.task_id, []).append(ti)
+    # round 0: the fixed recipe; round 1: its neighbours, side by side, a task instance each
+    assert [ti.map_index for ti in by_round["tune.trial_0"]] == [0]
+    assert len(by_round["tune.trial_1"]) > 1, by_round
+    ran = [ti for ti in trials if str(ti.state).endswith("success")]
+    # each instance is named after its trial in the UI
+    names = sorted(str(ti.rendered_map_index) for ti in ran)
+    assert all(n.split(" ", 1)[1].startswith("int8-dynamic") for n in names), names
+    assert sorted(int(n.split(" ")[0]) for n in names) == list(range(1, len(ran) + 1))
+
+    client = mlflow.MlflowClient(servers["mlflow"], servers["mlflow"])
+    (registered,) = client.search_model_versions(
+        f"name='{name}' and tags.`graphtrim.source.version`='{version}'"
+    )
+    tags = registered.tags
+    assert tags["graphtrim.variant"] == "int8-dynamic"
+    assert tags["graphtrim.tune.key"].startswith("int8-dynamic")
+    # every trial task's result reached the judgement, and each trial is a child run
+    assert int(tags["graphtrim.tune.trials"]) == len(ran)
+    pipeline_run = tags["graphtrim.pipeline_run_id"]
+    experiment = client.get_run(pipeline_run).info.experiment_id
+    children = client.search_runs(
+        [experiment], f"tags.`mlflow.parentRunId` = '{pipeline_run}'", max_results=500
+    )
+    assert len(children) == len(ran)
+    assert sum(c.data.tags["graphtrim.tune.champion"] == "true" for c in children) == 1
 
 
 def _check_airflow_ui(run_id: str, links: dict[str, str], versions: set[str]) -> None:

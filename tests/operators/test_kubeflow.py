@@ -57,9 +57,22 @@ def _stage_args(args: list[str]) -> list[str]:
     return args
 
 
+def _body(doc: dict[str, Any], loop: dict[str, Any]) -> dict[str, Any]:
+    return doc["components"][loop["componentRef"]["name"]]["dag"]["tasks"]
+
+
+def _loops(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    """The pipeline's ``ParallelFor`` loops, in the order they were added."""
+    tasks = doc["root"]["dag"]["tasks"]
+    names = sorted((t for t in tasks if t.startswith("for-loop")), key=lambda n: int(n[9:]))
+    return [tasks[n] | {"_name": n} for n in names]
+
+
 def _loop(doc: dict[str, Any]) -> dict[str, Any]:
-    name = next(t for t in doc["root"]["dag"]["tasks"] if t.startswith("for-loop"))
-    return doc["root"]["dag"]["tasks"][name] | {"_name": name}
+    """The loop over the variants (the others are the settings search's rounds)."""
+    return next(
+        loop for loop in _loops(doc) if not any(t.startswith("tune-") for t in _body(doc, loop))
+    )
 
 
 def test_pipeline_structure(compiled: dict[str, dict[str, Any]]) -> None:
@@ -87,9 +100,11 @@ def _steps(doc: dict[str, Any]) -> dict[str, tuple[dict[str, Any], str | None]]:
     """Every step of a compiled pipeline: its task and the loop it runs in (None: the root)."""
     out: dict[str, tuple[dict[str, Any], str | None]] = {}
     for name, task in doc["root"]["dag"]["tasks"].items():
+        if name.startswith("tune-"):
+            continue  # the settings search's steps, not stages (test_the_search_steps_...)
         if name.startswith("for-loop"):
             body = doc["components"][task["componentRef"]["name"]]["dag"]["tasks"]
-            out |= {n: (t, name) for n, t in body.items()}
+            out |= {n: (t, name) for n, t in body.items() if not n.startswith("tune-")}
         else:
             out[name] = (task, None)
     return out
@@ -175,7 +190,11 @@ def test_steps_are_the_stages(
     monkeypatch.setattr(graphtrim.stages, "STAGES", more)
     doc = _documents(Path(compile_pipeline(tmp_path / "more.yaml", image="gt:1")))
     _check_steps_are_stages(doc, more)
-    assert set(_loop(doc)["dependentTasks"]) == {"export", "optimize"}
+    # the variants' loop runs after the search's last select (quantize judges its trials)
+    deps = set(_loop(doc)["dependentTasks"])
+    assert {"export", "optimize"} <= deps and all(
+        d.startswith("tune-select") for d in deps - {"export", "optimize"}
+    )
     report = doc["components"]["comp-report"]["inputDefinitions"]["parameters"]
     assert report["benchmarked"]["parameterType"] == "LIST"  # all variants' records
 
@@ -196,10 +215,14 @@ def test_config_parameters_are_declared_once() -> None:
         "eval_data",
         "tune",
     )
-    tokens = Counter(
+    read = [
         t.string.strip("\"'")
         for t in tokenize.generate_tokens(io.StringIO(Path(module.__file__).read_text()).readline)
         if t.type in (tokenize.NAME, tokenize.STRING)
+    ]
+    # `graphtrim pipeline tune`: the command, not the parameter
+    tokens = Counter(
+        t for i, t in enumerate(read) if not (t == "tune" and read[i - 1] == "pipeline")
     )
     assert {name: tokens[name] for name in config} == dict.fromkeys(config, 1)
 
@@ -211,7 +234,8 @@ def test_gpu_pipeline_requests_gpus_for_quantize_and_gate(
         executors = compiled[device]["deploymentSpec"]["executors"]
         for name, ex in executors.items():
             accel = (ex["container"].get("resources") or {}).get("accelerator")
-            if name in ("exec-quantize", "exec-gate") and wanted:
+            on_device = name in ("exec-quantize", "exec-gate") or name.startswith("exec-tune-trial")
+            if on_device and wanted:
                 assert accel is not None, name
                 assert (
                     accel["resourceType"] == "nvidia.com/gpu" and int(accel["resourceCount"]) == 1
@@ -227,11 +251,13 @@ def test_gpu_pipeline_requests_gpus_for_quantize_and_gate(
 # ---------------------------------------------------------------------------- launcher
 
 
-def _resolve(arg: str, inputs: dict[str, Any], output: Path, executor_input: str) -> str:
+def _resolve(
+    arg: str, inputs: dict[str, Any], outputs: dict[str, Path], executor_input: str
+) -> str:
     """What KFP's launcher does to one argument: placeholders -> values (lists as JSON)."""
     if arg.startswith('{"Concat"'):
         return "".join(
-            _resolve(part, inputs, output, executor_input) for part in json.loads(arg)["Concat"]
+            _resolve(part, inputs, outputs, executor_input) for part in json.loads(arg)["Concat"]
         )
     if arg == "{{$}}":
         return executor_input
@@ -241,25 +267,32 @@ def _resolve(arg: str, inputs: dict[str, Any], output: Path, executor_input: str
         return v if isinstance(v, str) else json.dumps(v)
 
     arg = re.sub(r"\{\{\$\.inputs\.parameters\['([a-z_]+)'\]\}\}", value, arg)
-    arg = arg.replace("{{$.outputs.parameters['record'].output_file}}", str(output))
+    for name, path in outputs.items():
+        arg = arg.replace(f"{{{{$.outputs.parameters['{name}'].output_file}}}}", str(path))
     return arg.replace("{{$.pipeline_job_uuid}}", "job-1")
 
 
 @dataclasses.dataclass
 class Ran:
-    """A step run as KFP's launcher runs it: its record, and where the launcher would pick up
-    its output artifacts (under the object store's mount) and its output file."""
+    """A step run as KFP's launcher runs it: its output parameters (``record``, its record),
+    and where the launcher would pick up its output artifacts (under the object store's mount)
+    and its output file."""
 
-    record: str
+    outputs: dict[str, str]
     artifacts: dict[str, Path]
     output_file: Path
+
+    @property
+    def record(self) -> str:
+        return self.outputs["record"]
 
 
 def _run_step(doc: dict[str, Any], step: str, inputs: dict[str, Any], tmp: Path) -> Ran:
     args = doc["deploymentSpec"]["executors"][f"exec-{step}"]["container"]["args"]
     stem = f"{step}-{len(list(tmp.glob('*.json')))}"
-    out = tmp / f"{stem}.json"
-    outputs = doc["components"][f"comp-{step}"]["outputDefinitions"].get("artifacts", {})
+    definitions = doc["components"][f"comp-{step}"]["outputDefinitions"]
+    outputs = definitions.get("artifacts", {})
+    files = {name: tmp / f"{stem}.{name}.json" for name in definitions.get("parameters", {})}
     uris = {name: f"minio://mlpipeline/v2/artifacts/job-1/{stem}/{name}" for name in outputs}
     output_file = tmp / "outputs" / stem / "executor_output.json"
     executor_input = {
@@ -273,17 +306,80 @@ def _run_step(doc: dict[str, Any], step: str, inputs: dict[str, Any], tmp: Path)
                 }
                 for name in outputs
             },
-            "parameters": {"record": {"outputFile": str(out)}},
+            "parameters": {name: {"outputFile": str(f)} for name, f in files.items()},
             "outputFile": str(output_file),
         },
     }
-    resolved = [_resolve(a, inputs, out, json.dumps(executor_input)) for a in args]
+    resolved = [_resolve(a, inputs, files, json.dumps(executor_input)) for a in args]
     assert main(resolved) == 0, (step, resolved)
     return Ran(
-        out.read_text(),
+        {name: f.read_text() for name, f in files.items()},
         {name: outputs_module.local_path(uri) for name, uri in uris.items()},
         output_file,
     )
+
+
+def _kfp_run(
+    digits_task: DigitsTask, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, **params: Any
+) -> tuple[dict[str, Any], Path, str]:
+    """A run's parameters (``params`` over the defaults here), its work folder and tracking
+    URI, the digits model registered as ``digits-kfp`` version 1."""
+    # the object store's mount in a step's container (KFP's launcher: minio:// -> /minio/)
+    monkeypatch.setattr(outputs_module, "MOUNT_ROOT", tmp_path / "mounts")
+    tracking = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    register_onnx(tracking, digits_task.model, "digits-kfp", artifact_dir=tmp_path / "mlruns")
+    variants = params.get("variants") or ["graph", "int8-static"]
+    work = tmp_path / "outputs"
+    work.mkdir()
+    return (
+        {
+            "model_uri": "models:/digits-kfp/1",
+            "tracking_uri": tracking,
+            "artifacts": str(tmp_path / "artifacts"),
+            "s3_endpoint_url": "",
+            "variants": variants,
+            "preset": "default",
+            # what is checked here is the steps' wiring, not the speed of a variant on a
+            # loaded machine: the latency gates time the variants without judging them
+            "policy": json.dumps(
+                {
+                    "variants": {
+                        v: {"latency": {"min_speedup": None, "runs": 20, "warmup": 3}}
+                        for v in variants
+                    }
+                }
+            ),
+            "calibration": str(digits_task.calibration),
+            "eval_data": str(digits_task.eval),
+            "tune": "",  # the run's default: no settings search
+            **params,
+        },
+        work,
+        tracking,
+    )
+
+
+def _search_steps(
+    doc: dict[str, Any], params: dict[str, Any], records: dict[str, str], work: Path
+) -> tuple[str, list[list[dict[str, Any]]]]:
+    """The settings search as the compiled pipeline runs it: the plan, then per round a trial
+    step per item of the round (its ParallelFor) and a select on their records (Collected).
+    Returns the last select's ``search`` and each round's results."""
+    plan = _run_step(doc, "tune-plan", {**params, **records}, work)
+    search, batch = plan.outputs["search"], json.loads(plan.outputs["batch"])
+    done = []
+    for _ in range(5):  # the rounds the pipeline lays out
+        results = [
+            _run_step(doc, "tune-trial", {**params, **records, "trial": item}, work).record
+            for item in batch  # each item a JSON string, as the ParallelFor hands it over
+        ]
+        done.append([json.loads(r) for r in results])
+        chosen = _run_step(
+            doc, "tune-select", {**params, "previous": search, "trials": results}, work
+        )
+        search, batch = chosen.outputs["search"], json.loads(chosen.outputs["batch"])
+    assert batch == []
+    return search, done
 
 
 @pytest.mark.slow
@@ -295,42 +391,21 @@ def test_compiled_steps_run_the_pipeline(
 ) -> None:
     import mlflow
 
-    # the object store's mount in a step's container (KFP's launcher: minio:// -> /minio/)
-    monkeypatch.setattr(outputs_module, "MOUNT_ROOT", tmp_path / "mounts")
-    tracking = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    register_onnx(tracking, digits_task.model, "digits-kfp", artifact_dir=tmp_path / "mlruns")
     doc = compiled["cpu"]
-    variants = ["graph", "int8-static"]
-    params = {
-        "model_uri": "models:/digits-kfp/1",
-        "tracking_uri": tracking,
-        "artifacts": str(tmp_path / "artifacts"),
-        "s3_endpoint_url": "",
-        "variants": variants,
-        "preset": "default",
-        # what is checked here is the steps' wiring, not the speed of a variant on a loaded
-        # machine: the latency gates time the variants without judging them
-        "policy": json.dumps(
-            {
-                "variants": {
-                    v: {"latency": {"min_speedup": None, "runs": 20, "warmup": 3}} for v in variants
-                }
-            }
-        ),
-        "calibration": str(digits_task.calibration),
-        "eval_data": str(digits_task.eval),
-        "tune": "",  # the run's default: no settings search
-    }
-    work = tmp_path / "outputs"
-    work.mkdir()
+    params, work, tracking = _kfp_run(digits_task, tmp_path, monkeypatch)
+    variants = params["variants"]
     exported = _run_step(doc, "export", params, work).record
     optimized = _run_step(doc, "optimize", {**params, "exported": exported}, work).record
+    # no search asked: the plan and each select pass none on, every round is empty
+    records = {"exported": exported, "optimized": optimized}
+    search, done = _search_steps(doc, params, records, work)
+    assert json.loads(search) is None and done == [[]] * 5
     gates = []
     for variant in variants:
         quantized = _run_step(
             doc,
             "quantize",
-            {**params, "exported": exported, "optimized": optimized, "variant": variant},
+            {**params, **records, "variant": variant, "tuned": search},
             work,
         ).record
         assert list(json.loads(quantized)["variants"]) == [variant]
@@ -391,6 +466,70 @@ def test_compiled_steps_run_the_pipeline(
         work,
     ).record
     assert all(not r["created"] for r in json.loads(again)["registered"].values())
+
+
+def test_the_search_steps_fan_out_a_step_per_trial_before_the_variants_loop(
+    compiled: dict[str, dict[str, Any]],
+) -> None:
+    for device, doc in compiled.items():
+        tasks = doc["root"]["dag"]["tasks"]
+        loops = _loops(doc)
+        # a ParallelFor of trial steps per round, each over the batch of the step before it
+        rounds = [loop for loop in loops if loop["_name"] != _loop(doc)["_name"]]
+        assert len(rounds) == 5, device
+        before = "tune-plan"
+        for loop in rounds:
+            (step,) = _body(doc, loop).values()
+            assert step["componentRef"]["name"].startswith("comp-tune-trial")
+            items = loop["parameterIterator"]["items"]["inputParameter"]
+            assert items == f"pipelinechannel--{before}-batch", (device, items)
+            select = next(
+                n
+                for n, t in tasks.items()
+                if n.startswith("tune-select") and loop["_name"] in t.get("dependentTasks", [])
+            )
+            trials = tasks[select]["inputs"]["parameters"]["trials"]
+            assert trials["taskOutputParameter"]["producerTask"] == loop["_name"]  # Collected
+            before = select
+        # quantize judges the search the last select ended with
+        quantize = _body(doc, _loop(doc))["quantize"]["inputs"]["parameters"]["tuned"]
+        assert quantize["componentInputParameter"] == f"pipelinechannel--{before}-search"
+        for name in ("tune-plan", before):
+            assert tasks[name]["cachingOptions"] in ({}, {"enableCache": False})
+        args = doc["deploymentSpec"]["executors"]["exec-tune-trial"]["container"]["args"]
+        assert args[:3] == ["pipeline", "tune", "trial"]
+
+
+@pytest.mark.slow
+def test_the_compiled_search_steps_find_the_variant_quantize_builds(
+    compiled: dict[str, dict[str, Any]],
+    digits_task: DigitsTask,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    doc = compiled["cpu"]
+    params, work, _ = _kfp_run(
+        digits_task, tmp_path, monkeypatch, variants=["int8-dynamic"], tune="3m"
+    )
+    exported = _run_step(doc, "export", params, work).record
+    optimized = _run_step(doc, "optimize", {**params, "exported": exported}, work).record
+    records = {"exported": exported, "optimized": optimized}
+    search, done = _search_steps(doc, params, records, work)
+    trials = [r["trial"] for rs in done for r in rs]
+    assert [r["trial"]["key"] for r in done[0]] == ["int8-dynamic"]  # the recipe first
+    assert len(done[1]) > 1  # the recipe's neighbours, a step each
+    assert all(t["uri"] for t in trials if t["status"] == "screened")
+    quantized = json.loads(
+        _run_step(
+            doc,
+            "quantize",
+            {**params, **records, "variant": "int8-dynamic", "tuned": search},
+            work,
+        ).record
+    )
+    tuning = quantized["variants"]["int8-dynamic"]["tuning"]
+    assert tuning["trials"] == len(trials) and tuning["key"].startswith("int8-dynamic")
+    assert json.loads(search)["kinds"]["int8-dynamic"]["stopped"]
 
 
 # ---------------------------------------------------------------------------- credentials
