@@ -275,6 +275,8 @@ def deployment(
             workers = {
                 "cpu-worker": (["default", "cpu"], {}),
                 "gpu-worker": (["gpu"], {"GRAPHTRIM_TEST_GPU_ON_CPU": "1"}),
+                # a second worker on the gpu queue, started by the tests that need two
+                "gpu-worker-2": (["gpu"], {"GRAPHTRIM_TEST_GPU_ON_CPU": "1"}),
             }
 
             def start_worker(name: str) -> None:
@@ -298,7 +300,7 @@ def deployment(
                 )
 
             if executor == "CeleryExecutor":
-                for name in workers:
+                for name in ("cpu-worker", "gpu-worker"):
                     start_worker(name)
             api = f"http://127.0.0.1:{api_port}"
             _wait_http(mlflow_url + "/health", procs, 600)

@@ -106,7 +106,8 @@ def test_stages_run_on_the_workers_of_their_queues(deployed: dict[str, Any]) -> 
     assert run["state"] == "success", (states, logs[-6000:])
     queues = {(t["task_id"], t["map_index"]): t["queue"] for t in run["tis"]}
     for (task, index), queue in queues.items():
-        expected = "gpu" if task in ("quantize", "gate") else "default"
+        on_device = task in ("quantize", "gate") or task.startswith("tune.trial_")
+        expected = "gpu" if on_device else "default"
         assert queue == expected, (task, index, queue)
     assert sum(1 for t, _ in queues if t == "quantize") == 2
     client = mlflow.MlflowClient(deployed["mlflow"], deployed["mlflow"])
@@ -266,3 +267,67 @@ def test_two_scans_at_once_optimize_each_version_once(
     mine = [r for r in optimize_runs if (r.get("conf") or {}).get("model_name") == name]
     # one of the two scans triggered it; the other found the run id taken and skipped it
     assert [r["dag_run_id"] for r in mine] == [expected]
+
+
+def _most_at_once(tis: list[dict[str, Any]]) -> int:
+    """The most of ``tis`` that were running at one moment (their start and end dates)."""
+    from datetime import datetime
+
+    edges = []
+    for t in tis:
+        edges.append((datetime.fromisoformat(t["start_date"]), 1))
+        edges.append((datetime.fromisoformat(t["end_date"]), -1))
+    most = running = 0
+    for _, step in sorted(edges, key=lambda e: (e[0], e[1])):  # an end before a start at a tie
+        running += step
+        most = max(most, running)
+    return most
+
+
+def test_a_settings_search_spreads_its_trials_over_the_workers_of_its_pool(
+    deployed: dict[str, Any],
+) -> None:
+    """A ``tune`` run on the GPU DAG: its trial tasks go to the gpu queue under the GPU pool,
+    and with two gpu workers and two pool slots a round's trials run two at a time."""
+    import mlflow
+
+    api = deployed["api"]
+    r = _api(
+        "PATCH",
+        f"{api}/api/v2/pools/graphtrim_gpu",
+        params={"update_mask": "slots"},
+        json={"pool": "graphtrim_gpu", "slots": 2, "include_deferred": False},
+    )
+    assert r.status_code == 200, r.text
+    deployed["start_worker"]("gpu-worker-2")
+    variants = ["graph", "int8-dynamic"]
+    conf = {
+        "model_name": "digits-dist",
+        "version": deployed["version"],
+        "variants": variants,
+        "policy": {
+            "variants": {
+                v: {"latency": {"min_speedup": 0.05, "runs": 60, "warmup": 10}} for v in variants
+            },
+        },
+        "tune": "90s",
+    }
+    run = run_dag(deployed, "graphtrim_optimize_model_gpu", conf)
+    states = {(t["task_id"], t["map_index"]): t["state"] for t in run["tis"]}
+    assert run["state"] == "success", states
+    trials = [t for t in run["tis"] if t["task_id"].startswith("tune.trial_")]
+    ran = [t for t in trials if t["state"] == "success"]
+    # round 0: each variant's recipe, side by side
+    assert sum(t["task_id"] == "tune.trial_0" for t in ran) == 2, states
+    assert all(t["queue"] == "gpu" and t["pool"] == "graphtrim_gpu" for t in ran), ran
+    # two workers, two slots: trials ran two at a time, never more
+    assert _most_at_once(ran) == 2, [(t["start_date"], t["end_date"]) for t in ran]
+    client = mlflow.MlflowClient(deployed["mlflow"], deployed["mlflow"])
+    found = client.search_model_versions(
+        f"name='digits-dist' and tags.`graphtrim.source.version`='{deployed['version']}'"
+    )
+    tuned = {v.tags["graphtrim.variant"]: v.tags for v in found if "graphtrim.tune.key" in v.tags}
+    assert set(tuned) <= set(variants) and tuned, [v.tags for v in found]
+    for variant, tags in tuned.items():
+        assert tags["graphtrim.tune.key"].startswith(variant)
+        assert tags["graphtrim.tune.mode"] == "full"

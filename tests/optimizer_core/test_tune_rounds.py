@@ -133,7 +133,7 @@ def test_a_remembered_champion_is_checked_with_its_neighbourhood_in_one_round(
     assert len(done) == 1  # one round on the pool: the remembered and its neighbours
     origins = [r["trial"]["origin"] for r in done[0]]
     assert origins[0] == "memory" and len(origins) > 1
-    assert all(o == 'neighbour of int8-static[per_channel=false]' for o in origins[1:])
+    assert all(o == "neighbour of int8-static[per_channel=false]" for o in origins[1:])
     search = state.kinds["int8-static"]
     assert search.mode == "memory" and search.stopped.startswith("memory")
 
