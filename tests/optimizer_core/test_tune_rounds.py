@@ -217,3 +217,24 @@ def test_a_plan_refuses_what_it_cannot_search(digits_task: DigitsTask) -> None:
         rounds.plan(["graph"], ops, signature="s", settings=TuneSettings(), calibration=True)
     with pytest.raises(TuneError, match="not a search state"):
         rounds.SearchState.from_json({"kinds": {}, "bogus": 1})
+
+
+def test_the_search_steps_refuse_what_they_cannot_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from graphtrim.cli.main import main
+
+    common = ["--tracking-uri", f"sqlite:///{tmp_path / 'db'}", "--artifacts", str(tmp_path)]
+    outs = ["--search-output", str(tmp_path / "s.json"), "--batch", str(tmp_path / "b.json")]
+    assert main(["pipeline", "tune", "select", *common, *outs]) == 2
+    assert "needs --search, --trials" in capsys.readouterr().err
+    assert main(["pipeline", "tune", "plan", *common, *outs]) == 2
+    assert "needs --input export=FILE, --input optimize=FILE" in capsys.readouterr().err
+    bad = ["--search", "null", "--trials", '{"not": "a list"}']
+    assert main(["pipeline", "tune", "select", *common, *outs, *bad]) == 2
+    assert "the round's results, a JSON list" in capsys.readouterr().err
+    # no search: a select passes none on, and an empty round
+    ok = ["--search", "null", "--trials", "[]"]
+    assert main(["pipeline", "tune", "select", *common, *outs, *ok]) == 0
+    assert json.loads((tmp_path / "s.json").read_text()) is None
+    assert json.loads((tmp_path / "b.json").read_text()) == []
