@@ -479,7 +479,9 @@ def _table(head: list[str], rows: list[list[str]], *, mark: int | None = None) -
     return f"<table><tr>{''.join(f'<th>{esc(h)}</th>' for h in head)}</tr>{body}</table>"
 
 
-def render_html(doc: Mapping[str, Any]) -> str:
+def render_html(doc: Mapping[str, Any], sections: Mapping[str, str] | None = None) -> str:
+    """The report as one HTML page; ``sections``: more sections at its end, title -> HTML
+    (what the layers above add: the settings search's trials, ...)."""
     esc = html.escape
     title = str(doc.get("title") or "graphtrim evaluation")
     summary = _table(HEADER, summary_rows(doc), mark=1)
@@ -529,21 +531,27 @@ Pareto front (speed, accuracy, size; passing variants): {esc(", ".join(front) or
 {build_section}
 <h2>Op types</h2>{_table(op_head, ops)}
 <h2>Measured on</h2>{fp}
+{"".join(f"<h2>{esc(t)}</h2>{body}" for t, body in (sections or {}).items())}
 </body></html>
 """
 
 
 def write_reports(
-    doc: Mapping[str, Any], folder: str | os.PathLike[str], *, stem: str
+    doc: Mapping[str, Any],
+    folder: str | os.PathLike[str],
+    *,
+    stem: str,
+    sections: Mapping[str, str] | None = None,
 ) -> dict[str, Path]:
     """Write ``<stem>.json``, ``<stem>.md`` and ``<stem>.html`` of ``doc`` into ``folder``,
-    each replacing its file at once (no half-written report); kind -> path."""
+    each replacing its file at once (no half-written report); kind -> path. ``sections``: more
+    HTML sections (:func:`render_html`)."""
     out = Path(folder)
     out.mkdir(parents=True, exist_ok=True)
     files = {
         "json": (out / f"{stem}.json", json.dumps(doc, indent=2)),
         "markdown": (out / f"{stem}.md", render_markdown(doc)),
-        "html": (out / f"{stem}.html", render_html(doc)),
+        "html": (out / f"{stem}.html", render_html(doc, sections)),
     }
     written: dict[str, Path] = {}
     for kind, (path, text) in files.items():

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import logging
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,8 @@ from graphtrim.redact import redact
 from graphtrim.stages.context import PipelineConfig, StageContext
 from graphtrim.stages.records import OptimizeRecord, RegisterRecord, ValidateRecord
 from graphtrim.stages.tracking import T, log_metrics, publish_reports, stage_run, worker
+
+logger = logging.getLogger("graphtrim.stages")
 
 DESCRIPTION_LIMIT = 5000  # MLflow's column for a version's description
 COMPARISON = "comparison"
@@ -123,9 +126,30 @@ def comparison_report(
                 )
                 v["build"] = json.loads(Path(got).read_text())
     doc["pipeline"] = {"run_id": val.run_id, "config_hash": config.config_hash}
-    written = write_reports(doc, tmp / COMPARISON, stem=COMPARISON)
+    written = write_reports(
+        doc, tmp / COMPARISON, stem=COMPARISON, sections=_search_sections(client, val, tmp)
+    )
     uris = publish_reports(ctx.store(), client, val.run_id, source, config.config_hash, written)
     return doc, uris
+
+
+def _search_sections(client: Any, val: ValidateRecord, tmp: Path) -> dict[str, str]:
+    """The settings search of each variant a search chose (its trials' speed/size front), as
+    a section of the comparison report; none without a search."""
+    from graphtrim.tune.report import search_section
+
+    parts = []
+    for kind, summary in sorted(val.variants.items()):
+        if not summary.get("tuning"):
+            continue
+        try:
+            got = client.download_artifacts(
+                val.run_id, f"graphtrim/tune-{kind}.json", str(tmp / "searches")
+            )
+            parts.append(search_section(kind, json.loads(Path(got).read_text())))
+        except Exception as exc:  # the report goes on without it
+            logger.warning("register: no search section for %s: %s", kind, redact(exc))
+    return {"Settings search": "".join(parts)} if parts else {}
 
 
 def describe(

@@ -15,8 +15,10 @@ returns at once.
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from graphtrim.stages.context import DataFiles, PipelineConfig, StageContext
@@ -43,6 +45,22 @@ def _wanted(config: PipelineConfig, exp: ExportRecord) -> list[str]:
     return [v for v in config.variants if v not in known]
 
 
+@contextlib.contextmanager
+def _inputs(
+    ctx: StageContext, config: PipelineConfig, exp: ExportRecord, opt: OptimizeRecord
+) -> Iterator[tuple[PipelineConfig, Path, Any, Any, Path]]:
+    """What a step reads, fetched into its scratch folder: the resolved config, the optimized
+    model (the search's reference), the calibration and evaluation data, the folder."""
+    assert exp.model is not None and opt.model is not None
+    with ctx.scratch("tune") as tmp:
+        data = DataFiles(ctx, config, tmp / "data")
+        config = config.resolved(ctx, data)
+        reference = ctx.fetch(exp.model["uri"], tmp / "reference")
+        base = ctx.fetch(opt.model["uri"], tmp / "optimized")
+        calib, evald = data.load(reference)
+        yield config, base, calib, evald, tmp
+
+
 def tune_plan(
     ctx: StageContext,
     config: PipelineConfig,
@@ -66,13 +84,7 @@ def tune_plan(
     wanted = _wanted(config, exp)
     if not wanted:
         return {"search": None, "batch": []}
-    assert exp.model is not None and opt.model is not None
-    with ctx.scratch("tune") as tmp:
-        data = DataFiles(ctx, config, tmp / "data")
-        config = config.resolved(ctx, data)
-        reference = ctx.fetch(exp.model["uri"], tmp / "reference")
-        base = ctx.fetch(opt.model["uri"], tmp / "optimized")
-        calib, evald = data.load(reference)
+    with _inputs(ctx, config, exp, opt) as (config, base, calib, evald, _tmp):
         policy = config.gate_policy()
         settings = _settings(config, policy)
         registry = ctx.registry()
@@ -122,12 +134,7 @@ def tune_trial(
     opt = OptimizeRecord.take(optimized, ("model",), "tune")
     assert exp.model is not None and opt.model is not None and config.tune is not None
     key = trial["candidate"]["key"]
-    with ctx.scratch("tune") as tmp:
-        data = DataFiles(ctx, config, tmp / "data")
-        config = config.resolved(ctx, data)
-        reference = ctx.fetch(exp.model["uri"], tmp / "reference")
-        base = ctx.fetch(opt.model["uri"], tmp / "optimized")
-        calib, evald = data.load(reference)
+    with _inputs(ctx, config, exp, opt) as (config, base, calib, evald, tmp):
         policy = config.gate_policy()
         ctx.say(f"tune: trial {trial['number']}: {key} ({trial['origin']})")
         (out,) = map_isolated(
@@ -228,8 +235,6 @@ def judge_job(item: Mapping[str, Any], **job: Any) -> Any:
     """One kind's judgement as a child process runs it: ``item`` holds the ``kind``, the
     search's ``state`` and the ``paths`` of its best trials here, by number. Returns (the
     :class:`~graphtrim.tune.search.TuneResult`, the entry to remember or None)."""
-    from pathlib import Path
-
     from graphtrim.isolation import step
     from graphtrim.tune.rounds import SearchState, judge
 

@@ -125,17 +125,28 @@ def front_plot(doc: Mapping[str, Any]) -> str | None:
     return _png(fig)
 
 
+def _figure(doc: Mapping[str, Any]) -> str:
+    try:
+        uri = front_plot(doc)
+    except ModuleNotFoundError as exc:
+        if not (exc.name or "").startswith("matplotlib"):
+            raise
+        return "<p>The plot needs matplotlib: <code>pip install 'graphtrim[reports]'</code>.</p>"
+    return f'<figure><img alt="Pareto front" src="{uri}"></figure>' if uri else ""
+
+
+def search_section(kind: str, doc: Mapping[str, Any]) -> str:
+    """The search of one variant kind as a section of another report (the pipeline's
+    comparison): its summary line and its trials' speed/size front."""
+    esc = html.escape
+    return f'<h3 id="search-{esc(kind)}">{esc(kind)}</h3><p>{esc(summary(doc))}</p>{_figure(doc)}'
+
+
 def render_html(doc: Mapping[str, Any]) -> str:
     from graphtrim.gates.report import _table
 
     esc = html.escape
-    try:
-        uri = front_plot(doc)
-        figure = f'<figure><img alt="Pareto front" src="{uri}"></figure>' if uri else ""
-    except ModuleNotFoundError as exc:
-        if not (exc.name or "").startswith("matplotlib"):
-            raise
-        figure = "<p>The plot needs matplotlib: <code>pip install 'graphtrim[reports]'</code>.</p>"
+    figure = _figure(doc)
     notes = "".join(f"<li>{esc(n)}</li>" for n in doc.get("notes") or [])
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>graphtrim tune</title>

@@ -328,12 +328,13 @@ def select(
                 continue
             search.notes.append("the remembered settings failed their gates here: full search")
             search.mode = "memory, then full"
-            batch += [
-                b
-                for b in _recipes(state, kind, ops, calibration)
-                if b["candidate"]["key"] not in tried
+            fresh = [
+                c for c in start_points([kind], ops, calibration=calibration) if c.key not in tried
             ]
-            continue
+            if fresh:
+                batch += [_spec(state, c, "recipe", []) for c in fresh]
+                continue
+            # the recipe was in the remembered neighbourhood: the full search goes on from here
         search.rounds += 1
         rescued = bool(leaders) and search.best == 0.0
         if search.rounds > 1 and best < search.best * (1 + s.min_gain) and not rescued:

@@ -64,7 +64,7 @@ def test_each_variant_is_built_with_the_settings_its_search_found(
 
 
 def test_every_trial_is_a_child_run_of_the_pipeline_run(
-    servers: dict[str, str], tuned_runs: dict[str, Any]
+    servers: dict[str, str], tuned_runs: dict[str, Any], tmp_path: Path
 ) -> None:
     first = tuned_runs["first"]
     run_id = first["export"]["run_id"]
@@ -83,6 +83,13 @@ def test_every_trial_is_a_child_run_of_the_pipeline_run(
     assert {"graphtrim/tune-graph.json", "graphtrim/tune-int8-static.json"} <= files
     drawn = {f.path for f in client.list_artifacts(run_id, "graphtrim/reports/tune-int8-static")}
     assert "graphtrim/reports/tune-int8-static/tune.html" in drawn
+    # the pipeline's comparison report draws each search's front beside the variants
+    got = client.download_artifacts(run_id, "graphtrim/reports/comparison.html", str(tmp_path))
+    page = Path(got).read_text()
+    assert "<h2>Settings search</h2>" in page
+    for kind, tuning in tunings.items():
+        section = page.split(f'<h3 id="search-{kind}">', 1)[1].split("<h3", 1)[0]
+        assert f"{tuning['trials']} trial" in section and "data:image/png;base64," in section
 
 
 def test_the_next_version_starts_from_the_settings_kept_on_the_registered_model(

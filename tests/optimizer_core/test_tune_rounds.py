@@ -238,3 +238,54 @@ def test_the_search_steps_refuse_what_they_cannot_run(
     assert main(["pipeline", "tune", "select", *common, *outs, *ok]) == 0
     assert json.loads((tmp_path / "s.json").read_text()) is None
     assert json.loads((tmp_path / "b.json").read_text()) == []
+
+
+def test_when_the_recipe_was_in_the_remembered_neighbourhood_the_full_search_goes_on_from_it(
+    digits_task: DigitsTask,
+) -> None:
+    ops = _ops(digits_task.model)
+    remembered = {"int8-dynamic": {"kind": "int8-dynamic", "settings": {"per_channel": False}}}
+    state, batch = rounds.plan(
+        ["int8-dynamic"],
+        ops,
+        signature="s",
+        settings=SETTINGS,
+        calibration=True,
+        remembered=remembered,
+    )
+    keys = [b["candidate"]["key"] for b in batch]
+    assert keys[0] == "int8-dynamic[per_channel=false]" and "int8-dynamic" in keys
+
+    def result(spec: dict[str, Any], status: str) -> dict[str, Any]:
+        feasible = status == "screened"
+        trial = {
+            "number": spec["number"],
+            **spec["candidate"],
+            "round": 0,
+            "origin": spec["origin"],
+            "status": status,
+            "accuracy_passed": feasible,
+            "size_ratio": 0.3,
+            "timings": [{"runs": 20, "speedup_p50": 1.5, "spread": 0.01}] if feasible else [],
+            "uri": f"store://{spec['number']}" if feasible else None,
+        }
+        return {"trial": trial, "ref_ms": 1.0, "accuracy_s": 0.1, "seconds": 1.0}
+
+    # the remembered settings fail here; the recipe beside them passes its screening
+    results = [
+        result(
+            b,
+            "inaccurate"
+            if b["origin"] == "memory"
+            else "screened"
+            if b["candidate"]["key"] == "int8-dynamic"
+            else "failed",
+        )
+        for b in batch
+    ]
+    state, nxt = rounds.select(state, results)
+    search = state.kinds["int8-dynamic"]
+    assert search.mode == "memory, then full" and search.stopped is None
+    # not the recipe again: its neighbours, the search going on from the best so far
+    assert nxt and all(b["origin"] == "neighbour of int8-dynamic" for b in nxt)
+    assert not {b["candidate"]["key"] for b in nxt} & set(keys)
