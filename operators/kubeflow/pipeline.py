@@ -105,6 +105,8 @@ CONFIG: tuple[RunParameter, ...] = (
     RunParameter("policy", "--policy-json", str, "{}"),
     RunParameter("calibration", "--calibration", str, ""),
     RunParameter("eval_data", "--eval-data", str, ""),
+    # the weight-only variants' settings (JSON; graphtrim pipeline --weights-json); {}: defaults
+    RunParameter("weights", "--weights-json", str, "{}"),
     # each variant's settings search (e.g. "10m"; graphtrim tune), in its ParallelFor step;
     # "": the fixed recipes
     RunParameter("tune", "--tune", str, ""),

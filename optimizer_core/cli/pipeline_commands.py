@@ -95,6 +95,14 @@ def _add_pipeline_args(p: argparse.ArgumentParser) -> None:
     )
     add_weight_args(p)
     p.add_argument(
+        "--weights-json",
+        metavar="JSON",
+        help="the weight-only settings as one JSON object (orchestrators), e.g. "
+        '\'{"weight_form": "ort", "quantize_embeddings": true}\'; keys: block_size, '
+        "weight_symmetric, weight_algorithm, weight_form, accuracy_level, quantize_embeddings; "
+        "not with the flags above",
+    )
+    p.add_argument(
         "--tune",
         type=tune_budget,
         default=None,
@@ -206,14 +214,15 @@ def add_parsers(sub: Any) -> None:
         help="one step of the settings search over a worker pool (for orchestrators)",
         description=(
             "The settings search (--tune), a task per trial: `plan` (needs --input export= "
-            "and optimize=) writes the search's state (--search) and its first round "
+            "and optimize=) writes the search's state (--search-output) and its first round "
             "(--batch, a JSON list of trials); `trial` (the same inputs and --trial, one item "
             "of a round) builds and screens one trial on this worker, its model to the "
             "artifact store, its result to --output; `select` (--search, and --trials: the "
             "round's results, a JSON list) writes the state and the next round, empty when "
             "the search is done (--search-output and --batch: where plan and select write). "
-            "Without --tune the plan has no search and the other steps end at once. Then `pipeline stage quantize --tuned SEARCH` judges each kind's "
-            "best trials and builds the champion."
+            "Without --tune the plan has no search and the other steps end at once. Then "
+            "`pipeline stage quantize --tuned SEARCH` judges each kind's best trials and builds "
+            "the champion."
         ),
     )
     tn.add_argument("step", choices=("plan", "trial", "select"))
@@ -332,10 +341,29 @@ def _context_and_config(args: argparse.Namespace) -> tuple[Any, Any]:
         experiment=args.experiment,
         fallback=not args.no_fallback,
         fx_simplify=args.fx_simplify,
-        weights=_changed_weights(args),
+        weights=_weights(args),
         tune=args.tune,
     )
     return ctx, config
+
+
+def _weights(args: argparse.Namespace) -> dict[str, Any] | None:
+    """The weight-only settings: ``--weights-json`` or the flags, not both."""
+    changed = _changed_weights(args)
+    text = getattr(args, "weights_json", None)
+    if not text:  # "" from an orchestrator's empty parameter
+        return changed
+    if changed:
+        raise GraphtrimError(
+            f"--weights-json and the weight flags ({', '.join(sorted(changed))}): give one"
+        )
+    try:
+        doc = json.loads(text)
+    except ValueError as exc:
+        raise GraphtrimError(f"--weights-json: not JSON ({exc})") from exc
+    if not isinstance(doc, dict):
+        raise GraphtrimError("--weights-json: a JSON object of settings")
+    return doc or None
 
 
 def _changed_weights(args: argparse.Namespace) -> dict[str, Any] | None:

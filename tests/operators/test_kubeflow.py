@@ -213,6 +213,7 @@ def test_config_parameters_are_declared_once() -> None:
         "policy",
         "calibration",
         "eval_data",
+        "weights",
         "tune",
     )
     read = [
@@ -351,6 +352,7 @@ def _kfp_run(
             ),
             "calibration": str(digits_task.calibration),
             "eval_data": str(digits_task.eval),
+            "weights": "{}",  # the run's default: the weight-only defaults
             "tune": "",  # the run's default: no settings search
             **params,
         },

@@ -220,3 +220,48 @@ def test_the_pipeline_builds_the_weight_settings_asked_for(
     assert plain.config_hash != chosen.config_hash
     assert PipelineConfig.from_json(chosen.to_json()).config_hash == chosen.config_hash
     assert plain.to_json()["weights"] is None
+
+
+def test_the_weight_settings_come_as_one_json_object_for_orchestrators(tmp_path: Path) -> None:
+    """``--weights-json`` (what the Kubeflow pipeline's ``weights`` parameter passes) gives the
+    config the flags give; both at once, bad JSON or an unknown key are refused."""
+    from graphtrim.cli.main import build_parser
+    from graphtrim.cli.pipeline_commands import _context_and_config
+    from graphtrim.errors import GraphtrimError
+
+    def config(*extra: str) -> Any:
+        argv = [
+            "pipeline",
+            "stage",
+            "quantize",
+            "--output",
+            str(tmp_path / "q.json"),
+            "--tracking-uri",
+            f"sqlite:///{tmp_path / 'db'}",
+            "--variants",
+            "int4-weight",
+            *extra,
+        ]
+        return _context_and_config(build_parser(argv).parse_args(argv))[1]
+
+    flags = config("--weight-form", "ort", "--quantize-embeddings", "--block-size", "64")
+    given = config(
+        "--weights-json", '{"weight_form": "ort", "quantize_embeddings": true, "block_size": 64}'
+    )
+    assert (
+        given.weights
+        == flags.weights
+        == {"weight_form": "ort", "quantize_embeddings": True, "block_size": 64}
+    )
+    assert given.config_hash == flags.config_hash
+    # the orchestrator's default ({} or empty): the defaults, the hash as without the option
+    assert config("--weights-json", "{}").config_hash == config().config_hash
+    assert config("--weights-json", "").weights is None
+    with pytest.raises(GraphtrimError, match="give one"):
+        config("--weights-json", '{"block_size": 64}', "--weight-form", "ort")
+    with pytest.raises(GraphtrimError, match="not JSON"):
+        config("--weights-json", "{block_size: 64}")
+    with pytest.raises(GraphtrimError, match="a JSON object"):
+        config("--weights-json", "[64]")
+    with pytest.raises(GraphtrimError, match="unknown weight setting"):
+        config("--weights-json", '{"form": "ort"}')
