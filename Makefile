@@ -6,7 +6,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.graphtrim-installed
 TORCH_PIN := torch==2.13.0
 
-.PHONY: install demo test browser lint typecheck bench bench-variants bench-tune bench-llm bench-llm-pipeline bench-scale bench-nodetests corpus sweep deployment clean
+.PHONY: install demo test browser lint typecheck bench bench-variants bench-tune bench-tune-pool bench-llm bench-llm-pipeline bench-scale bench-nodetests corpus sweep deployment clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -51,6 +51,10 @@ bench-variants: $(STAMP)
 # the settings search against the fixed recipes on six kinds of model, and its memory
 bench-tune: $(STAMP)
 	$(PY) -m bench.tune $(BENCH_ARGS)
+
+# the settings search over a worker pool: one gpu worker against two (Celery deployment)
+bench-tune-pool: $(STAMP)
+	$(PY) -m bench.tune_pool $(BENCH_ARGS)
 
 # weight-only variants of a Llama-like decoder with its KV cache, against onnxruntime-genai's
 # model builder (installed into bench/.genai on first use)
