@@ -127,11 +127,10 @@ def main(argv: list[str] | None = None) -> int:
     with moto_server(work / "s3") as s3:
         boto3.client("s3", endpoint_url=s3, region_name="us-east-1").create_bucket(Bucket="bench")
         with deployment(work / "deployment", s3=s3, bucket="bench") as d:
-            api = d["api"]
-            for dag in ("graphtrim_optimize_model_gpu",):
-                while requests.get(f"{api}/api/v2/dags/{dag}", timeout=30).status_code != 200:
-                    time.sleep(2)
-                requests.patch(f"{api}/api/v2/dags/{dag}", json={"is_paused": False}, timeout=30)
+            dag = f"{d['api']}/api/v2/dags/graphtrim_optimize_model_gpu"
+            while requests.get(dag, timeout=30).status_code != 200:
+                time.sleep(2)
+            requests.patch(dag, json={"is_paused": False}, timeout=30)
             for i, workers in enumerate((1, 2, 1)):
                 if workers == 2:
                     d["start_worker"]("gpu-worker-2")
