@@ -9,8 +9,8 @@
   model by more than the noise margin; otherwise the portable model is kept and the record says
   why. The fused model loads faster either way (nothing is left for onnxruntime to fuse).
 - ``tensorrt``: standard ops, minus the fused ops TensorRT's ONNX parser does not take
-  (the fusions into ``Gelu``, ``RMSNormalization`` and ``Attention`` stay decomposed; TensorRT
-  fuses those patterns itself).
+  (the fusions into ``Gelu``, ``RMSNormalization``, ``Attention`` and ``RotaryEmbedding`` stay
+  decomposed; TensorRT fuses those patterns itself).
 
 This module holds what the passes may emit; choosing between the portable and the fused model by
 measurement is :mod:`graphtrim.ort_target`, above the graph layer. The chosen target, the
@@ -26,7 +26,7 @@ from collections.abc import Mapping
 import onnx_ir as ir
 
 # fused ops graphtrim could emit that TensorRT's ONNX parser does not take
-TENSORRT_AVOID = frozenset({"Gelu", "RMSNormalization", "Attention"})
+TENSORRT_AVOID = frozenset({"Gelu", "RMSNormalization", "Attention", "RotaryEmbedding"})
 
 
 def emits_allowed(target: str, op_type: str) -> bool:

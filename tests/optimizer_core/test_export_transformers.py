@@ -143,6 +143,43 @@ def test_the_export_optimizes_and_verifies_with_decoder_inputs(
     assert report.after.nodes <= report.before.nodes
 
 
+def test_at_opset_23_the_decoder_fuses_into_attention_rotary_and_rmsnorm(
+    causal: tuple[Any, Path, Any], tmp_path: Path
+) -> None:
+    """Each layer's attention (KV cache, grouped-query heads, the fully-masked-row guard) is one
+    ``Attention``, its Q and K rotations ``RotaryEmbedding``: equal in onnxruntime on a
+    left-padded batch (rows that attend to nothing) and on a prefill."""
+    from graphtrim.graph.framework import OptimizeOptions
+
+    _, path, _ = causal
+    out = tmp_path / "opt23.onnx"
+    report = optimize_file(path, out, options=OptimizeOptions(target_opset=23), check=True)
+    assert report.verification is not None and report.verification.ok
+    proto = onnx.load(out)
+    onnx.checker.check_model(proto, full_check=True)
+    ops = [n.op_type for n in proto.graph.node]
+    assert ops.count("Attention") == LAYERS and ops.count("RotaryEmbedding") == 2 * LAYERS
+    assert ops.count("RMSNormalization") == 2 * LAYERS + 1
+    assert not {"Softmax", "IsNaN", "Neg"} & set(ops)
+    attn = [n for n in proto.graph.node if n.op_type == "Attention"]
+    assert [list(n.output[1:]) for n in attn] == [
+        [f"present.{i}.key", f"present.{i}.value"] for i in range(LAYERS)
+    ]
+    ref = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    opt = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(1)
+    for batch, past_len, seq in ((2, 3, 4), (3, 0, 5), (2, 6, 1)):
+        ids = rng.integers(0, 300, (batch, seq)).astype(np.int64)
+        past = [
+            rng.standard_normal((batch, KV_HEADS, past_len, HEAD)).astype(np.float32)
+            for _ in range(2 * LAYERS)
+        ]
+        feeds = _feeds(ids, past)
+        feeds["attention_mask"][0, : min(past_len + seq - 1, 4)] = 0  # left padding
+        for a, b in zip(ref.run(None, feeds), opt.run(None, feeds), strict=True):
+            np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-5)
+
+
 def test_text_encoder_exports_with_dynamic_batch_and_sequence(tmp_path: Path) -> None:
     import torch
     from transformers import BertConfig, BertModel

@@ -70,6 +70,11 @@ def shape_entries(value: ir.Value | None, depth: int = 0) -> list[Entry] | None:
             found = _picked(node, depth)
             if found is not None:
                 return found
+        if op == "Reshape" and u.const_ints(node.inputs[1]) in ([-1], [1]):
+            # a one-entry shape (a scalar dim, as exporters compute a sum of dims) made 1-D
+            found = shape_entries(node.inputs[0], depth + 1)
+            if found is not None and len(found) == 1:
+                return found
         if op == "Where" and len(node.inputs) == 3:
             found = _chosen(node, depth)
             if found is not None:

@@ -14,6 +14,8 @@ class Fusion(Protocol):
     """What the matchers read of the pass (``TransformerFusion``)."""
 
     opset: int
+    fixed_masks: dict[int, ir.Value]
+    rotary_caches: dict[tuple[int, object], tuple[ir.Value, ir.Value]]
 
     def new_name(self, hint: str) -> str: ...
 

@@ -333,11 +333,12 @@ class SymbolicShapes(GraphtrimPass):
         """``Reshape(x, s)`` (allowzero 0) has the dims ``s`` says entry by entry: a size, a dim
         read from a tensor, 0 copying x's dim, and a -1 that is what the element count leaves
         (the product of x's dims over the other entries', computed when that is a whole size or
-        one name times one: :func:`._dim_exprs.quotient`)."""
+        one name times one: :func:`._dim_exprs.quotient`). With ``allowzero=1`` and no literal
+        0 entry (torch's dynamo exporter writes it so) the entries mean the same."""
         from graphtrim.graph.passes import _dim_exprs as x
 
         allowzero = node.attributes.get_int("allowzero", 0)
-        if len(node.inputs) < 2 or node.inputs[1] is None or allowzero:
+        if len(node.inputs) < 2 or node.inputs[1] is None:
             return False
         target = u.const_ints(node.inputs[1])
         entries: list[Entry] | None = list(target) if target is not None else None
@@ -346,6 +347,8 @@ class SymbolicShapes(GraphtrimPass):
         x_dims = named(node.inputs[0])
         if entries is None or x_dims is None or entries.count(-1) > 1:
             return False
+        if allowzero and 0 in entries:
+            return False  # a literal 0 is a zero-sized dim there, not a copy
         if any(d is None for d in x_dims):
             return False
         dims: list[int | str | None] = []

@@ -27,9 +27,14 @@ opset that defines the fused op; ``graphtrim optimize --opset N`` raises the ops
   be split between ``Q`` and ``K``, as exporters of scaled dot-product attention write it;
   ``K`` may arrive as ``[batch, seq, heads, head]`` transposed in one step) equals
   ``Attention(Q, K, V, mask, scale=scale)``. A mask must span the query and key lengths in its
-  last two dims (onnxruntime's kernel broadcasts it over batch and heads only). Patterns guarded against fully masked rows
-  (``Where(IsNaN(p), 0, p)``) are left alone: the op does not promise that guard. Tolerance:
-  relative 1e-5.
+  last two dims (onnxruntime's kernel broadcasts it over batch and heads only). A decoder's KV
+  cache (``Concat(past, K)``), grouped-query heads (K and V repeated to the query heads) and a
+  guard on fully masked rows (``Where(IsNaN(p), 0, p)``) go into the same op; see
+  :mod:`._transformer_attention` for what each needs. Tolerance: relative 1e-5.
+
+- ``rotary`` (RotaryEmbedding, opset 23): ``x * cos + rotate_half(x) * sin`` with the tables
+  of ``Concat(f, f)`` angles equals ``RotaryEmbedding(x, Cos(f), Sin(f))``; see
+  :mod:`._transformer_rotary`. Tolerance: relative 1e-5.
 
 - ``gelu-erf`` (Gelu, opset 20): ``x * 0.5 * (1 + Erf(x / sqrt(2)))`` in any association of the
   two products equals ``Gelu(x)``; ``gelu-tanh``:
@@ -37,8 +42,8 @@ opset that defines the fused op; ``graphtrim optimize --opset N`` raises the ops
   ``Gelu(x, approximate="tanh")``. Constants must match to 1e-4 relative (exporters round them
   to float32). Tolerance: relative 1e-5.
 
-For the ``tensorrt`` target the Gelu and RMSNormalization rules stay off (TensorRT's parser
-does not take those ops and fuses the decomposed patterns itself).
+For the ``tensorrt`` target the Gelu, RMSNormalization, Attention and RotaryEmbedding rules stay
+off (TensorRT's parser does not take those ops and fuses the decomposed patterns itself).
 
 The rewritten model differs from the decomposed one by rounding only; the pass is not in the
 ``safe`` preset.
@@ -52,6 +57,7 @@ from graphtrim.graph import _ir_utils as u
 from graphtrim.graph.passes._transformer_attention import check_attention, fuse_attention
 from graphtrim.graph.passes._transformer_gelu import check_gelu, fuse_gelu
 from graphtrim.graph.passes._transformer_norm import check_layernorm, check_rmsnorm, fuse_norm
+from graphtrim.graph.passes._transformer_rotary import check_rotary, fuse_rotary
 from graphtrim.graph.rules import Rule, RulePass
 
 _EXCLUSIVE = "; every intermediate value read by the pattern alone"
@@ -86,6 +92,17 @@ RULES: tuple[Rule, ...] = (
         ("Softmax",),
         check_attention,
         fuse_attention,
+    ),
+    Rule(
+        "rotary",
+        "x * Unsqueeze(Cos(Concat(f, f)) [* s], 1) + Concat(-x[..., D/2:], x[..., :D/2]) * "
+        "Unsqueeze(Sin(Concat(f, f)) [* s], 1) -> RotaryEmbedding(x, Cos(f) [* s], Sin(f) [* s]) "
+        "for rank-4 float [batch, heads, seq, D] x, D static and even, and angles f of "
+        "[1 or batch, seq, D/2] (expanded to x's batch; opset 23, not for tensorrt; rtol 1e-5)"
+        + _EXCLUSIVE,
+        ("Add",),
+        check_rotary,
+        fuse_rotary,
     ),
     Rule(
         "gelu-erf",
@@ -123,6 +140,8 @@ class TransformerFusion(RulePass):
             return False
         self._namer: u.NameGenerator | None = None
         self._model = model
+        self.fixed_masks: dict[int, ir.Value] = {}  # attention masks given a new fill
+        self.rotary_caches: dict[tuple[int, object], tuple[ir.Value, ir.Value]] = {}
         return super().apply(model)
 
     def new_name(self, hint: str) -> str:

@@ -244,7 +244,9 @@ g (float[batch, 4, seq, 8] x) => (float[batch, 4, 8, seq] y) {
 def test_reshape_transpose_reshape_becomes_one_transpose():
     proto = parse(RTR.replace("PERM", "[0, 2, 1]"))
     out, result = run_passes(proto, ["symbolic-shapes", "dead-code"])
-    assert rules_fired(result) == {"reshape-transpose-reshape": 1}
+    # the first Reshape (allowzero=1, no literal 0) is named on the way
+    assert set(rules_fired(result)) <= {"reshape-transpose-reshape", "reshape-dims"}
+    assert rules_fired(result)["reshape-transpose-reshape"] == 1
     assert op_types(out) == ["Transpose"]
     perm = [list(a.ints) for a in out.graph.node[0].attribute if a.name == "perm"]
     assert perm == [[0, 1, 3, 2]]
@@ -766,3 +768,41 @@ def test_a_tile_by_constant_repeats_multiplies_the_named_dims():
     SymbolicShapes().call(model)
     assert _dims(values["t"]) == ["(4*B)", 8]
     assert _dims(values["s"]) == ["(4*B)", 8]
+
+
+def test_a_reshape_to_a_sum_of_dims_with_allowzero_is_named():
+    """torch's dynamo exporter: ``Reshape<allowzero=1>(x, [batch, 4, past + seq, 8])`` with the
+    sum computed from two shapes and made 1-D by a Reshape; the output is named entry by entry,
+    so the transpose after it resolves."""
+    proto = parse(
+        """
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[batch, 2, 2, T, 8] x, float[batch, past, 1] p, float[batch, seq, 1] s)
+            => (float[batch, 4, 8, T] y) {
+            b = Shape<start = 0, end = 1>(x)
+            pl = Shape<start = 1, end = 2>(p)
+            sl = Shape<start = 1, end = 2>(s)
+            ps = Squeeze(pl)
+            ss = Squeeze(sl)
+            total = Add(ps, ss)
+            flat = Constant<value = int64[1] {-1}>()
+            t1 = Reshape(total, flat)
+            four = Constant<value = int64[1] {4}>()
+            eight = Constant<value = int64[1] {8}>()
+            shape = Concat<axis = 0>(b, four, t1, eight)
+            r = Reshape<allowzero = 1>(x, shape)
+            y = Transpose<perm = [0, 1, 3, 2]>(r)
+        }
+        """
+    )
+    import onnx_ir as ir
+
+    from graphtrim.graph.passes._symbolic_dims import named
+    from graphtrim.graph.passes.shapes import SymbolicShapes
+    from graphtrim.graph.shape_inference import ShapeInference
+
+    model = ir.from_proto(proto)
+    ShapeInference().call(model)
+    SymbolicShapes().call(model)
+    r = next(n for n in model.graph if n.op_type == "Reshape" and n.outputs[0].name == "r")
+    assert named(r.outputs[0]) == ["batch", 4, "(past+seq)", 8]

@@ -1,7 +1,9 @@
-"""Decomposed LayerNormalization, RMSNormalization and Gelu replaced by the fused ops."""
+"""Decomposed LayerNormalization, RMSNormalization, Gelu, attention and rotary embeddings
+replaced by the fused ops."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from tests.helpers import assert_equivalent, op_types, parse, rules_fired, run_passes
@@ -297,11 +299,18 @@ def test_attention_fused_at_opset_23(form):
     assert_equivalent(proto, out, **TOL, dim_values={"B": 2, "S": 5})
 
 
-def test_attention_is_not_fused_with_a_nan_guard_old_opset_or_for_tensorrt():
+def test_attention_with_a_nan_guard_is_fused():
+    # the op gives a fully masked row zeros, what the guard makes of it
+    proto = _attention(guard=True)
+    out, result = run_passes(proto, ["fuse-transformer", "dead-code"])
+    assert rules_fired(result)["attention"] == 1
+    assert not {"IsNaN", "Where", "Softmax"} & set(op_types(out))
+    assert_equivalent(proto, out, **TOL, dim_values={"B": 2, "S": 5})
+
+
+def test_attention_is_not_fused_at_an_old_opset_or_for_tensorrt():
     from graphtrim.graph.framework import OptimizeOptions
 
-    _, result = run_passes(_attention(guard=True), ["fuse-transformer"])
-    assert not rules_fired(result)
     _, result = run_passes(_attention(opset=20), ["fuse-transformer"])
     assert not rules_fired(result)
     _, result = run_passes(
@@ -323,3 +332,197 @@ def test_attention_probabilities_read_elsewhere_are_not_fused():
     proto.graph.output.append(helper.make_tensor_value_info("p", 1, None))
     _, result = run_passes(proto, ["fuse-transformer"])
     assert not rules_fired(result)
+
+
+def _rotary(*, angles_batch: str = "1", scale: bool = False, partial: bool = False):
+    """transformers' ``apply_rotary_pos_emb`` on Q and K sharing one angle tensor."""
+    half, d = (2, 8) if partial else (4, 8)  # partial: the halves do not meet at D/2
+    cos = "cr = Cos(emb)\n c = Mul(cr, sc)" if scale else "c = Cos(emb)"
+    sin = "sr = Sin(emb)\n s = Mul(sr, sc)" if scale else "s = Sin(emb)"
+    rot = "\n".join(
+        f"""
+            {v}1 = Slice({v}, z, h, ax)
+            {v}2 = Slice({v}, h, big, ax)
+            {v}n = Neg({v}2)
+            {v}r = Concat<axis = -1>({v}n, {v}1)
+            {v}a = Mul({v}, cu)
+            {v}b = Mul({v}r, su)
+            {v}y = Add({v}a, {v}b)
+        """
+        for v in ("q", "k")
+    )
+    return parse(
+        f"""
+        <ir_version: 10, opset_import: ["" : 23]>
+        g (float[B, 4, S, {d}] q, float[B, 2, S, {d}] k, float[{angles_batch}, S, 4] f)
+            => (float[B, 4, S, {d}] qy, float[B, 2, S, {d}] ky)
+        <int64[1] z = {{0}}, int64[1] h = {{{half}}}, int64[1] big = {{9223372036854775807}},
+         int64[1] ax = {{3}}, int64[1] one = {{1}}, float sc = {{0.75}}>
+        {{
+            emb = Concat<axis = -1>(f, f)
+            {cos}
+            {sin}
+            cu = Unsqueeze(c, one)
+            su = Unsqueeze(s, one)
+            {rot}
+        }}
+        """
+    )
+
+
+@pytest.mark.parametrize(
+    ("angles_batch", "scale"), [("1", False), ("B", True)], ids=["batch-1-angles", "scaled"]
+)
+def test_rotary_embedding_fused_with_shared_tables(angles_batch, scale):
+    proto = _rotary(angles_batch=angles_batch, scale=scale)
+    out, result = run_passes(proto, ["fuse-transformer", "dead-code"])
+    assert rules_fired(result)["rotary"] == 2
+    ops = op_types(out)
+    assert ops.count("RotaryEmbedding") == 2
+    # the half-size tables once for both, expanded to the batch only where the angles lack it
+    assert ops.count("Cos") == 1 and ops.count("Sin") == 1
+    assert ops.count("Expand") == (2 if angles_batch == "1" else 0)
+    assert not {"Slice", "Neg", "Unsqueeze"} & set(ops)
+    assert_equivalent(proto, out, **TOL, dim_values={"B": 3, "S": 5})
+
+
+def test_rotary_with_halves_not_at_the_middle_is_not_fused():
+    _, result = run_passes(_rotary(partial=True), ["fuse-transformer"])
+    assert "rotary" not in rules_fired(result)
+
+
+def _decoder_attention(
+    *, fill: float = -3.4028234663852886e38, guard: bool = True, gqa: bool = True
+):
+    """A decoder's attention as torch's exporter writes transformers' SDPA path: KV cache
+    concatenated, K and V repeated to the query heads, the mask from a boolean condition with
+    a -FLT_MAX fill, the fully-masked-row guard."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    hq, hk = (4, 2) if gqa else (2, 2)
+    n = hq // hk
+    total = "(P+S)"
+    f = TensorProto.FLOAT
+    ins = [
+        helper.make_tensor_value_info("q", f, ["B", hq, "S", 8]),
+        helper.make_tensor_value_info("k", f, ["B", hk, "S", 8]),
+        helper.make_tensor_value_info("v", f, ["B", hk, "S", 8]),
+        helper.make_tensor_value_info("past_k", f, ["B", hk, "P", 8]),
+        helper.make_tensor_value_info("past_v", f, ["B", hk, "P", 8]),
+        helper.make_tensor_value_info("cond", TensorProto.BOOL, ["B", 1, "S", total]),
+    ]
+    outs = [
+        helper.make_tensor_value_info("y", f, ["B", hq, "S", 8]),
+        helper.make_tensor_value_info("present_k", f, ["B", hk, "P + S", 8]),
+        helper.make_tensor_value_info("present_v", f, ["B", hk, "P + S", 8]),
+    ]
+    consts = {
+        "c": np.array(0.59460354, np.float32),  # 8 ** -0.25 on each side
+        "zero": np.array(0.0, np.float32),
+        "fill": np.array(fill, np.float32),
+        "two": np.array([2], np.int64),
+        "grow": np.array([1, hk, n, 1, 8], np.int64),
+        "heads": np.array([0, hq, -1, 8], np.int64),
+    }
+    nodes = [
+        helper.make_node("Concat", ["past_k", "k"], ["present_k"], axis=2),
+        helper.make_node("Concat", ["past_v", "v"], ["present_v"], axis=2),
+    ]
+    kv = {}
+    for t in ("k", "v"):
+        if gqa:
+            nodes += [
+                helper.make_node("Unsqueeze", [f"present_{t}", "two"], [f"{t}u"]),
+                helper.make_node("Expand", [f"{t}u", "grow"], [f"{t}e"]),
+                helper.make_node("Reshape", [f"{t}e", "heads"], [f"{t}r"]),
+            ]
+            kv[t] = f"{t}r"
+        else:
+            kv[t] = f"present_{t}"
+    nodes += [
+        helper.make_node("Transpose", [kv["k"]], ["kt"], perm=[0, 1, 3, 2]),
+        helper.make_node("Mul", ["q", "c"], ["qs"]),
+        helper.make_node("Mul", ["kt", "c"], ["ks"]),
+        helper.make_node("MatMul", ["qs", "ks"], ["s"]),
+        helper.make_node("Where", ["cond", "zero", "fill"], ["mask"]),
+        helper.make_node("Add", ["s", "mask"], ["sm"]),
+        helper.make_node("Softmax", ["sm"], ["p"], axis=-1),
+    ]
+    if guard:
+        nodes += [
+            helper.make_node("IsNaN", ["p"], ["nan"]),
+            helper.make_node("Where", ["nan", "zero", "p"], ["pz"]),
+        ]
+    nodes.append(helper.make_node("MatMul", ["pz" if guard else "p", kv["v"]], ["y"]))
+    graph = helper.make_graph(
+        nodes, "g", ins, outs, [numpy_helper.from_array(a, k) for k, a in consts.items()]
+    )
+    return helper.make_model(graph, ir_version=10, opset_imports=[helper.make_opsetid("", 23)])
+
+
+def _decoder_feeds(batch: int = 2, past: int = 3, seq: int = 4, gqa: bool = True):
+    """Inputs whose condition left-pads batch 0: its first query rows attend to nothing."""
+    hq, hk = (4, 2) if gqa else (2, 2)
+    rng = np.random.default_rng(0)
+    feeds = {
+        "q": rng.standard_normal((batch, hq, seq, 8)).astype(np.float32),
+        "k": rng.standard_normal((batch, hk, seq, 8)).astype(np.float32),
+        "v": rng.standard_normal((batch, hk, seq, 8)).astype(np.float32),
+        "past_k": rng.standard_normal((batch, hk, past, 8)).astype(np.float32),
+        "past_v": rng.standard_normal((batch, hk, past, 8)).astype(np.float32),
+    }
+    keep = np.ones((batch, past + seq), bool)
+    keep[0, : past + 2] = False  # padding
+    causal = np.arange(past + seq)[None, :] <= past + np.arange(seq)[:, None]
+    feeds["cond"] = (keep[:, None, None, :] & causal[None, None]).copy()
+    assert not feeds["cond"][0, 0, 0].any()  # a fully masked row
+    return feeds
+
+
+@pytest.mark.parametrize("gqa", [True, False], ids=["grouped-query", "multi-head"])
+def test_decoder_attention_takes_the_cache_the_repeat_and_the_guard(gqa):
+    proto = _decoder_attention(gqa=gqa)
+    out, result = run_passes(proto, ["fuse-transformer", "dead-code"])
+    assert rules_fired(result)["attention"] == 1
+    ops = op_types(out)
+    assert ops.count("Attention") == 1
+    assert not {"Softmax", "MatMul", "IsNaN", "Expand", "Unsqueeze", "Concat"} & set(ops)
+    attn = next(n for n in out.graph.node if n.op_type == "Attention")
+    assert list(attn.input[4:]) == ["past_k", "past_v"]
+    assert list(attn.output[1:]) == ["present_k", "present_v"]
+    feeds = [_decoder_feeds(gqa=gqa), _decoder_feeds(batch=1, past=0, seq=5, gqa=gqa)]
+    assert_equivalent(proto, out, **TOL, inputs=feeds)
+
+
+def test_a_minus_flt_max_fill_is_moved_off_what_onnxruntime_reads_as_masked():
+    """onnxruntime's kernel gives a row filled with exactly -FLT_MAX throughout zeros, the
+    decomposed form the mean of V: the fused op gets the next float as its fill."""
+    import onnxruntime as ort
+
+    from graphtrim.graph.passes._transformer_attention import _LOWEST
+
+    proto = _decoder_attention()
+    out, _ = run_passes(proto, ["fuse-transformer", "dead-code"])
+    fill = next(n for n in out.graph.node if n.op_type == "Where").input[2]
+    value = next(t for t in out.graph.initializer if t.name == fill)
+    from onnx import numpy_helper
+
+    assert numpy_helper.to_array(value) == np.nextafter(_LOWEST, np.float32(0))
+    # the reason: the op with -FLT_MAX itself zeroes the left-padded rows
+    value.CopyFrom(numpy_helper.from_array(np.array(_LOWEST, np.float32), fill))
+    feeds = _decoder_feeds()
+    ref = ort.InferenceSession(proto.SerializeToString()).run(["y"], feeds)[0]
+    raw = ort.InferenceSession(out.SerializeToString()).run(["y"], feeds)[0]
+    assert not np.allclose(ref[0, :, 0], raw[0, :, 0], atol=1e-3)
+    assert np.allclose(raw[0, :, 0], 0.0)
+    assert np.allclose(ref[1], raw[1], atol=1e-5)  # rows that attend to something agree
+
+
+def test_decoder_attention_with_an_unproved_repeat_is_not_fused():
+    from onnx import numpy_helper
+
+    proto = _decoder_attention()
+    grow = next(t for t in proto.graph.initializer if t.name == "grow")
+    grow.CopyFrom(numpy_helper.from_array(np.array([1, 2, 2, 3, 8], np.int64), "grow"))
+    _, result = run_passes(proto, ["fuse-transformer"])
+    assert "attention" not in rules_fired(result)

@@ -6,7 +6,13 @@ import onnx
 
 from tests.helpers import parse
 from tests.optimizer_core.graph.rule_examples import Example
-from tests.optimizer_core.graph.test_transformer import _attention, _gelu_tanh, _ln, _rms
+from tests.optimizer_core.graph.test_transformer import (
+    _attention,
+    _gelu_tanh,
+    _ln,
+    _rms,
+    _rotary,
+)
 
 # the fused kernels sum in another order
 _TOL = {"rtol": 1e-5, "atol": 1e-5}
@@ -33,6 +39,7 @@ EXAMPLES = {
     ("fuse-transformer", "layernorm"): Example(model=lambda: _ln(17), **_TOL),
     ("fuse-transformer", "rmsnorm"): Example(model=lambda: _rms(23), **_TOL),
     ("fuse-transformer", "attention"): Example(model=lambda: _attention(form="mask"), **_TOL),
+    ("fuse-transformer", "rotary"): Example(model=_rotary, **_TOL),
     ("fuse-transformer", "gelu-erf"): Example(model=_gelu_erf, **_TOL),
     ("fuse-transformer", "gelu-tanh"): Example(model=lambda: _gelu_tanh(20), **_TOL),
 }

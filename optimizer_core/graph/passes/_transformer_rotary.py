@@ -1,0 +1,217 @@
+"""The rotary embedding fusion of pass ``fuse-transformer`` (opset 23).
+
+transformers' ``apply_rotary_pos_emb`` (Llama, Mistral, Qwen2, Gemma, GPT-NeoX, ...) computes,
+for ``x`` of shape ``[batch, heads, seq, D]``::
+
+    emb = Concat(f, f, axis=-1)                       # f: [b, seq, D/2], the angles
+    cos = Unsqueeze(Cos(emb) [* s], 1);  sin = Unsqueeze(Sin(emb) [* s], 1)
+    y = x * cos + Concat(-x[..., D/2:], x[..., :D/2], axis=-1) * sin
+
+Both halves of ``cos`` and ``sin`` are ``Cos(f)`` and ``Sin(f)``, so ``y`` is
+``RotaryEmbedding(x, Cos(f) [* s], Sin(f) [* s])``: the op's first half
+``x1 * cos - x2 * sin`` and second half ``x2 * cos + x1 * sin`` are the same products summed
+in the same order (the Neg is exact). The op takes its caches as ``[batch, seq, D/2]`` and
+onnxruntime does not broadcast them, while the angles of a model that counts positions once
+for the batch have batch 1: they are expanded to ``x``'s batch first. The half-size caches
+(and their Expand) are made once per angle tensor and shared by every layer's Q and K.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import onnx_ir as ir
+
+from graphtrim.graph import _ir_utils as u
+from graphtrim.graph.passes._symbolic_dims import named
+from graphtrim.graph.passes._transformer_common import (
+    elem_type,
+    fusion,
+    private,
+    producer,
+    scalar,
+    split_const,
+)
+from graphtrim.graph.rules import RuleContext, replace
+from graphtrim.graph.targets import emits_allowed
+
+_INT64_MAX = np.iinfo(np.int64).max
+
+
+@dataclasses.dataclass
+class Rotary:
+    x: ir.Value
+    angles: ir.Value  # f: [b, seq, D/2]
+    cos_scale: float | None
+    sin_scale: float | None
+    expand: bool  # the angles have batch 1 and x's batch is not provably 1
+
+
+def _trig(value: ir.Value | None, op: str) -> tuple[ir.Value, float | None] | str:
+    """``(emb, s)`` for ``Unsqueeze(op(emb) [* s], 1)``."""
+    unsq = producer(value, "Unsqueeze")
+    if unsq is None or len(unsq.inputs) < 2 or u.const_ints(unsq.inputs[1]) != [1]:
+        return f"the {op} table is not unsqueezed at axis 1"
+    t = unsq.inputs[0]
+    s: float | None = None
+    mul = producer(t, "Mul")
+    if mul is not None:
+        split = split_const(mul)
+        if split is None:
+            return f"the {op} table is scaled by a computed value"
+        s = scalar(split[1])
+        if s is None:
+            return f"the {op} table is not scaled by a scalar"
+        t = split[0]
+    node = producer(t, op)
+    if node is None or node.inputs[0] is None:
+        return f"the table is not {op} of the angles"
+    return node.inputs[0], s
+
+
+def _half_slice(value: ir.Value | None, x: ir.Value, start: int, end: int) -> bool:
+    """``value`` is ``x[..., start:end]`` (the end may be any index at or past the last dim)."""
+    node = producer(value, "Slice")
+    if node is None or node.inputs[0] is not x or len(node.inputs) < 4:
+        return False
+    starts, ends = u.const_ints(node.inputs[1]), u.const_ints(node.inputs[2])
+    axes = u.const_ints(node.inputs[3])
+    steps = u.const_ints(node.inputs[4]) if len(node.inputs) > 4 and node.inputs[4] else [1]
+    if starts != [start] or ends is None or len(ends) != 1 or axes not in ([3], [-1]):
+        return False
+    return steps == [1] and (ends[0] == end or (end == 2 * start and ends[0] >= end))
+
+
+def check_rotary(add: ir.Node, ctx: RuleContext) -> Rotary | str:
+    if fusion(ctx).opset < 23 or not emits_allowed(ctx.options.target, "RotaryEmbedding"):
+        return "RotaryEmbedding needs opset 23 and a target that takes it"
+    muls = [producer(v, "Mul") for v in add.inputs]
+    if len(add.inputs) != 2 or muls[0] is None or muls[1] is None:
+        return "not a sum of two products"
+    # the product whose operand is the Concat is the sine side
+    sin_side = None
+    for i, mul in enumerate(muls):
+        assert mul is not None
+        for j in (0, 1):
+            if producer(mul.inputs[j], "Concat") is not None:
+                sin_side = (i, j)
+    if sin_side is None:
+        return "no product of a rotated half"
+    sin_mul, cos_mul = muls[sin_side[0]], muls[1 - sin_side[0]]
+    assert sin_mul is not None and cos_mul is not None
+    rot, sin_t = sin_mul.inputs[sin_side[1]], sin_mul.inputs[1 - sin_side[1]]
+    cat = producer(rot, "Concat")
+    assert cat is not None
+    if len(cat.inputs) != 2 or cat.attributes.get_int("axis", 0) not in (-1, 3):
+        return "the rotated half is not a Concat of two on the last axis"
+    neg = producer(cat.inputs[0], "Neg")
+    if neg is None:
+        return "the rotated half does not start with a negated half"
+    x = next((v for v in cos_mul.inputs if producer(v, "Slice") is None and v is not None), None)
+    if x is None or u.rank(x) != 4 or elem_type(x) != ir.DataType.FLOAT:
+        return "x is not a rank-4 float value"
+    cos_t = cos_mul.inputs[1] if cos_mul.inputs[0] is x else cos_mul.inputs[0]
+    xd = named(x)
+    d = xd[3] if xd is not None else None
+    if not isinstance(d, int) or d % 2 or d < 2:
+        return "x's last dim is not a static even size"
+    half = d // 2
+    if not _half_slice(neg.inputs[0], x, half, d) or not _half_slice(cat.inputs[1], x, 0, half):
+        return "the halves are not x[..., D/2:] and x[..., :D/2]"
+    cos_m, sin_m = _trig(cos_t, "Cos"), _trig(sin_t, "Sin")
+    if isinstance(cos_m, str):
+        return cos_m
+    if isinstance(sin_m, str):
+        return sin_m
+    if cos_m[0] is not sin_m[0]:
+        return "cos and sin are not of the same angles"
+    emb = producer(cos_m[0], "Concat")
+    emb_rank = u.rank(cos_m[0])
+    if (
+        emb is None
+        or emb_rank is None
+        or len(emb.inputs) != 2
+        or emb.inputs[0] is not emb.inputs[1]
+        or emb.attributes.get_int("axis", 0) not in (-1, emb_rank - 1)
+    ):
+        return "the angles are not Concat(f, f) on the last axis"
+    f = emb.inputs[0]
+    fd = named(f)
+    if f is None or fd is None or len(fd) != 3 or elem_type(f) != ir.DataType.FLOAT:
+        return "the angles are not a rank-3 float value"
+    assert xd is not None
+    if fd[2] != half or fd[1] is None or fd[1] != xd[2]:
+        return "the angles are not provably [b, seq, D/2] for x's seq"
+    if fd[0] not in (1, xd[0]) or fd[0] is None:
+        return "the angles' batch is neither 1 nor x's"
+    halves = [producer(neg.inputs[0], "Slice"), producer(cat.inputs[1], "Slice")]
+    pattern = [add, cos_mul, sin_mul, cat, neg, *[n for n in halves if n is not None]]
+    if not private(pattern, keep=add.outputs[0]):
+        return "an intermediate value is read outside the pattern"
+    return Rotary(x, f, cos_m[1], sin_m[1], expand=fd[0] != xd[0])
+
+
+def _caches(add: ir.Node, m: Rotary, ctx: RuleContext) -> tuple[ir.Value, ir.Value]:
+    """The half-size cos and sin caches of ``m``'s angles, at x's batch; made before ``add``
+    on first use and shared afterwards."""
+    xd = named(m.x)
+    batch = xd[0] if xd is not None else None
+    key = (
+        id(m.angles),
+        (batch if batch is not None else id(m.x)) if m.expand else None,
+        m.cos_scale,
+        m.sin_scale,
+    )
+    made = fusion(ctx).rotary_caches
+    if key in made:  # type: ignore[comparison-overlap]
+        return made[key]  # type: ignore[index]
+    graph, namer = ctx.graph, fusion(ctx).new_name
+    new: list[ir.Node] = []
+    fd = named(m.angles)
+
+    def table(op: str, s: float | None) -> ir.Value:
+        node = ir.Node("", op, [m.angles], name=namer(op))
+        new.append(node)
+        value = node.outputs[0]
+        if s is not None:
+            c = u.add_initializer(
+                graph, np.array(s, dtype=np.float32), namer(f"{op.lower()}_scale")
+            )
+            mul = ir.Node("", "Mul", [value, c], name=namer("Mul"))
+            new.append(mul)
+            value = mul.outputs[0]
+        return value
+
+    cos, sin = table("Cos", m.cos_scale), table("Sin", m.sin_scale)
+    if m.expand:
+        shape = ir.Node("", "Shape", [m.x], [ir.AttrInt64("start", 0), ir.AttrInt64("end", 1)])
+        ones = u.add_initializer(graph, np.array([1, 1], dtype=np.int64), namer("ones"))
+        target = ir.Node("", "Concat", [shape.outputs[0], ones], [ir.AttrInt64("axis", 0)])
+        new += [shape, target]
+        expanded = []
+        for value in (cos, sin):
+            e = ir.Node("", "Expand", [value, target.outputs[0]], name=namer("Expand"))
+            new.append(e)
+            expanded.append(e.outputs[0])
+        cos, sin = expanded
+    for node in new:
+        graph.insert_before(add, node)
+    dims = [batch if m.expand else (fd[0] if fd else None), *(fd[1:] if fd else [None, None])]
+    for value in (cos, sin):
+        value.type = m.angles.type
+        value.shape = ir.Shape(dims)
+    made[key] = (cos, sin)  # type: ignore[index]
+    return cos, sin
+
+
+def fuse_rotary(add: ir.Node, m: Rotary, ctx: RuleContext) -> None:
+    cos, sin = _caches(add, m, ctx)
+    y = add.outputs[0]
+    fused = ir.Node(
+        "", "RotaryEmbedding", [m.x, cos, sin], name=fusion(ctx).new_name("RotaryEmbedding")
+    )
+    ctx.graph.insert_before(add, fused)
+    fused.outputs[0].shape = y.shape
+    fused.outputs[0].type = y.type
+    replace(y, fused.outputs[0], "a rotary embedding")
