@@ -303,7 +303,8 @@ def single_consumer(value: ir.Value) -> bool:
 
 
 class NameGenerator:
-    """Unique value names across every graph of a model."""
+    """Unique value and node names across every graph of a model (onnxruntime refuses a model
+    with two nodes of one name when it loads it from a file)."""
 
     def __init__(self, model: ir.Model):
         self._used: set[str] = set()
@@ -313,6 +314,8 @@ class NameGenerator:
                     self._used.add(v.name)
             self._used.update(n for n in graph.initializers if n)
             for node in graph:
+                if node.name:
+                    self._used.add(node.name)
                 for out in node.outputs:
                     if out.name:
                         self._used.add(out.name)

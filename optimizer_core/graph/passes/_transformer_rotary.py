@@ -46,6 +46,7 @@ class Rotary:
     cos_scale: float | None
     sin_scale: float | None
     expand: bool  # the angles have batch 1 and x's batch is not provably 1
+    pattern: list[ir.Node]  # read by nothing else: removed with the rewrite
 
 
 def _trig(value: ir.Value | None, op: str) -> tuple[ir.Value, float | None] | str:
@@ -108,8 +109,11 @@ def check_rotary(add: ir.Node, ctx: RuleContext) -> Rotary | str:
     neg = producer(cat.inputs[0], "Neg")
     if neg is None:
         return "the rotated half does not start with a negated half"
-    x = next((v for v in cos_mul.inputs if producer(v, "Slice") is None and v is not None), None)
-    if x is None or u.rank(x) != 4 or elem_type(x) != ir.DataType.FLOAT:
+    upper = producer(neg.inputs[0], "Slice")
+    x = upper.inputs[0] if upper is not None else None
+    if x is None or x not in cos_mul.inputs:
+        return "the halves are not sliced from the value the cos side multiplies"
+    if u.rank(x) != 4 or elem_type(x) != ir.DataType.FLOAT:
         return "x is not a rank-4 float value"
     cos_t = cos_mul.inputs[1] if cos_mul.inputs[0] is x else cos_mul.inputs[0]
     xd = named(x)
@@ -149,7 +153,7 @@ def check_rotary(add: ir.Node, ctx: RuleContext) -> Rotary | str:
     pattern = [add, cos_mul, sin_mul, cat, neg, *[n for n in halves if n is not None]]
     if not private(pattern, keep=add.outputs[0]):
         return "an intermediate value is read outside the pattern"
-    return Rotary(x, f, cos_m[1], sin_m[1], expand=fd[0] != xd[0])
+    return Rotary(x, f, cos_m[1], sin_m[1], expand=fd[0] != xd[0], pattern=pattern)
 
 
 def _caches(add: ir.Node, m: Rotary, ctx: RuleContext) -> tuple[ir.Value, ir.Value]:
@@ -185,7 +189,14 @@ def _caches(add: ir.Node, m: Rotary, ctx: RuleContext) -> tuple[ir.Value, ir.Val
 
     cos, sin = table("Cos", m.cos_scale), table("Sin", m.sin_scale)
     if m.expand:
-        shape = ir.Node("", "Shape", [m.x], [ir.AttrInt64("start", 0), ir.AttrInt64("end", 1)])
+        # the batch is read from x, or from what x slices channels of (a partial rotation's
+        # slice is then read by the op alone, and ``rotary-partial`` removes it)
+        src = m.x
+        cut = producer(m.x, "Slice")
+        if cut is not None and cut.inputs[0] is not None and len(cut.inputs) > 3:
+            if u.const_ints(cut.inputs[3]) in ([3], [-1]) and u.rank(cut.inputs[0]) == 4:
+                src = cut.inputs[0]
+        shape = ir.Node("", "Shape", [src], [ir.AttrInt64("start", 0), ir.AttrInt64("end", 1)])
         ones = u.add_initializer(graph, np.array([1, 1], dtype=np.int64), namer("ones"))
         target = ir.Node("", "Concat", [shape.outputs[0], ones], [ir.AttrInt64("axis", 0)])
         new += [shape, target]
@@ -215,3 +226,80 @@ def fuse_rotary(add: ir.Node, m: Rotary, ctx: RuleContext) -> None:
     fused.outputs[0].shape = y.shape
     fused.outputs[0].type = y.type
     replace(y, fused.outputs[0], "a rotary embedding")
+    # gone at once, not at the next dead-code run: a partial rotation's slice of x is then
+    # read by the fused op alone (``rotary-partial`` matches in the same run)
+    u.remove_nodes(ctx.graph, m.pattern)
+
+
+@dataclasses.dataclass
+class PartialRotary:
+    x: ir.Value
+    rotary: ir.Node  # RotaryEmbedding of x[..., :rot]
+    dim: int  # rot
+
+
+def check_partial_rotary(concat: ir.Node, ctx: RuleContext) -> PartialRotary | str:
+    """``Concat(RotaryEmbedding(x[..., :r], cos, sin), x[..., r:], axis=-1)`` (partial rotary
+    embeddings: Phi, GPT-NeoX) is ``RotaryEmbedding(x, cos, sin, rotary_embedding_dim=r)``: the
+    op rotates the first ``r`` channels and passes the rest through."""
+    if fusion(ctx).opset < 23 or not emits_allowed(ctx.options.target, "RotaryEmbedding"):
+        return "RotaryEmbedding needs opset 23 and a target that takes it"
+    if len(concat.inputs) != 2 or concat.attributes.get_int("axis", 0) not in (-1, 3):
+        return "not a Concat of two on the last axis"
+    rope = producer(concat.inputs[0], "RotaryEmbedding")
+    if rope is None or rope.domain not in ("", "ai.onnx") or rope.inputs[0] is None:
+        return "the first part is not a RotaryEmbedding"
+    if len(rope.inputs) > 3 or set(rope.attributes) - {"interleaved", "rotary_embedding_dim"}:
+        return "the RotaryEmbedding reads position ids or has heads given"
+    head = producer(rope.inputs[0], "Slice")
+    rest = producer(concat.inputs[1], "Slice")
+    if head is None or rest is None or head.inputs[0] is None:
+        return "the parts are not slices"
+    x = head.inputs[0]
+    xd = named(x)
+    if xd is None or len(xd) != 4 or not isinstance(xd[3], int):
+        return "x is not rank 4 with a static last dim"
+    rd = named(rope.inputs[0])
+    r = rd[3] if rd is not None and len(rd) == 4 else None
+    if not isinstance(r, int) or not 0 < r < xd[3]:
+        return "the rotated part's width is not known"
+    if rope.attributes.get_int("rotary_embedding_dim", 0) not in (0, r):
+        return "the RotaryEmbedding rotates part of its input already"
+    if not _slice_of(head, x, 0, r) or not _slice_of(rest, x, r, xd[3]):
+        return "the parts are not x[..., :r] and x[..., r:]"
+    if not private([head, rope, rest, concat], keep=concat.outputs[0]):
+        return "a part is read outside the pattern"
+    return PartialRotary(x, rope, r)
+
+
+def _slice_of(node: ir.Node, x: ir.Value, start: int, end: int) -> bool:
+    """``node`` is ``x[..., start:end]`` (an end at or past the last dim for the tail)."""
+    if node.inputs[0] is not x or len(node.inputs) < 4:
+        return False
+    starts, ends = u.const_ints(node.inputs[1]), u.const_ints(node.inputs[2])
+    axes = u.const_ints(node.inputs[3])
+    steps = u.const_ints(node.inputs[4]) if len(node.inputs) > 4 and node.inputs[4] else [1]
+    if starts != [start] or ends is None or len(ends) != 1 or axes not in ([3], [-1]):
+        return False
+    xd = named(x)
+    width = xd[3] if xd is not None else None
+    return steps == [1] and (ends[0] == end or (end == width and ends[0] >= end))
+
+
+def fuse_partial_rotary(concat: ir.Node, m: PartialRotary, ctx: RuleContext) -> None:
+    y = concat.outputs[0]
+    attrs = [ir.AttrInt64("rotary_embedding_dim", m.dim)]
+    interleaved = m.rotary.attributes.get_int("interleaved", 0)
+    if interleaved:
+        attrs.append(ir.AttrInt64("interleaved", interleaved))
+    fused = ir.Node(
+        "",
+        "RotaryEmbedding",
+        [m.x, *m.rotary.inputs[1:3]],
+        attrs,
+        name=fusion(ctx).new_name("RotaryEmbedding"),
+    )
+    ctx.graph.insert_before(concat, fused)
+    fused.outputs[0].shape = y.shape
+    fused.outputs[0].type = y.type
+    replace(y, fused.outputs[0], "a partial rotary embedding")

@@ -34,7 +34,9 @@ opset that defines the fused op; ``graphtrim optimize --opset N`` raises the ops
 
 - ``rotary`` (RotaryEmbedding, opset 23): ``x * cos + rotate_half(x) * sin`` with the tables
   of ``Concat(f, f)`` angles equals ``RotaryEmbedding(x, Cos(f), Sin(f))``; see
-  :mod:`._transformer_rotary`. Tolerance: relative 1e-5.
+  :mod:`._transformer_rotary`. Tolerance: relative 1e-5. ``rotary-partial``: a rotation of
+  the first ``r`` channels concatenated with the rest (Phi, GPT-NeoX) is the op with
+  ``rotary_embedding_dim=r``.
 
 - ``gelu-erf`` (Gelu, opset 20): ``x * 0.5 * (1 + Erf(x / sqrt(2)))`` in any association of the
   two products equals ``Gelu(x)``; ``gelu-tanh``:
@@ -57,7 +59,12 @@ from graphtrim.graph import _ir_utils as u
 from graphtrim.graph.passes._transformer_attention import check_attention, fuse_attention
 from graphtrim.graph.passes._transformer_gelu import check_gelu, fuse_gelu
 from graphtrim.graph.passes._transformer_norm import check_layernorm, check_rmsnorm, fuse_norm
-from graphtrim.graph.passes._transformer_rotary import check_rotary, fuse_rotary
+from graphtrim.graph.passes._transformer_rotary import (
+    check_partial_rotary,
+    check_rotary,
+    fuse_partial_rotary,
+    fuse_rotary,
+)
 from graphtrim.graph.rules import Rule, RulePass
 
 _EXCLUSIVE = "; every intermediate value read by the pattern alone"
@@ -103,6 +110,15 @@ RULES: tuple[Rule, ...] = (
         ("Add",),
         check_rotary,
         fuse_rotary,
+    ),
+    Rule(
+        "rotary-partial",
+        "Concat(RotaryEmbedding(x[..., :r], cos, sin), x[..., r:], axis=-1) -> "
+        "RotaryEmbedding(x, cos, sin, rotary_embedding_dim=r) for rank-4 x with a static last "
+        "dim (opset 23, not for tensorrt; exact)" + _EXCLUSIVE,
+        ("Concat",),
+        check_partial_rotary,
+        fuse_partial_rotary,
     ),
     Rule(
         "gelu-erf",

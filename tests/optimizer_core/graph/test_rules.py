@@ -7,7 +7,7 @@ import pytest
 
 from graphtrim.graph.framework import OptimizeOptions
 from graphtrim.graph.presets import PASSES, all_rules
-from tests.helpers import assert_equivalent, run_passes
+from tests.helpers import assert_equivalent, parse, run_passes
 from tests.optimizer_core.graph.rule_examples import all_examples
 
 EXAMPLES = all_examples()
@@ -49,3 +49,22 @@ def test_rule_fires_on_its_example_and_keeps_results(pass_name, rule):
     assert fired.get(rule, 0) >= 1, f"{pass_name}:{rule} did not fire; fired: {fired}"
     if example.compare:
         assert_equivalent(proto, out, rtol=example.rtol, atol=example.atol)
+
+
+def test_new_names_avoid_node_names_too():
+    """onnxruntime refuses a file with two nodes of one name: a fusion naming its node after
+    the op must not repeat the name an earlier run gave a node."""
+    import onnx_ir as ir
+
+    from graphtrim.graph import _ir_utils as u
+
+    proto = parse(
+        """
+        <ir_version: 10, opset_import: ["" : 23]>
+        g (float[2] x) => (float[2] y) { y = Relu(x) }
+        """
+    )
+    proto.graph.node[0].name = "RotaryEmbedding"
+    names = u.NameGenerator(ir.from_proto(proto))
+    assert names("RotaryEmbedding") != "RotaryEmbedding"
+    assert names("y") != "y" and names("fresh") == "fresh"

@@ -391,6 +391,69 @@ def test_rotary_with_halves_not_at_the_middle_is_not_fused():
     assert "rotary" not in rules_fired(result)
 
 
+def _partial_rotary():
+    """Phi's and GPT-NeoX's partial rotation: the first 8 of 16 channels rotated, the rest
+    passed, on Q and K."""
+    parts = "\n".join(
+        f"""
+            {v}x = Slice({v}, z, eight, ax)
+            {v}p = Slice({v}, eight, big, ax)
+            {v}1 = Slice({v}x, z, h, ax)
+            {v}2 = Slice({v}x, h, big, ax)
+            {v}n = Neg({v}2)
+            {v}r = Concat<axis = -1>({v}n, {v}1)
+            {v}a = Mul({v}x, cu)
+            {v}b = Mul({v}r, su)
+            {v}e = Add({v}a, {v}b)
+            {v}y = Concat<axis = -1>({v}e, {v}p)
+        """
+        for v in ("q", "k")
+    )
+    return parse(
+        f"""
+        <ir_version: 10, opset_import: ["" : 23]>
+        g (float[B, 4, S, 16] q, float[B, 4, S, 16] k, float[1, S, 4] f)
+            => (float[B, 4, S, 16] qy, float[B, 4, S, 16] ky)
+        <int64[1] z = {{0}}, int64[1] h = {{4}}, int64[1] eight = {{8}},
+         int64[1] big = {{9223372036854775807}}, int64[1] ax = {{-1}}, int64[1] one = {{1}}>
+        {{
+            emb = Concat<axis = -1>(f, f)
+            c = Cos(emb)
+            s = Sin(emb)
+            cu = Unsqueeze(c, one)
+            su = Unsqueeze(s, one)
+            {parts}
+        }}
+        """
+    )
+
+
+def test_a_partial_rotation_is_one_rotary_embedding_with_its_width(tmp_path):
+    import onnx
+    import onnxruntime as ort
+
+    from graphtrim.graph.framework import OptimizeOptions
+    from graphtrim.optimize_file import optimize_file
+
+    proto = _partial_rotary()
+    out, result = run_passes(proto, ["fuse-transformer", "dead-code"])
+    fired = rules_fired(result)
+    assert fired["rotary"] == 2 and fired["rotary-partial"] == 2
+    ropes = [n for n in out.graph.node if n.op_type == "RotaryEmbedding"]
+    assert len(ropes) == 2 and not {"Slice", "Neg"} & set(op_types(out))
+    assert op_types(out).count("Concat") == 1  # the batch the tables are expanded to
+    assert all(a.name == "rotary_embedding_dim" and a.i == 8 for n in ropes for a in n.attribute)
+    assert_equivalent(proto, out, **TOL, dim_values={"B": 2, "S": 3})
+    # through the whole optimizer (passes run to a fixed point, each run naming new nodes):
+    # the file onnxruntime loads has no node name twice
+    src, dst = tmp_path / "in.onnx", tmp_path / "out.onnx"
+    onnx.save(proto, src)
+    optimize_file(src, dst, options=OptimizeOptions(), check=True)
+    names = [n.name for n in onnx.load(dst).graph.node if n.name]
+    assert len(names) == len(set(names))
+    ort.InferenceSession(str(dst), providers=["CPUExecutionProvider"])
+
+
 def _decoder_attention(
     *, fill: float = -3.4028234663852886e38, guard: bool = True, gqa: bool = True
 ):

@@ -10,6 +10,7 @@ from tests.optimizer_core.graph.test_transformer import (
     _attention,
     _gelu_tanh,
     _ln,
+    _partial_rotary,
     _rms,
     _rotary,
 )
@@ -40,6 +41,7 @@ EXAMPLES = {
     ("fuse-transformer", "rmsnorm"): Example(model=lambda: _rms(23), **_TOL),
     ("fuse-transformer", "attention"): Example(model=lambda: _attention(form="mask"), **_TOL),
     ("fuse-transformer", "rotary"): Example(model=_rotary, **_TOL),
+    ("fuse-transformer", "rotary-partial"): Example(model=_partial_rotary, **_TOL),
     ("fuse-transformer", "gelu-erf"): Example(model=_gelu_erf, **_TOL),
     ("fuse-transformer", "gelu-tanh"): Example(model=lambda: _gelu_tanh(20), **_TOL),
 }
