@@ -6,7 +6,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.graphtrim-installed
 TORCH_PIN := torch==2.13.0
 
-.PHONY: install demo test browser lint typecheck bench bench-variants bench-tune bench-tune-pool bench-llm bench-llm-pipeline bench-scale bench-nodetests corpus sweep deployment clean
+.PHONY: install demo test browser lint typecheck bench bench-variants bench-tune bench-tune-pool bench-llm bench-llm-graph bench-llm-pipeline bench-scale bench-nodetests corpus sweep deployment clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -60,6 +60,11 @@ bench-tune-pool: $(STAMP)
 # model builder (installed into bench/.genai on first use)
 bench-llm: $(STAMP)
 	$(PY) -m bench.llm $(BENCH_ARGS)
+
+# the graph optimizer on a Llama-like decoder with its KV cache (opset 22 and 23), against the
+# anchors and onnxruntime-genai's model builder's own graph
+bench-llm-graph: $(STAMP)
+	$(PY) -m bench.llm_graph $(BENCH_ARGS)
 
 # a Llama-like model over 2 GB through every pipeline stage: wall time and peak RSS per stage
 bench-llm-pipeline: $(STAMP)

@@ -11,7 +11,7 @@ gates on CPU workers, ``graphtrim_optimize_model_gpu`` builds and gates variants
 (Celery queue ``gpu``, a GPU pod on Kubernetes) under the ``graphtrim_gpu`` pool.
 
 Trigger with ``conf``: ``{"model_name": "...", "version": "3"}`` (or ``"alias": "..."``), and
-optionally ``variants``, ``preset``, ``policy`` (a gate policy document), ``calibration`` /
+optionally ``variants``, ``preset``, ``opset``, ``policy`` (a gate policy document), ``calibration`` /
 ``eval_data`` (.npz URIs), ``target_name``, ``artifacts``, ``allow_variant_source`` (take a
 version graphtrim registered, a variant, as the source; refused otherwise).
 
@@ -69,6 +69,13 @@ def _params(device: str) -> dict[str, Param]:
             type="string",
             enum=preset_choices(),
             description="graph optimization preset (graphtrim passes --presets lists them)",
+        ),
+        "opset": Param(
+            None,
+            type=["null", "integer"],
+            description="raise the model's opset to this before the graph passes (23: a "
+            "language model's Attention with its KV cache, RotaryEmbedding, RMSNormalization); "
+            "none: the export's",
         ),
         "policy": Param(
             None,

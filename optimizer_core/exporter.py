@@ -16,7 +16,8 @@ model itself with the dynamo exporter:
   names transformers, Optimum and onnxruntime-genai use). ``past_sequence`` may be 0
   (prefill). Opset 22: at 23 torch's exporter writes ``RotaryEmbedding`` with cos/sin caches of
   batch 1, which the op does not broadcast (onnxruntime refuses a batch of 2); graphtrim's
-  ``--opset 23`` fuses RMSNormalization and Attention afterwards where wanted;
+  ``--opset 23`` fuses RMSNormalization, Attention and RotaryEmbedding afterwards where
+  wanted (its rotary caches expanded to the batch);
 * any other model (text encoders: feature extraction, classification, fill-mask) with
   ``input_ids`` and ``attention_mask`` (``[batch, sequence]``) and its first output
   (``last_hidden_state`` or ``logits``).

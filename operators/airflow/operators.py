@@ -566,6 +566,7 @@ def plan_run(params: Mapping[str, Any] | None, device: str) -> dict[str, Any]:
             target_name=p.get("target_name"),
             weights=p.get("weights") or None,
             tune=_budget(p.get("tune")),
+            opset=p.get("opset"),
         )
     except GraphtrimError as exc:
         raise AirflowFailException(str(exc)) from exc

@@ -27,7 +27,8 @@ def register(sub: Any) -> dict[str, Callable[[argparse.Namespace], int]]:
             "Write the pipeline export -> optimize -> settings search -> quantize/gate per "
             "variant -> register -> promote as KFP v2 YAML, its steps running IMAGE. Upload it with the KFP UI or "
             "client; run parameters: model_uri, tracking_uri, artifacts, s3_endpoint_url, "
-            "variants, preset, policy (JSON), calibration, eval_data, weights (JSON: the "
+            "variants, preset, opset (raised to before the graph passes), policy (JSON), "
+            "calibration, eval_data, weights (JSON: the "
             "weight-only variants' settings), tune (a budget such as "
             "10m: the settings search, a step per trial, before the variants are built)."
         ),

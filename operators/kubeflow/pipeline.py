@@ -102,6 +102,9 @@ CONFIG: tuple[RunParameter, ...] = (
     RunParameter("s3_endpoint_url", "--s3-endpoint-url", str, ""),
     VARIANTS,
     RunParameter("preset", "--preset", str, "default"),
+    # the opset the optimize step raises the model to first (graphtrim pipeline --opset);
+    # "": the export's
+    RunParameter("opset", "--opset", str, ""),
     RunParameter("policy", "--policy-json", str, "{}"),
     RunParameter("calibration", "--calibration", str, ""),
     RunParameter("eval_data", "--eval-data", str, ""),

@@ -110,6 +110,17 @@ def tune_budget(value: object) -> float | None:
     return duration(str(value))
 
 
+def opset_arg(value: object) -> int | None:
+    """An opset to raise a model to (``--opset``, an orchestrator's ``opset`` parameter): a
+    whole number, or none (``None``, ``""``: an empty parameter)."""
+    if value is None or str(value).strip() == "":
+        return None
+    try:
+        return int(str(value).strip())
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"not an opset number: {value!r}") from exc
+
+
 def csv(text: str) -> list[str]:
     """argparse ``type=``: ``a,b,c``, or a JSON list (what orchestrators render a list parameter
     as)."""

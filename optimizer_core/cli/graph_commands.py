@@ -167,7 +167,7 @@ def add_parsers(sub: Any) -> None:
         default=None,
         metavar="N",
         help="raise the model's opset to N first, so fusions into newer ops can fire "
-        "(Gelu needs 20, RMSNormalization 23); never lowered",
+        "(Gelu needs 20; RMSNormalization, Attention and RotaryEmbedding 23); never lowered",
     )
     opt.add_argument(
         "--allow-lossy",

@@ -12,7 +12,13 @@ from pathlib import Path
 from typing import Any
 
 from graphtrim.cli.argtypes import csv as _csv
-from graphtrim.cli.argtypes import lazy_choices, literal_names, positive_float, tune_budget
+from graphtrim.cli.argtypes import (
+    lazy_choices,
+    literal_names,
+    opset_arg,
+    positive_float,
+    tune_budget,
+)
 from graphtrim.cli.exits import add_allow_failed, variants_exit
 from graphtrim.cli.variant_commands import add_weight_args, weight_settings
 from graphtrim.errors import GraphtrimError
@@ -61,6 +67,15 @@ def _add_pipeline_args(p: argparse.ArgumentParser) -> None:
         help=f"comma-separated variants to build: {', '.join(VARIANTS)}",
     )
     lazy_choices(p.add_argument("--preset", default="default"), _preset_names)
+    p.add_argument(
+        "--opset",
+        type=opset_arg,
+        default=None,
+        metavar="N",
+        help="optimize: raise the model's opset to N first, so that fusions into newer standard "
+        "ops fire (23: a language model's Attention with its KV cache, RotaryEmbedding and "
+        "RMSNormalization); never lowered (default: the export's opset)",
+    )
     p.add_argument("--device", default="cpu", choices=("cpu", "gpu"), help="where gates measure")
     p.add_argument("--tensorrt", action="store_true", help="with --device gpu: TensorRT first")
     policy = p.add_mutually_exclusive_group()
@@ -343,6 +358,7 @@ def _context_and_config(args: argparse.Namespace) -> tuple[Any, Any]:
         fx_simplify=args.fx_simplify,
         weights=_weights(args),
         tune=args.tune,
+        opset=args.opset,
     )
     return ctx, config
 

@@ -88,6 +88,10 @@ class PipelineConfig:
     # knobs): the champion is the variant, a kind without one gets its fixed recipe; None: no
     # search
     tune: float | None = None
+    # the default-domain opset the optimize stage raises the model to first, so that fusions
+    # into newer standard ops fire (23: a decoder's Attention, RotaryEmbedding and
+    # RMSNormalization); None: the export's opset
+    opset: int | None = None
 
     def __post_init__(self) -> None:
         from graphtrim.graph.presets import PRESETS
@@ -117,6 +121,16 @@ class PipelineConfig:
             object.__setattr__(self, "tune", float(self.tune))
         if self.weights is not None:
             object.__setattr__(self, "weights", _checked_weights(self.weights))
+        if self.opset is not None:
+            import onnx.defs
+
+            newest = onnx.defs.onnx_opset_version()
+            if isinstance(self.opset, bool) or not isinstance(self.opset, int):
+                raise PipelineError(f"opset: a whole number, not {self.opset!r}")
+            if not 7 <= self.opset <= newest:
+                raise PipelineError(
+                    f"opset: {self.opset} is not between 7 and {newest} (this onnx's newest)"
+                )
         # parsed here, once per document: a bad policy is refused before any work, and the
         # copies of this config (resolved, read back from a record) share the parsed policy
         parsed = None
@@ -180,8 +194,10 @@ class PipelineConfig:
             doc.pop("weights")  # the defaults: likewise
         if doc["tune"] is None:
             doc.pop("tune")  # no search: likewise
+        if doc["opset"] is None:
+            doc.pop("opset")  # the export's opset: likewise
         if parts:
-            doc = {k: doc[k] for k in parts}
+            doc = {k: doc[k] for k in parts if k in doc}
         return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
 
     @property

@@ -13,6 +13,7 @@ def optimize(
     ctx: StageContext, config: PipelineConfig, exported: ExportRecord | Any
 ) -> OptimizeRecord:
     """Run the graph optimizer (verified against the export) and store the result."""
+    from graphtrim.graph.framework import OptimizeOptions
     from graphtrim.graph.presets import PRESETS
     from graphtrim.optimize_file import optimize_file
 
@@ -36,15 +37,22 @@ def optimize(
     with stage_run(ctx, run_id, "optimize") as mlflow, ctx.scratch("optimize") as tmp:
         src = ctx.fetch(exp.model["uri"], tmp / "in")
         dst = tmp / "out" / "model.onnx"
-        report = optimize_file(src, dst, preset=config.preset, check=True, progress=ctx.progress)
+        report = optimize_file(
+            src,
+            dst,
+            preset=config.preset,
+            options=OptimizeOptions(target_opset=config.opset),
+            check=True,
+            progress=ctx.progress,
+        )
         stored = store.put_model(
             dst,
             model=source["name"],
             version=source["version"],
             stage="optimize",
             parents=[exp.model["sha256"]],
-            config_hash=config.hash_for("preset"),
-            extra={"preset": config.preset},
+            config_hash=config.hash_for("preset", "opset"),
+            extra={"preset": config.preset, **({"opset": config.opset} if config.opset else {})},
         )
         doc = report.to_json()
         mlflow.log_dict(run_id, doc, "graphtrim/optimize.json")

@@ -254,6 +254,8 @@ def _params(
         "fingerprint": val.fingerprint,
         "passes": ",".join(opt.passes),
     }
+    if config.opset is not None:
+        params["opset"] = str(config.opset)  # raised to it before the graph passes
     for kind, sha in (config.data_sha256 or {}).items():
         params[f"data.{kind}.sha256"] = sha
     for dist, version in versions.items():

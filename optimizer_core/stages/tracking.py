@@ -98,6 +98,8 @@ def open_run(ctx: StageContext, config: PipelineConfig, source: Any) -> str:
         "config_hash": config.config_hash,
         "policy_hash": config.gate_policy().digest(),
     }
+    if config.opset is not None:
+        params["opset"] = str(config.opset)
     from mlflow.entities import Param
 
     mlflow.log_batch(run_id, params=[Param(k, str(v)) for k, v in params.items()])

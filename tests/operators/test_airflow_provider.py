@@ -599,6 +599,20 @@ def test_a_dag_run_asks_for_a_settings_search() -> None:
         plan_run({**conf, "tune": "ten minutes"}, "cpu")
 
 
+def test_a_dag_run_raises_the_opset_before_the_graph_passes() -> None:
+    """The ``opset`` param reaches the config the optimize task reads; one this onnx does not
+    know fails the run before any work."""
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from graphtrim.airflow.operators import plan_run
+
+    conf = {"model_name": "m", "version": "1", "variants": ["graph"], "preset": "default"}
+    assert plan_run(conf, "cpu")["config"]["opset"] is None
+    assert plan_run({**conf, "opset": 23}, "cpu")["config"]["opset"] == 23
+    with pytest.raises(AirflowFailException, match="opset: 99"):
+        plan_run({**conf, "opset": 99}, "cpu")
+
+
 def test_a_dag_run_chooses_the_weight_only_settings() -> None:
     """The ``weights`` param reaches the config every later task builds from; settings no
     variant can take fail the run before any work."""

@@ -210,6 +210,7 @@ def test_config_parameters_are_declared_once() -> None:
         "s3_endpoint_url",
         "variants",
         "preset",
+        "opset",
         "policy",
         "calibration",
         "eval_data",
@@ -340,6 +341,7 @@ def _kfp_run(
             "s3_endpoint_url": "",
             "variants": variants,
             "preset": "default",
+            "opset": "",
             # what is checked here is the steps' wiring, not the speed of a variant on a
             # loaded machine: the latency gates time the variants without judging them
             "policy": json.dumps(

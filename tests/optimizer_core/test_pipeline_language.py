@@ -14,6 +14,7 @@ import pytest
 
 from graphtrim.cli import main
 from graphtrim.examples import language
+from graphtrim.integrations.registry import logged_model_id
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("language-e2e")]
 
@@ -84,6 +85,10 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
             str(root / "artifacts"),
             "--variants",
             "graph,int4-weight,int8-weight",
+            # every layer's attention (KV cache, grouped-query heads), its rotary embeddings
+            # and the RMS norms as the standard ops: the variants are built from that graph
+            "--opset",
+            "23",
             "--eval-data",
             str(root / "tokens.npz"),
             "--policy-json",
@@ -111,6 +116,24 @@ def test_the_run_exports_the_cache_and_registers_every_variant(run: dict[str, An
     registered = records["register"]["registered"]
     assert set(registered) == {"graph", "int4-weight", "int8-weight"}, records["register"]["failed"]
     assert run["code"] == 0
+
+
+def test_the_optimize_stage_raised_the_opset_and_fused_the_decoder(run: dict[str, Any]) -> None:
+    import onnx
+
+    client = mlflow.MlflowClient(run["tracking"])
+    version = run["records"]["register"]["registered"]["graph"]["version"]
+    mv = client.get_model_version(NAME, version)
+    assert client.get_logged_model(logged_model_id(mv)).params["opset"] == "23"
+    folder = Path(
+        mlflow.artifacts.download_artifacts(
+            f"models:/{NAME}/{version}", tracking_uri=run["tracking"]
+        )
+    )
+    proto = onnx.load(next(folder.rglob("*.onnx")))
+    ops = [n.op_type for n in proto.graph.node]
+    assert {o.domain: o.version for o in proto.opset_import}[""] == 23
+    assert ops.count("Attention") == LAYERS and ops.count("RotaryEmbedding") == 2 * LAYERS
 
 
 def test_language_gates_were_measured(run: dict[str, Any]) -> None:
@@ -265,3 +288,35 @@ def test_the_weight_settings_come_as_one_json_object_for_orchestrators(tmp_path:
         config("--weights-json", "[64]")
     with pytest.raises(GraphtrimError, match="unknown weight setting"):
         config("--weights-json", '{"form": "ort"}')
+
+
+def test_the_opset_to_raise_to_is_checked_and_enters_the_config_hash(tmp_path: Path) -> None:
+    """``--opset`` (the orchestrators' ``opset`` parameter; empty: none) reaches the config; a
+    run without it hashes as before the option existed."""
+    from graphtrim.cli.main import build_parser
+    from graphtrim.cli.pipeline_commands import _context_and_config
+    from graphtrim.errors import GraphtrimError
+
+    def config(*extra: str) -> Any:
+        argv = [
+            "pipeline",
+            "stage",
+            "optimize",
+            "--output",
+            str(tmp_path / "o.json"),
+            "--tracking-uri",
+            f"sqlite:///{tmp_path / 'db'}",
+            *extra,
+        ]
+        return _context_and_config(build_parser(argv).parse_args(argv))[1]
+
+    plain, raised = config(), config("--opset", "23")
+    assert plain.opset is None and config("--opset", "").opset is None and raised.opset == 23
+    assert plain.config_hash != raised.config_hash
+    assert plain.hash_for("preset", "opset") == plain.hash_for("preset")
+    assert plain.to_json()["opset"] is None
+    assert type(raised).from_json(raised.to_json()).config_hash == raised.config_hash
+    with pytest.raises(GraphtrimError, match="opset: 99 is not between 7 and"):
+        config("--opset", "99")
+    with pytest.raises(SystemExit):
+        config("--opset", "twenty")

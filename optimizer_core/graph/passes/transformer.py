@@ -145,8 +145,8 @@ class TransformerFusion(RulePass):
     name = "fuse-transformer"
     exact = False
     summary = (
-        "decomposed LayerNormalization (opset 17), Gelu (20), RMSNormalization and Attention "
-        "(23) replaced by the fused op"
+        "decomposed LayerNormalization (opset 17), Gelu (20), RMSNormalization, Attention (with "
+        "a KV cache) and RotaryEmbedding (23) replaced by the fused op"
     )
     rules = RULES
 
