@@ -180,6 +180,63 @@ def test_at_opset_23_the_decoder_fuses_into_attention_rotary_and_rmsnorm(
             np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-5)
 
 
+ARCHITECTURES = {
+    # name: (config class, model class, config arguments beyond the shared ones)
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", {"num_key_value_heads": 2}),
+    "phi": ("PhiConfig", "PhiForCausalLM", {"partial_rotary_factor": 0.5}),
+    "gpt-neox": ("GPTNeoXConfig", "GPTNeoXForCausalLM", {"rotary_pct": 0.25}),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", sorted(ARCHITECTURES))
+def test_other_decoders_fuse_at_opset_23_too(arch: str, tmp_path: Path) -> None:
+    """Qwen2 (attention biases), Phi (partial rotary, LayerNorm) and GPT-NeoX (a quarter of each
+    head rotated, its own attention code): one Attention per layer, the rotations as
+    RotaryEmbedding, equal on a left-padded batch."""
+    import torch
+    import transformers
+
+    config_cls, model_cls, extra = ARCHITECTURES[arch]
+    cfg = getattr(transformers, config_cls)(
+        vocab_size=300,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=LAYERS,
+        num_attention_heads=4,
+        max_position_embeddings=256,
+        **extra,
+    )
+    torch.manual_seed(0)
+    model = getattr(transformers, model_cls)(cfg).eval()
+    saved = language.save_transformers(
+        model, language.tokenizer(), tmp_path / "mlflow", "text-generation"
+    )
+    info = to_onnx(saved, tmp_path / "onnx" / "model.onnx")
+    kv_heads = info.to_json()["decoder"]["kv_heads"]
+    src, out = tmp_path / "onnx" / "model.onnx", tmp_path / "opt.onnx"
+    from graphtrim.graph.framework import OptimizeOptions
+
+    optimize_file(src, out, options=OptimizeOptions(target_opset=23), check=True)
+    ops = [n.op_type for n in onnx.load(out).graph.node]
+    assert ops.count("Attention") == LAYERS and ops.count("RotaryEmbedding") == 2 * LAYERS
+    ref = ort.InferenceSession(str(src), providers=["CPUExecutionProvider"])
+    opt = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(0)
+    feeds: dict[str, np.ndarray] = {
+        "input_ids": rng.integers(0, 300, (2, 3)).astype(np.int64),
+        "attention_mask": np.ones((2, 7), dtype=np.int64),
+    }
+    feeds["attention_mask"][0, :5] = 0
+    for i in range(LAYERS):
+        for kv in ("key", "value"):
+            feeds[f"past_key_values.{i}.{kv}"] = rng.standard_normal((2, kv_heads, 4, HEAD)).astype(
+                np.float32
+            )
+    for a, b in zip(ref.run(None, feeds), opt.run(None, feeds), strict=True):
+        np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-5)
+
+
 def test_text_encoder_exports_with_dynamic_batch_and_sequence(tmp_path: Path) -> None:
     import torch
     from transformers import BertConfig, BertModel
