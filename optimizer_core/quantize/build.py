@@ -412,6 +412,25 @@ def convert_int8_weight(
     return _convert_weight_only(8, src, dst, cfg, excluded)
 
 
+def convert_int4_fp16(
+    src: Path,
+    dst: Path,
+    cfg: QuantizeConfig,
+    excluded: Sequence[str],
+    calibration: Sequence[Feeds] = (),
+    progress: ProgressFn | None = None,
+) -> dict[str, Any]:
+    """float16 activations (:func:`convert_fp16`), then 4-bit block-wise MatMul weights
+    quantized from their float16 values: ``MatMulNBits`` (ort form) or ``DequantizeLinear``
+    (portable) with float16 scales, so every MatMul computes in float16 (GPU kernels). Nodes
+    kept in float after a failed accuracy check stay float32 with float32 weights."""
+    with tempfile.TemporaryDirectory(prefix="graphtrim-int4-fp16-", dir=dst.parent) as tmp:
+        half = Path(tmp) / "fp16.onnx"
+        convert_fp16(src, half, cfg, excluded, calibration, progress)
+        record = _convert_weight_only(4, half, dst, cfg, excluded)
+    return {**record, "activations": "float16"}
+
+
 def convert_int8_static(
     src: Path,
     dst: Path,

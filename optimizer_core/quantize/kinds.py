@@ -105,6 +105,14 @@ KINDS: tuple[VariantKind, ...] = (
         promotion=5,
     ),
     VariantKind(
+        "int4-fp16",
+        "4-bit block-wise MatMul weights, float16 activations (language models on GPUs)",
+        converter="graphtrim.quantize.build:convert_int4_fp16",
+        float16=True,
+        gates={"size": {"max_ratio": 0.35}},
+        promotion=6,
+    ),
+    VariantKind(
         "fp16",
         "float16, for GPU targets",
         converter="graphtrim.quantize.build:convert_fp16",

@@ -209,7 +209,16 @@ def _conversion_tags(conversion: Mapping[str, Any] | None) -> dict[str, str]:
     ``portable``, ``graphtrim.weights.bits`` = ``4``, ...)."""
     if not conversion:
         return {}
-    keys = ("bits", "block_size", "symmetric", "algorithm", "form", "accuracy_level", "opset")
+    keys = (
+        "bits",
+        "block_size",
+        "symmetric",
+        "algorithm",
+        "form",
+        "accuracy_level",
+        "opset",
+        "activations",
+    )
     out = {
         f"{T}weights.{k}": str(conversion[k]).lower() for k in keys if conversion.get(k) is not None
     }

@@ -69,6 +69,11 @@ SPACE: dict[str, tuple[Knob, ...]] = {
         Knob("weight_symmetric", (True, False), "symmetric, or a zero point per block", True),
         Knob("weight_form", ("portable", "ort"), "DequantizeLinear + MatMul, or MatMulNBits"),
     ),
+    "int4-fp16": (
+        Knob("block_size", (32, 64, 128), "weights per scale", True),
+        Knob("weight_symmetric", (True, False), "symmetric, or a zero point per block", True),
+        Knob("weight_form", ("portable", "ort"), "DequantizeLinear + MatMul, or MatMulNBits"),
+    ),
     "int8-weight": (
         Knob("block_size", (32, 128), "weights per scale", True),
         Knob("weight_form", ("portable", "ort"), "DequantizeLinear + MatMul, or MatMulNBits"),
@@ -91,7 +96,15 @@ FORBIDDEN: tuple[tuple[str, Mapping[str, Any], str], ...] = (
 # kinds a search tries on each device when none are named: fp16 pays off on GPUs only
 DEVICE_KINDS: dict[str, tuple[str, ...]] = {
     "cpu": ("graph", "int8-dynamic", "int8-static", "int4-weight", "int8-weight"),
-    "gpu": ("graph", "int8-dynamic", "int8-static", "fp16", "int4-weight", "int8-weight"),
+    "gpu": (
+        "graph",
+        "int8-dynamic",
+        "int8-static",
+        "fp16",
+        "int4-weight",
+        "int4-fp16",
+        "int8-weight",
+    ),
 }
 
 # the op types a kind quantizes at all: a model without any is not searched with that kind
@@ -99,6 +112,7 @@ KIND_OPS: dict[str, frozenset[str]] = {
     "int8-dynamic": frozenset({"MatMul", "Gemm", "Conv", "Attention", "LSTM", "GRU", "Gather"}),
     "int8-static": frozenset({"MatMul", "Gemm", "Conv", "ConvTranspose", "Add", "Mul"}),
     "int4-weight": frozenset({"MatMul"}),
+    "int4-fp16": frozenset({"MatMul"}),
     "int8-weight": frozenset({"MatMul"}),
 }
 

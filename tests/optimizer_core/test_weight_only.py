@@ -514,3 +514,40 @@ def test_weights_in_branches_are_quantized_and_a_returned_constant_stays(tmp_pat
                 assert np.linalg.norm(got - want) / np.linalg.norm(want) < 0.02
             else:
                 np.testing.assert_array_equal(got, const)
+
+
+@pytest.mark.parametrize("form", ["portable", "ort"])
+def test_int4_fp16_quantizes_float16_weights_and_computes_in_float16(
+    tmp_path: Path, form: str
+) -> None:
+    """Mixed int4 weights and float16 activations (GPU targets): every MatMul reads float16
+    (its weight dequantized to float16 with float16 scales, or MatMulNBits on float16); the
+    float32 inputs and outputs stay (keep_io_types)."""
+    src = tmp_path / "in.onnx"
+    onnx.save(_mlp(opset=21), src)
+    dst = tmp_path / "int4-fp16.onnx"
+    build = build_variant(src, dst, "int4-fp16", config=QuantizeConfig(weight_form=form))
+    record = build.to_json()
+    conversion = record["conversion"]
+    assert conversion["bits"] == 4 and conversion["form"] == form
+    assert conversion["activations"] == "float16" and conversion["matmuls_quantized"] == 2
+    model = onnx.load(dst)
+    f16 = onnx.TensorProto.FLOAT16
+    scales = [t for t in model.graph.initializer if "scale" in t.name]
+    assert scales and all(t.data_type == f16 for t in scales)
+    assert [i.type.tensor_type.elem_type for i in model.graph.input] == [FLOAT]
+    if form == "portable":
+        assert _ops(dst)["DequantizeLinear"] == 2 and _ops(dst)["MatMul"] == 2
+    else:
+        assert _ops(dst)["MatMulNBits"] == 2
+    # smaller than int4-weight's float32 scales and activations; close to the float model
+    plain = tmp_path / "int4.onnx"
+    build_variant(src, plain, "int4-weight", config=QuantizeConfig(weight_form=form))
+    size = sum(p.stat().st_size for p in tmp_path.glob("int4-fp16.onnx*"))
+    assert size < sum(p.stat().st_size for p in tmp_path.glob("int4.onnx*"))
+    assert record["agreement"]["measured"] and record["agreement"]["cosine"] > 0.99
+    got = _run(dst, {"x": _x()}, optimize=True)[0]
+    want = _run(plain, {"x": _x()}, optimize=True)[0]
+    assert got.dtype == np.float32 and got.shape == (2, 5, N2)
+    # the same 4-bit grid up to float16 rounding of the weights and the scales
+    np.testing.assert_allclose(got, want, rtol=0.05, atol=0.05 * np.abs(want).max())
