@@ -63,6 +63,14 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
                     "max_metric_drop": None,
                 }
             },
+            "int4-fp16": {
+                "accuracy": {
+                    "min_cosine": 0.5,
+                    "min_top1_agreement": 0.2,
+                    "max_perplexity_ratio": 1.5,
+                    "max_metric_drop": None,
+                }
+            },
             "int8-weight": {
                 "accuracy": {
                     "min_cosine": 0.99,
@@ -84,7 +92,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
             "--artifacts",
             str(root / "artifacts"),
             "--variants",
-            "graph,int4-weight,int8-weight",
+            "graph,int4-weight,int8-weight,int4-fp16",
             # every layer's attention (KV cache, grouped-query heads), its rotary embeddings
             # and the RMS norms as the standard ops: the variants are built from that graph
             "--opset",
@@ -114,7 +122,9 @@ def test_the_run_exports_the_cache_and_registers_every_variant(run: dict[str, An
     assert export["flavor"] == "transformers (text-generation)"
     assert export["decoder"]["kv_heads"] == KV_HEADS and export["decoder"]["layers"] == LAYERS
     registered = records["register"]["registered"]
-    assert set(registered) == {"graph", "int4-weight", "int8-weight"}, records["register"]["failed"]
+    assert set(registered) == {"graph", "int4-weight", "int8-weight", "int4-fp16"}, records[
+        "register"
+    ]["failed"]
     assert run["code"] == 0
 
 
@@ -159,6 +169,9 @@ def test_weight_settings_are_on_the_registered_version(run: dict[str, Any]) -> N
     assert mv.tags["graphtrim.weights.form"] == "portable"
     assert mv.tags["graphtrim.weights.block_size"] == "32"
     assert int(mv.tags["graphtrim.weights.matmuls"]) == 7 * LAYERS + 1  # and the LM head
+    mixed = client.get_model_version(NAME, registered["int4-fp16"]["version"])
+    assert mixed.tags["graphtrim.weights.activations"] == "float16"
+    assert mixed.tags["graphtrim.weights.bits"] == "4"
 
 
 def test_a_registered_variant_generates_through_pyfunc(run: dict[str, Any]) -> None:
