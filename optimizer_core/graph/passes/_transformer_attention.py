@@ -287,15 +287,16 @@ def _fill_fixed(mask: ir.Value, ctx: RuleContext) -> ir.Value:
         return mask
     made = fusion(ctx).fixed_masks
     if id(mask) not in made:
+        owner = node.graph if node.graph is not None else ctx.graph  # an enclosing graph's too
         const = u.add_initializer(
-            ctx.graph,
+            owner,
             np.array(np.nextafter(_LOWEST, np.float32(0)), dtype=np.float32).reshape(fill.shape),
             fusion(ctx).new_name("mask_fill"),
         )
         where = ir.Node(
             "", "Where", [node.inputs[0], node.inputs[1], const], name=fusion(ctx).new_name("Where")
         )
-        ctx.graph.insert_after(node, where)
+        owner.insert_after(node, where)
         where.outputs[0].shape = mask.shape
         where.outputs[0].type = mask.type
         made[id(mask)] = where.outputs[0]

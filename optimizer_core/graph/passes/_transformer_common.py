@@ -15,7 +15,7 @@ class Fusion(Protocol):
 
     opset: int
     fixed_masks: dict[int, ir.Value]
-    rotary_caches: dict[tuple[int, object], tuple[ir.Value, ir.Value]]
+    rotary_caches: dict[tuple[object, ...], tuple[ir.Value, ir.Value]]
 
     def new_name(self, hint: str) -> str: ...
 

@@ -162,14 +162,15 @@ def _caches(add: ir.Node, m: Rotary, ctx: RuleContext) -> tuple[ir.Value, ir.Val
     xd = named(m.x)
     batch = xd[0] if xd is not None else None
     key = (
+        id(ctx.graph),  # made in this graph: a subgraph's are not the main graph's
         id(m.angles),
         (batch if batch is not None else id(m.x)) if m.expand else None,
         m.cos_scale,
         m.sin_scale,
     )
     made = fusion(ctx).rotary_caches
-    if key in made:  # type: ignore[comparison-overlap]
-        return made[key]  # type: ignore[index]
+    if key in made:
+        return made[key]
     graph, namer = ctx.graph, fusion(ctx).new_name
     new: list[ir.Node] = []
     fd = named(m.angles)
@@ -212,7 +213,7 @@ def _caches(add: ir.Node, m: Rotary, ctx: RuleContext) -> tuple[ir.Value, ir.Val
     for value in (cos, sin):
         value.type = m.angles.type
         value.shape = ir.Shape(dims)
-    made[key] = (cos, sin)  # type: ignore[index]
+    made[key] = (cos, sin)
     return cos, sin
 
 

@@ -157,7 +157,7 @@ class TransformerFusion(RulePass):
         self._namer: u.NameGenerator | None = None
         self._model = model
         self.fixed_masks: dict[int, ir.Value] = {}  # attention masks given a new fill
-        self.rotary_caches: dict[tuple[int, object], tuple[ir.Value, ir.Value]] = {}
+        self.rotary_caches: dict[tuple[object, ...], tuple[ir.Value, ir.Value]] = {}
         return super().apply(model)
 
     def new_name(self, hint: str) -> str:
