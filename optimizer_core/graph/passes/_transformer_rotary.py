@@ -74,14 +74,7 @@ def _trig(value: ir.Value | None, op: str) -> tuple[ir.Value, float | None] | st
 def _half_slice(value: ir.Value | None, x: ir.Value, start: int, end: int) -> bool:
     """``value`` is ``x[..., start:end]`` (the end may be any index at or past the last dim)."""
     node = producer(value, "Slice")
-    if node is None or node.inputs[0] is not x or len(node.inputs) < 4:
-        return False
-    starts, ends = u.const_ints(node.inputs[1]), u.const_ints(node.inputs[2])
-    axes = u.const_ints(node.inputs[3])
-    steps = u.const_ints(node.inputs[4]) if len(node.inputs) > 4 and node.inputs[4] else [1]
-    if starts != [start] or ends is None or len(ends) != 1 or axes not in ([3], [-1]):
-        return False
-    return steps == [1] and (ends[0] == end or (end == 2 * start and ends[0] >= end))
+    return node is not None and _slice_of(node, x, start, end)
 
 
 def check_rotary(add: ir.Node, ctx: RuleContext) -> Rotary | str:
