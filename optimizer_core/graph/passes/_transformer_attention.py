@@ -19,10 +19,11 @@ Decoders add three things around that core, each folded into the one op where pr
 
 onnxruntime's CPU kernel reads a mask entry of exactly ``-FLT_MAX`` as "masked" and gives a
 row masked that way throughout zeros, where the decomposed form (and the spec, for a float
-mask) gives the mean of V. A mask written ``Where(c, 0, -FLT_MAX)`` (transformers' padding and
-causal mask) is therefore given the next float toward zero as its fill: every partly masked row
-is unchanged (the fill's exponent underflows to 0 either way) and a fully masked one is the
-mean of V in both.
+mask) gives the mean of V. The fused op's mask therefore holds the next float toward zero
+wherever the mask held ``-FLT_MAX`` (:func:`_fill_fixed`): every partly masked row is unchanged
+(that entry's exponent underflows to 0 either way) and a fully masked one is the mean of V in
+both. transformers writes its padding and causal mask as ``Where(c, 0, -FLT_MAX)``; eager BERT
+as ``(1 - m) * -FLT_MAX``.
 """
 
 from __future__ import annotations
@@ -249,6 +250,8 @@ def check_attention(softmax: ir.Node, ctx: RuleContext) -> Attention | str:
         k_seq = _concat_seq(k_src)
     if mask is not None and not _mask_fits(mask, q, k_seq):
         return "the mask's last two dims are not provably the query and key lengths"
+    if guard and _mask_unknown(mask):
+        return "a guarded pattern's float mask has no known masked value"
     pattern = [*nodes, *post_nodes, mm, *q_nodes, *k_nodes, trans, *repeat_nodes]
     if not private(pattern, keep=out_mm.outputs[0]):
         return "an intermediate value is read outside the pattern"
@@ -274,32 +277,77 @@ def _cache_readers_ok(concats: list[ir.Node], pattern: list[ir.Node]) -> bool:
 
 
 _LOWEST = np.float32(np.finfo(np.float32).min)
+_ABOVE_LOWEST = np.nextafter(_LOWEST, np.float32(0))
 
 
-def _fill_fixed(mask: ir.Value, ctx: RuleContext) -> ir.Value:
-    """``mask``, or for ``Where(c, a, -FLT_MAX)`` the same Where with the next float toward 0 as
-    its fill (see the module's doc); one per mask, shared by every layer."""
+def _constant_fill(mask: ir.Value) -> np.ndarray | None:
+    """The fill of a ``Where(c, a, fill)`` mask with a constant scalar fill, else None."""
     node = producer(mask, "Where")
     if node is None or len(node.inputs) != 3 or node.inputs[2] is None:
-        return mask
+        return None
     fill = u.const_array(node.inputs[2])
-    if fill is None or fill.size != 1 or fill.dtype != np.float32 or fill.reshape(-1)[0] != _LOWEST:
+    return fill if fill is not None and fill.size == 1 else None
+
+
+def _mask_unknown(mask: ir.Value | None) -> bool:
+    """A float mask whose masked value is not known: neither a Where with a constant fill nor a
+    constant. Under the fully-masked-row guard it is not fused: an entry of -inf gives such a
+    row zeros in both forms, one of -FLT_MAX zeros in onnxruntime's kernel and the mean of V in
+    the decomposed form, and no rewrite of the mask keeps both."""
+    return (
+        mask is not None
+        and elem_type(mask) == ir.DataType.FLOAT
+        and _constant_fill(mask) is None
+        and u.const_array(mask) is None
+    )
+
+
+def _fill_fixed(mask: ir.Value, ctx: RuleContext, before: ir.Node) -> ir.Value:
+    """``mask`` as the fused op gets it, past onnxruntime's reading of ``-FLT_MAX`` (see the
+    module's doc); one per mask, shared by every layer:
+
+    - ``Where(c, a, -FLT_MAX)``: the same Where with the next float toward 0 as its fill;
+    - a constant: its ``-FLT_MAX`` entries replaced by that float;
+    - any other float mask (a pattern without the guard): ``Max(mask, that float)``. An entry
+      of -inf becomes finite too: a row masked by -inf throughout was NaN in the decomposed
+      form and is the mean of V now.
+    """
+    if elem_type(mask) != ir.DataType.FLOAT:
         return mask
     made = fusion(ctx).fixed_masks
-    if id(mask) not in made:
+    if id(mask) in made:
+        return made[id(mask)]
+    node = producer(mask, "Where")
+    fill = _constant_fill(mask)
+    namer = fusion(ctx).new_name
+    if fill is not None:
+        if fill.dtype != np.float32 or fill.reshape(-1)[0] != _LOWEST or node is None:
+            return mask
         owner = node.graph if node.graph is not None else ctx.graph  # an enclosing graph's too
         const = u.add_initializer(
-            owner,
-            np.array(np.nextafter(_LOWEST, np.float32(0)), dtype=np.float32).reshape(fill.shape),
-            fusion(ctx).new_name("mask_fill"),
+            owner, np.array(_ABOVE_LOWEST, dtype=np.float32).reshape(fill.shape), namer("mask_fill")
         )
-        where = ir.Node(
-            "", "Where", [node.inputs[0], node.inputs[1], const], name=fusion(ctx).new_name("Where")
-        )
-        owner.insert_after(node, where)
-        where.outputs[0].shape = mask.shape
-        where.outputs[0].type = mask.type
-        made[id(mask)] = where.outputs[0]
+        fixed = ir.Node("", "Where", [node.inputs[0], node.inputs[1], const], name=namer("Where"))
+        owner.insert_after(node, fixed)
+    else:
+        arr = u.const_array(mask)
+        if arr is not None:
+            if not (arr == _LOWEST).any():
+                return mask
+            made[id(mask)] = u.add_initializer(
+                ctx.graph, np.maximum(arr, _ABOVE_LOWEST).astype(np.float32), namer("mask")
+            )
+            return made[id(mask)]
+        floor = u.add_initializer(ctx.graph, np.array(_ABOVE_LOWEST, np.float32), namer("floor"))
+        fixed = ir.Node("", "Max", [mask, floor], name=namer("Max"))
+        src = mask.producer()
+        if src is not None and src.graph is ctx.graph:
+            ctx.graph.insert_after(src, fixed)
+        else:  # a graph input (or an enclosing graph's value): before its first fused reader
+            ctx.graph.insert_before(before, fixed)
+    fixed.outputs[0].shape = mask.shape
+    fixed.outputs[0].type = mask.type
+    made[id(mask)] = fixed.outputs[0]
     return made[id(mask)]
 
 
@@ -315,7 +363,7 @@ def fuse_attention(softmax: ir.Node, m: Attention, ctx: RuleContext) -> None:
             move.outputs[0].shape = ir.Shape([kd[i] for i in m.k_perm])
         move.outputs[0].type = k_src.type
         k_src = move.outputs[0]
-    mask = _fill_fixed(m.mask, ctx) if m.mask is not None else None
+    mask = _fill_fixed(m.mask, ctx, out_mm) if m.mask is not None else None
     inputs: list[ir.Value | None] = [m.q, k_src, m.v]
     if m.cache is not None:
         inputs += [mask, m.cache[0], m.cache[1]]  # an absent mask stays an empty input

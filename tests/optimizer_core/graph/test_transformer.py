@@ -589,3 +589,22 @@ def test_decoder_attention_with_an_unproved_repeat_is_not_fused():
     grow.CopyFrom(numpy_helper.from_array(np.array([1, 2, 2, 3, 8], np.int64), "grow"))
     _, result = run_passes(proto, ["fuse-transformer"])
     assert "attention" not in rules_fired(result)
+
+
+def test_a_float_mask_holding_minus_flt_max_keeps_fully_masked_rows():
+    """An additive mask given as it is (eager BERT's ``(1 - m) * -FLT_MAX``, here a graph
+    input): the fused op reads ``Max(mask, next float)``, so a row masked throughout is the mean
+    of V in onnxruntime too; under the guard such a mask is not fused at all."""
+    proto = _attention(form="mask", mask="[B, 1, S, S]")
+    out, result = run_passes(proto, ["fuse-transformer", "dead-code"])
+    assert rules_fired(result)["attention"] == 1 and "Max" in op_types(out)
+    rng = np.random.default_rng(0)
+    feeds = {n: rng.standard_normal((2, 2, 3, 4)).astype(np.float32) for n in ("q", "k", "v")}
+    mask = np.zeros((2, 1, 3, 3), np.float32)
+    mask[0, 0, 1, :] = np.finfo(np.float32).min  # a row masked throughout
+    mask[1, 0, :, 2] = np.finfo(np.float32).min
+    feeds["mask"] = mask
+    assert_equivalent(proto, out, **TOL, inputs=[feeds])
+    guarded = _attention(form="mask", mask="[B, 1, S, S]", guard=True)
+    _, result = run_passes(guarded, ["fuse-transformer"])
+    assert "attention" not in rules_fired(result)
