@@ -66,10 +66,12 @@ def _genai_path() -> Path:
     return GENAI
 
 
-def _hf_model(folder: Path, hidden: int, layers: int, intermediate: int) -> int:
+def _llama(hidden: int, layers: int, intermediate: int) -> Any:
+    """The bench's Llama-like decoder: heads of 64, a key/value head per four query heads
+    (at least one), vocabulary 32000, random weights."""
     from graphtrim.examples import language
 
-    model = language.llama(
+    return language.llama(
         vocab_size=32000,
         hidden=hidden,
         layers=layers,
@@ -77,6 +79,12 @@ def _hf_model(folder: Path, hidden: int, layers: int, intermediate: int) -> int:
         kv_heads=max(1, hidden // 256),
         intermediate=intermediate,
     )
+
+
+def _hf_model(folder: Path, hidden: int, layers: int, intermediate: int) -> int:
+    from graphtrim.examples import language
+
+    model = _llama(hidden, layers, intermediate)
     model.save_pretrained(folder)
     language.tokenizer(400).save_pretrained(folder)
     return sum(p.numel() for p in model.parameters())

@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from bench.llm import ROOT, Decoder, _build, _time
+from bench.llm import ROOT, Decoder, _build, _llama, _time
 
 log = logging.getLogger("bench.llm_graph")
 
@@ -48,14 +48,7 @@ def _export(folder: Path, hidden: int, layers: int, intermediate: int) -> tuple[
     hf, onnx_path = folder / "hf", folder / "export" / "model.onnx"
     if onnx_path.exists():
         return hf, onnx_path
-    model = language.llama(
-        vocab_size=32000,
-        hidden=hidden,
-        layers=layers,
-        heads=hidden // 64,
-        kv_heads=max(1, hidden // 256),
-        intermediate=intermediate,
-    )
+    model = _llama(hidden, layers, intermediate)
     tok = language.tokenizer(400)
     model.save_pretrained(hf)
     tok.save_pretrained(hf)
