@@ -9,6 +9,8 @@ Exact rules, applied only when broadcasting cannot change the output shape:
 - ``Unsqueeze(Unsqueeze(x, a), b) -> Unsqueeze(x, a')`` (opset 13+), ``a'`` the positions of both
 - ``Reshape(R(x), s) -> Reshape(x, s)`` for ``R`` in Reshape/Flatten/Squeeze/Unsqueeze when ``s``
   copies no dim (no 0 entry): a Reshape reads only the element order, which ``R`` keeps.
+- ``Squeeze(Split(Transpose(x, p), a)[i], a) -> Transpose(Gather(x, i, p[a]), p')`` for an
+  unbind into pieces of size 1: each piece is transposed on its own, one rank lower.
 
 The rules that round differently (merging constant chains, ``Reciprocal`` pairs) are the
 ``reassociate`` pass (:mod:`graphtrim.graph.passes.reassociate`).
@@ -28,6 +30,7 @@ from graphtrim.graph.rules import (
     Rule,
     RuleContext,
     RulePass,
+    replace,
     replace_output,
     reroute_refusal,
 )
@@ -649,6 +652,112 @@ def _flatten_concat(node: ir.Node, flat: list[ir.Value], ctx: RuleContext) -> No
     replace_output(node, merged.outputs[0], ctx)
 
 
+@dataclasses.dataclass
+class _Unbind:
+    x: ir.Value
+    axis: int  # of x, the one the pieces are taken along
+    perm: list[int] | None  # of each piece after it is taken; None: the identity
+    squeezes: list[tuple[int, ir.Node]]  # (piece index, the Squeeze reading that piece)
+
+
+def _unbind_of_transpose(node: ir.Node, ctx: RuleContext) -> _Unbind | str:
+    """Check: ``Split(Transpose(x, p), axis=a)`` into pieces proved of size 1, each piece read
+    only by a ``Squeeze`` of axis ``a`` (an unbind, as torch exports ``qkv.permute(..)
+    .unbind(0)``), the Transpose read by the Split alone. The match is ``x``, the axis of ``x``
+    the pieces come from, and what is left of ``p`` once that axis is gone."""
+    t_out = node.inputs[0]
+    t = t_out.producer() if t_out is not None else None
+    if t_out is None or t is None or not u.is_op(t, "Transpose") or t.inputs[0] is None:
+        return "the input is not a Transpose's result"
+    if not u.single_consumer(t_out):
+        return "the Transpose's result is read elsewhere too"
+    x = t.inputs[0]
+    r = u.rank(t_out) if u.rank(t_out) is not None else u.rank(x)
+    p = t.attributes.get_ints("perm", None)
+    if p is None and r is None:
+        return "a default permutation of unknown rank"
+    p = [int(v) for v in p] if p is not None else list(reversed(range(r or 0)))
+    if sorted(p) != list(range(len(p))) or (r is not None and r != len(p)):
+        return "the permutation is invalid"
+    r = len(p)
+    axes = u.normalize_axes([node.attributes.get_int("axis", 0)], r)
+    if axes is None:
+        return "the axis is out of range"
+    a, n = axes[0], len(node.outputs)
+    opset = u.node_opset(node, ctx.model)
+    if opset < 13:
+        split = node.attributes.get_ints("split", None)
+    elif len(node.inputs) > 1 and node.inputs[1] is not None:
+        split = u.const_ints(node.inputs[1])
+        if split is None:
+            return "the split sizes are computed"
+    else:
+        split = None
+    x_dims = u.dims(x)
+    if split is not None:
+        if list(split) != [1] * n:
+            return "a piece is not of size 1"
+    elif x_dims is None or x_dims[p[a]] != n:
+        return f"the pieces are not proved of size 1 (the axis's size is not {n})"
+    squeezes: list[tuple[int, ir.Node]] = []
+    for i, piece in enumerate(node.outputs):
+        if piece.is_graph_output():
+            return "a piece is a graph output"
+        uses = list(piece.uses())
+        if not uses:
+            continue
+        sq = uses[0][0]
+        if len(uses) != 1 or not u.is_op(sq, "Squeeze"):
+            return "a piece is not read by one Squeeze alone"
+        sq_axes = (
+            sq.attributes.get_ints("axes", None)
+            if u.node_opset(sq, ctx.model) < 13
+            else (u.const_ints(sq.inputs[1]) if len(sq.inputs) > 1 else None)
+        )
+        if sq_axes is None or u.normalize_axes(list(sq_axes), r) != [a]:
+            return "a Squeeze removes other axes than the split one (or reads them at run time)"
+        squeezes.append((i, sq))
+    if not squeezes:
+        return "no piece is read"
+    ax = p[a]
+    rest = [q - (q > ax) for j, q in enumerate(p) if j != a]
+    return _Unbind(x, ax, None if rest == sorted(rest) else rest, squeezes)
+
+
+def _unbind_before_transpose(node: ir.Node, m: _Unbind, ctx: RuleContext) -> None:
+    names = ctx.pass_.names(ctx.model)  # type: ignore[attr-defined]
+    for i, sq in m.squeezes:
+        index = u.add_initializer(ctx.graph, np.array(i, dtype=np.int64), names("unbind_index"))
+        gather = ir.Node(
+            "",
+            "Gather",
+            [m.x, index],
+            [ir.AttrInt64("axis", m.axis)],
+            name=names(f"{sq.name or 'Squeeze'}_gather"),
+        )
+        ctx.graph.insert_before(sq, gather)
+        out = gather.outputs[0]
+        out.type = sq.outputs[0].type
+        if m.perm is None:
+            out.name = names(f"{sq.outputs[0].name or 'piece'}_taken")
+            out.shape = sq.outputs[0].shape
+            replace(sq.outputs[0], out, f"Squeeze node '{sq.name}'")
+            continue
+        out.name = names(f"{sq.outputs[0].name or 'piece'}_untransposed")
+        transpose = ir.Node(
+            "",
+            "Transpose",
+            [out],
+            [ir.AttrInt64s("perm", m.perm)],
+            name=names(f"{sq.name or 'Squeeze'}_transpose"),
+        )
+        ctx.graph.insert_before(sq, transpose)
+        transpose.outputs[0].name = names(f"{sq.outputs[0].name or 'piece'}_transposed")
+        transpose.outputs[0].type = sq.outputs[0].type
+        transpose.outputs[0].shape = sq.outputs[0].shape
+        replace(sq.outputs[0], transpose.outputs[0], f"Squeeze node '{sq.name}'")
+
+
 def _read_source(node: ir.Node, src: ir.Value, ctx: RuleContext) -> None:
     node.replace_input_with(0, src)
 
@@ -724,6 +833,17 @@ RULES: tuple[Rule, ...] = (
         _split_before_transpose,
     ),
     Rule(
+        "transpose-unbind",
+        "Squeeze(Split(Transpose(x, p), a)[i], a) -> Transpose(Gather(x, i, p[a]), p') for "
+        "pieces proved of size 1, each read by such a Squeeze alone: p' is p without axis a "
+        "(no Transpose when that keeps the order). Each piece is transposed on its own at one "
+        "rank less, the same data moved, and its Transpose can merge with the ones after it "
+        "(q @ k.transpose(-2, -1)) or into a MatMul's transA/transB",
+        ("Split",),
+        _unbind_of_transpose,
+        _unbind_before_transpose,
+    ),
+    Rule(
         "slice-slice",
         "Slice(Slice(x, s1, e1, a1, t1), s2, e2, a2, t2) -> Slice(x, s1+s2, e1+e2, a1+a2, "
         "t1+t2) (lists joined) for constant parameters on disjoint axes: slicing one axis does "
@@ -788,5 +908,7 @@ RULES: tuple[Rule, ...] = (
 
 class AlgebraicSimplification(RulePass):
     name = "algebraic"
-    summary = "x+0, x-0, x*1, x/1, x**1, double Neg/Not, Transpose pairs, Reshape chains"
+    summary = (
+        "x+0, x-0, x*1, x/1, x**1, double Neg/Not, Transposes (pairs, unbinds), Reshape chains"
+    )
     rules = RULES

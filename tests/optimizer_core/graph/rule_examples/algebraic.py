@@ -162,3 +162,15 @@ EXAMPLES[("algebraic", "transpose-split-transpose")] = Example(
         sig="(float[1, 12, 2, 2] xin) => (float[1, 2, 6, 4] y)",
     )
 )
+
+# timm's attention: qkv.reshape(B, N, 3, heads, d).permute(2, 0, 3, 1, 4).unbind(0)
+EXAMPLES[("algebraic", "transpose-unbind")] = Example(
+    model=model(
+        "t = Transpose<perm = [2, 0, 3, 1, 4]>(xin)\n"
+        " q, k, v = Split<axis = 0>(t, ones)\n"
+        " qs = Squeeze(q, ax)\n ks = Squeeze(k, ax)\n vs = Squeeze(v, ax)\n"
+        " kt = Transpose<perm = [0, 1, 3, 2]>(ks)\n s = MatMul(qs, kt)\n y = MatMul(s, vs)",
+        inits=f"int64[3] ones = {{1, 1, 1}}, {AXES}",
+        sig="(float[2, 5, 3, 2, 4] xin) => (float[2, 2, 5, 4] y)",
+    )
+)
