@@ -660,17 +660,11 @@ class _Unbind:
     squeezes: list[tuple[int, ir.Node]]  # (piece index, the Squeeze reading that piece)
 
 
-def _unbind_of_transpose(node: ir.Node, ctx: RuleContext) -> _Unbind | str:
-    """Check: ``Split(Transpose(x, p), axis=a)`` into pieces proved of size 1, each piece read
-    only by a ``Squeeze`` of axis ``a`` (an unbind, as torch exports ``qkv.permute(..)
-    .unbind(0)``), the Transpose read by the Split alone. The match is ``x``, the axis of ``x``
-    the pieces come from, and what is left of ``p`` once that axis is gone."""
-    t_out = node.inputs[0]
+def _transposed(t_out: ir.Value | None) -> tuple[ir.Value, list[int]] | str:
+    """The input and the permutation of the Transpose producing ``t_out``."""
     t = t_out.producer() if t_out is not None else None
     if t_out is None or t is None or not u.is_op(t, "Transpose") or t.inputs[0] is None:
         return "the input is not a Transpose's result"
-    if not u.single_consumer(t_out):
-        return "the Transpose's result is read elsewhere too"
     x = t.inputs[0]
     r = u.rank(t_out) if u.rank(t_out) is not None else u.rank(x)
     p = t.attributes.get_ints("perm", None)
@@ -679,13 +673,53 @@ def _unbind_of_transpose(node: ir.Node, ctx: RuleContext) -> _Unbind | str:
     p = [int(v) for v in p] if p is not None else list(reversed(range(r or 0)))
     if sorted(p) != list(range(len(p))) or (r is not None and r != len(p)):
         return "the permutation is invalid"
+    return x, p
+
+
+def _squeeze_of(piece: ir.Value, axis: int, rank: int, ctx: RuleContext) -> ir.Node | str | None:
+    """The Squeeze that alone reads ``piece`` and removes exactly ``axis``; ``None`` when
+    nothing reads the piece."""
+    if piece.is_graph_output():
+        return "a piece is a graph output"
+    uses = list(piece.uses())
+    if not uses:
+        return None
+    sq = uses[0][0]
+    if len(uses) != 1 or not u.is_op(sq, "Squeeze"):
+        return "a piece is not read by one Squeeze alone"
+    sq_axes = (
+        sq.attributes.get_ints("axes", None)
+        if u.node_opset(sq, ctx.model) < 13
+        else (u.const_ints(sq.inputs[1]) if len(sq.inputs) > 1 else None)
+    )
+    if sq_axes is None or u.normalize_axes(list(sq_axes), rank) != [axis]:
+        return "a Squeeze removes other axes than the split one (or reads them at run time)"
+    return sq
+
+
+def _unbind(x: ir.Value, p: list[int], a: int, squeezes: list[tuple[int, ir.Node]]) -> _Unbind:
+    ax = p[a]
+    rest = [q - (q > ax) for j, q in enumerate(p) if j != a]
+    return _Unbind(x, ax, None if rest == sorted(rest) else rest, squeezes)
+
+
+def _unbind_of_transpose(node: ir.Node, ctx: RuleContext) -> _Unbind | str:
+    """Check: ``Split(Transpose(x, p), axis=a)`` into pieces proved of size 1, each piece read
+    only by a ``Squeeze`` of axis ``a`` (an unbind, as torch's TorchScript exporter writes
+    ``qkv.permute(..).unbind(0)``), the Transpose read by the Split alone. The match is ``x``,
+    the axis of ``x`` the pieces come from, and what is left of ``p`` once that axis is gone."""
+    t = _transposed(node.inputs[0])
+    if isinstance(t, str):
+        return t
+    x, p = t
+    if not u.single_consumer(node.inputs[0]):  # type: ignore[arg-type]
+        return "the Transpose's result is read elsewhere too"
     r = len(p)
     axes = u.normalize_axes([node.attributes.get_int("axis", 0)], r)
     if axes is None:
         return "the axis is out of range"
     a, n = axes[0], len(node.outputs)
-    opset = u.node_opset(node, ctx.model)
-    if opset < 13:
+    if u.node_opset(node, ctx.model) < 13:
         split = node.attributes.get_ints("split", None)
     elif len(node.inputs) > 1 and node.inputs[1] is not None:
         split = u.const_ints(node.inputs[1])
@@ -701,27 +735,50 @@ def _unbind_of_transpose(node: ir.Node, ctx: RuleContext) -> _Unbind | str:
         return f"the pieces are not proved of size 1 (the axis's size is not {n})"
     squeezes: list[tuple[int, ir.Node]] = []
     for i, piece in enumerate(node.outputs):
-        if piece.is_graph_output():
-            return "a piece is a graph output"
-        uses = list(piece.uses())
-        if not uses:
-            continue
-        sq = uses[0][0]
-        if len(uses) != 1 or not u.is_op(sq, "Squeeze"):
-            return "a piece is not read by one Squeeze alone"
-        sq_axes = (
-            sq.attributes.get_ints("axes", None)
-            if u.node_opset(sq, ctx.model) < 13
-            else (u.const_ints(sq.inputs[1]) if len(sq.inputs) > 1 else None)
-        )
-        if sq_axes is None or u.normalize_axes(list(sq_axes), r) != [a]:
-            return "a Squeeze removes other axes than the split one (or reads them at run time)"
-        squeezes.append((i, sq))
+        sq = _squeeze_of(piece, a, r, ctx)
+        if isinstance(sq, str):
+            return sq
+        if sq is not None:
+            squeezes.append((i, sq))
     if not squeezes:
         return "no piece is read"
-    ax = p[a]
-    rest = [q - (q > ax) for j, q in enumerate(p) if j != a]
-    return _Unbind(x, ax, None if rest == sorted(rest) else rest, squeezes)
+    return _unbind(x, p, a, squeezes)
+
+
+def _sliced_unbind_of_transpose(node: ir.Node, ctx: RuleContext) -> _Unbind | str:
+    """Check: the same unbind spelled with Slices (torch's dynamo exporter): a Transpose whose
+    every reader is a ``Slice`` of one element along one axis ``a`` (constant ``[i, i + 1)``,
+    step 1), each read only by a ``Squeeze`` of axis ``a``."""
+    t_out = node.outputs[0]
+    if t_out.is_graph_output() or not t_out.uses():
+        return "the Transpose's result is a graph output or unread"
+    t = _transposed(t_out)
+    if isinstance(t, str):
+        return t
+    x, p = t
+    r = len(p)
+    a: int | None = None
+    squeezes: list[tuple[int, ir.Node]] = []
+    for user, index in t_out.uses():
+        if not u.is_op(user, "Slice") or index != 0 or u.node_opset(user, ctx.model) < 10:
+            return "the Transpose's result is read elsewhere than as the data of Slices"
+        params = _slice_params(user, r)
+        if params is None:
+            return "a Slice's parameters are not constant"
+        starts, ends, axes, steps = params
+        if len(axes) != 1 or steps != [1] or starts[0] < 0 or ends[0] != starts[0] + 1:
+            return "a Slice takes other than one element [i, i + 1) along one axis"
+        if a is not None and axes[0] != a:
+            return "the Slices cut different axes"
+        a = axes[0]
+        sq = _squeeze_of(user.outputs[0], a, r, ctx)
+        if isinstance(sq, str):
+            return sq
+        if sq is not None:
+            squeezes.append((starts[0], sq))
+    if a is None or not squeezes:
+        return "no piece is read"
+    return _unbind(x, p, a, squeezes)
 
 
 def _unbind_before_transpose(node: ir.Node, m: _Unbind, ctx: RuleContext) -> None:
@@ -841,6 +898,16 @@ RULES: tuple[Rule, ...] = (
         "(q @ k.transpose(-2, -1)) or into a MatMul's transA/transB",
         ("Split",),
         _unbind_of_transpose,
+        _unbind_before_transpose,
+    ),
+    Rule(
+        "transpose-unbind-slices",
+        "Squeeze(Slice(Transpose(x, p), [i, i+1), a), a) -> Transpose(Gather(x, i, p[a]), p') "
+        "where every reader of the Transpose is such a Slice of one element along the same "
+        "axis, each read by such a Squeeze alone (the unbind as torch's dynamo exporter writes "
+        "it); p' as for transpose-unbind",
+        ("Transpose",),
+        _sliced_unbind_of_transpose,
         _unbind_before_transpose,
     ),
     Rule(

@@ -1115,6 +1115,65 @@ def test_an_unbound_transpose_leaves_onnxruntime_no_rank_5_transpose(tmp_path):
     assert transposes_after_onnxruntime(out, "after.onnx") == []
 
 
+def test_an_unbind_spelled_with_slices_takes_each_piece_before_transposing_it():
+    # torch's dynamo exporter: qkv[0], qkv[1], qkv[2] as one-element Slices, then Squeezes
+    proto = parse(
+        """
+        <ir_version: 8, opset_import: ["" : 18]>
+        g (float[2, 3, 2, 4, 6] x) => (float[2, 2, 6, 4] y)
+          <int64[1] s0 = {0}, int64[1] s1 = {1}, int64[1] s2 = {2}, int64[1] s3 = {3},
+           int64[1] ax = {0}, int64[1] one = {1}> {
+            t = Transpose<perm = [1, 0, 2, 4, 3]>(x)
+            q = Slice(t, s0, s1, ax, one)
+            k = Slice(t, s1, s2, ax)
+            v = Slice(t, s2, s3, ax)
+            qs = Squeeze(q, ax)
+            ks = Squeeze(k, ax)
+            vs = Squeeze(v, ax)
+            kt = Transpose<perm = [0, 1, 3, 2]>(ks)
+            s = MatMul(qs, kt)
+            y = MatMul(s, vs)
+        }
+        """
+    )
+    out, result = run_passes(proto, ALGEBRAIC)
+    assert fired(result)["transpose-unbind-slices"] == 1
+    assert sorted(op_types(out)) == sorted(["Gather"] * 3 + ["Transpose"] * 2 + ["MatMul"] * 2)
+    onnx.checker.check_model(out, full_check=True)
+    assert_equivalent(proto, out)
+
+
+@pytest.mark.parametrize(
+    ("slices", "reason"),
+    [
+        ("q = Slice(t, s0, s2, ax)", "a Slice takes other than one element"),
+        ("q = Slice(t, s0, s1, other)", "the Slices cut different axes"),
+    ],
+    ids=["two-elements", "other-axis"],
+)
+def test_sliced_pieces_that_are_no_unbind_stay(slices, reason):
+    shape = "[2, 2, 4]" if "s2" in slices else "[3, 4]"
+    proto = parse(
+        f"""
+        <ir_version: 8, opset_import: ["" : 18]>
+        g (float[2, 3, 4] x) => (float{shape} a, float[2, 4] b)
+          <int64[1] s0 = {{0}}, int64[1] s1 = {{1}}, int64[1] s2 = {{2}}, int64[1] ax = {{0}},
+           int64[1] other = {{1}}> {{
+            t = Transpose<perm = [1, 0, 2]>(x)
+            {slices}
+            k = Slice(t, s1, s2, ax)
+            a = {"Relu(q)" if "s2" in slices else "Squeeze(q, other)"}
+            b = Squeeze(k, ax)
+        }}
+        """
+    )
+    algebraic = AlgebraicSimplification()
+    algebraic.apply(ir.serde.deserialize_model(proto))
+    assert "transpose-unbind-slices" not in algebraic.rule_counts
+    declines = {why for (rule, why) in algebraic.declines if rule == "transpose-unbind-slices"}
+    assert any(why.startswith(reason) for why in declines), declines
+
+
 @pytest.mark.parametrize(
     ("case", "reason"),
     [

@@ -174,3 +174,15 @@ EXAMPLES[("algebraic", "transpose-unbind")] = Example(
         sig="(float[2, 5, 3, 2, 4] xin) => (float[2, 2, 5, 4] y)",
     )
 )
+
+# the same unbind as torch's dynamo exporter writes it: one-element Slices, then Squeezes
+EXAMPLES[("algebraic", "transpose-unbind-slices")] = Example(
+    model=model(
+        "t = Transpose<perm = [2, 0, 3, 1, 4]>(xin)\n"
+        " q = Slice(t, s0, s1, ax)\n k = Slice(t, s1, s2, ax)\n v = Slice(t, s2, s3, ax)\n"
+        " qs = Squeeze(q, ax)\n ks = Squeeze(k, ax)\n vs = Squeeze(v, ax)\n"
+        " kt = Transpose<perm = [0, 1, 3, 2]>(ks)\n s = MatMul(qs, kt)\n y = MatMul(s, vs)",
+        inits="int64[1] s0 = {0}, int64[1] s1 = {1}, int64[1] s2 = {2}, int64[1] s3 = {3}, " + AXES,
+        sig="(float[2, 5, 3, 2, 4] xin) => (float[2, 2, 5, 4] y)",
+    )
+)
