@@ -123,7 +123,7 @@ def measure_latency(
         baseline,
         {n: LatencyStats(samples[n], batch) for n in names},
         max(1, blocks),
-        {"runs": runs, "warmup": warmup, "blocks": blocks, "batch": batch},
+        {"runs": runs, "warmup": warmup, "blocks": blocks, "batch": batch, "models": len(names)},
     )
 
 

@@ -115,16 +115,27 @@ def judge_variants(
     return evaluation
 
 
+# Measured together, every variant's session is open beside the reference's, so the child's
+# memory is the sum of all of them. Above this many bytes of variants in all, each variant is
+# measured beside the reference alone, one child after the other: the peak is then the reference
+# and the largest variant (a language model's fp32 graph variant and its int8 and int4 builds,
+# say, no longer all at once).
+TOGETHER_MAX_BYTES = 1 << 30
+
+
 def evaluate_isolated(
     ctx: StageContext,
     config: PipelineConfig,
     reference: Path,
     paths: Mapping[str, Path],
     data: Any,
+    *,
+    together_max_bytes: int = TOGETHER_MAX_BYTES,
 ) -> Any:
     """The gates of ``paths`` in a child process. If that child dies (a runtime crash on one
     variant, a hang), each variant is measured alone in its own child: the one that crashes
-    fails with the signal and the step, the others keep their verdicts."""
+    fails with the signal and the step, the others keep their verdicts. Variants that together
+    hold more than ``together_max_bytes`` are measured alone from the start."""
     from graphtrim.gates.evaluate import GateResult, ModelInfo, VariantResult
     from graphtrim.isolation import ChildFailed, map_isolated
 
@@ -136,19 +147,31 @@ def evaluate_isolated(
         "tensorrt": config.tensorrt,
     }
     todo = {k: str(v) for k, v in paths.items()}
-    (together,) = map_isolated(
-        "graphtrim.gates.evaluate:evaluate_job",
-        [todo],
-        common=job,
-        timeout=ctx.child_timeout,
-        what=lambda _i: "gates",
-        on_step=lambda line: ctx.say(f"validate: {line}"),
-    )
-    if not isinstance(together, BaseException):
-        return together
-    if not isinstance(together, ChildFailed):
-        raise together
-    ctx.say(f"validate: {together}; measuring each variant alone")
+    sizes: dict[str, int] = {}
+    for name, path in todo.items():
+        with contextlib.suppress(Exception):
+            sizes[name] = ModelInfo.of(path).bytes
+    total = sum(sizes.values())
+    lean = len(todo) > 1 and total > together_max_bytes
+    if lean:
+        ctx.say(
+            f"validate: {len(todo)} variants of {total / 2**30:.2f} GiB in all; each is measured "
+            "beside the reference alone, so that one variant at a time is in memory"
+        )
+    else:
+        (together,) = map_isolated(
+            "graphtrim.gates.evaluate:evaluate_job",
+            [todo],
+            common=job,
+            timeout=ctx.child_timeout,
+            what=lambda _i: "gates",
+            on_step=lambda line: ctx.say(f"validate: {line}"),
+        )
+        if not isinstance(together, BaseException):
+            return together
+        if not isinstance(together, ChildFailed):
+            raise together
+        ctx.say(f"validate: {together}; measuring each variant alone")
     names = list(todo)
     alone = map_isolated(
         "graphtrim.gates.evaluate:evaluate_job",
@@ -156,6 +179,9 @@ def evaluate_isolated(
         common=job,
         timeout=ctx.child_timeout,
         what=lambda item: f"gates of {next(iter(item))}",
+        on_step=lambda line: ctx.say(f"validate: {line}"),
+        # a child per variant, whose memory goes back to the system before the next one
+        fresh=lean,
     )
     base = next((e for e in alone if not isinstance(e, BaseException)), None)
     if base is None:  # the reference itself cannot be measured

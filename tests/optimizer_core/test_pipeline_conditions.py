@@ -104,6 +104,36 @@ def test_a_runtime_crash_in_the_gates_fails_that_variant_alone(
     assert by_name["graph"].gate("accuracy").passed  # type: ignore[union-attr]
 
 
+def test_variants_too_large_to_hold_together_are_measured_beside_the_reference_one_at_a_time(
+    servers: dict[str, str], digits_task: DigitsTask, fp16_model: Path, tmp_path: Path
+) -> None:
+    """Above the size bound (made small here) each variant gets its own child with the
+    reference: one variant's session at a time, so the peak memory is the reference and the
+    largest variant, not their sum. Below it they share one child and one interleaved run."""
+    from graphtrim.data import input_specs, load_npz
+
+    data = load_npz(digits_task.eval, input_specs(digits_task.model))
+    config = PipelineConfig(variants=("graph", "fp16"), policy=RELAXED)
+    paths = {"graph": digits_task.model, "fp16": fp16_model}
+    models_timed: dict[int, dict[str, int]] = {}
+    for bound in (1 << 40, 1):
+        lines: list[str] = []
+        ctx = _ctx(servers, tmp_path / str(bound), progress=lines.append)
+        evaluation = validate.evaluate_isolated(
+            ctx, config, digits_task.model, paths, data, together_max_bytes=bound
+        )
+        timed = {}
+        for result in evaluation.variants:
+            latency = result.gate("latency")
+            assert latency is not None and result.gate("accuracy") is not None, result
+            timed[result.name] = latency.measured["settings"]["models"]
+        models_timed[bound] = timed
+        alone = [line for line in lines if "measured beside the reference alone" in line]
+        assert bool(alone) == (bound == 1), lines
+    assert models_timed[1 << 40] == {"graph": 3, "fp16": 3}  # the reference and both variants
+    assert models_timed[1] == {"graph": 2, "fp16": 2}  # the reference and that variant
+
+
 def test_quantize_never_writes_a_model_that_crashes_the_runtime(
     digits_task: DigitsTask, tmp_path: Path
 ) -> None:
