@@ -51,12 +51,17 @@ class ModelInfo:
     nodes: int
     op_counts: dict[str, int]
 
+    @staticmethod
+    def file_bytes(path: str | os.PathLike[str]) -> int:
+        """The model file's bytes and its external data's (``<name>.data`` beside it), read from
+        the file system alone."""
+        p = Path(path)
+        data = p.with_name(p.name + ".data")
+        return p.stat().st_size + (data.stat().st_size if data.exists() else 0)
+
     @classmethod
     def of(cls, path: str | os.PathLike[str]) -> ModelInfo:
         p = Path(path)
-        files = [p] + (
-            [p.with_name(p.name + ".data")] if p.with_name(p.name + ".data").exists() else []
-        )
         model = onnx.load(str(p), load_external_data=False)
         counts: collections.Counter[str] = collections.Counter()
 
@@ -71,7 +76,7 @@ class ModelInfo:
                             walk(sub)
 
         walk(model.graph)
-        return cls(str(p), sum(f.stat().st_size for f in files), sum(counts.values()), dict(counts))
+        return cls(str(p), cls.file_bytes(p), sum(counts.values()), dict(counts))
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

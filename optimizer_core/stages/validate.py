@@ -147,11 +147,10 @@ def evaluate_isolated(
         "tensorrt": config.tensorrt,
     }
     todo = {k: str(v) for k, v in paths.items()}
-    sizes: dict[str, int] = {}
-    for name, path in todo.items():
-        with contextlib.suppress(Exception):
-            sizes[name] = ModelInfo.of(path).bytes
-    total = sum(sizes.values())
+    total = 0
+    for path in todo.values():
+        with contextlib.suppress(OSError):
+            total += ModelInfo.file_bytes(path)
     lean = len(todo) > 1 and total > together_max_bytes
     if lean:
         ctx.say(

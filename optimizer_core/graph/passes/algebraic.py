@@ -666,7 +666,9 @@ def _transposed(t_out: ir.Value | None) -> tuple[ir.Value, list[int]] | str:
     if t_out is None or t is None or not u.is_op(t, "Transpose") or t.inputs[0] is None:
         return "the input is not a Transpose's result"
     x = t.inputs[0]
-    r = u.rank(t_out) if u.rank(t_out) is not None else u.rank(x)
+    r = u.rank(t_out)
+    if r is None:
+        r = u.rank(x)
     p = t.attributes.get_ints("perm", None)
     if p is None and r is None:
         return "a default permutation of unknown rank"
@@ -708,11 +710,12 @@ def _unbind_of_transpose(node: ir.Node, ctx: RuleContext) -> _Unbind | str:
     only by a ``Squeeze`` of axis ``a`` (an unbind, as torch's TorchScript exporter writes
     ``qkv.permute(..).unbind(0)``), the Transpose read by the Split alone. The match is ``x``,
     the axis of ``x`` the pieces come from, and what is left of ``p`` once that axis is gone."""
-    t = _transposed(node.inputs[0])
+    t_out = node.inputs[0]
+    t = _transposed(t_out)
     if isinstance(t, str):
         return t
     x, p = t
-    if not u.single_consumer(node.inputs[0]):  # type: ignore[arg-type]
+    if t_out is None or not u.single_consumer(t_out):
         return "the Transpose's result is read elsewhere too"
     r = len(p)
     axes = u.normalize_axes([node.attributes.get_int("axis", 0)], r)
