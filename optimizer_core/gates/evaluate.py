@@ -168,11 +168,19 @@ def evaluate(
     builds: Mapping[str, dict[str, Any]] | None = None,
     progress: ProgressFn | None = None,
     kinds: Mapping[str, str] | None = None,
+    max_open_bytes: int | None = None,
 ) -> Evaluation:
     """Judge each variant (``name -> model path``; the name selects its policy entry, or
     ``kinds[name]`` where given: two builds of one kind under their own names) against
     ``reference`` on ``device``. Raises only for problems shared by all variants (the device is
-    missing, the reference cannot run); a variant's own failure is a failed gate."""
+    missing, the reference cannot run); a variant's own failure is a failed gate.
+
+    ``max_open_bytes``: when the reference and the variants hold more than this on disk, one
+    session is open at a time. The reference's outputs (and a language model's greedy
+    continuations) are taken first and its session let go; each variant's accuracy is measured
+    against them in its own session; the latency runs alternate block by block, each model's
+    session opened afresh for its turn (:func:`graphtrim.gates.latency.measure_alternating`).
+    The peak memory is then the largest model's session, not the sum of them."""
     say = progress or (lambda _line: None)
     started = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
     t0 = time.perf_counter()
@@ -194,12 +202,43 @@ def evaluate(
     if data is None:
         data = random_data(specs, batches=8)
     ref_info = ModelInfo.of(reference)
-    ref_sess = open_session(reference, device=device, threads=n_threads, providers=providers)
+
+    def opener(path: str | os.PathLike[str]) -> Callable[[], Any]:
+        return lambda: open_session(path, device=device, threads=n_threads, providers=providers)
+
+    one_at_a_time = (
+        max_open_bytes is not None
+        and ref_info.bytes
+        + sum(ModelInfo.file_bytes(p) for p in variants.values() if Path(p).exists())
+        > max_open_bytes
+    )
+    ref_sess = opener(reference)()
     ref_outputs: dict[str | None, tuple[str, Any]] = {}
+    ref_greedy: dict[str | None, list[list[int]]] = {}
+
+    def reference_results(key: str | None) -> None:
+        """The reference's judged output (and greedy continuations) for output ``key``."""
+        if key in ref_outputs:
+            return
+        ref_outputs[key] = acc.run_outputs(ref_sess, data, key)
+        if decoder and data.tokens is not None:
+            from graphtrim.gates.language import greedy_continuations
+
+            ref_greedy[key] = greedy_continuations(ref_sess, data.tokens)
+
+    if one_at_a_time:
+        say("one session at a time: the reference's outputs first, then each variant's")
+        for name in variants:
+            t = entry(name).accuracy
+            if t is not None:
+                reference_results(t.output)
+        ref_sess = None  # let go before any variant's session opens
 
     results: list[VariantResult] = []
-    # the reference's session under a key no variant name can take
+    # the reference's session under a key no variant name can take; with one session at a
+    # time, the models the latency gate opens afresh
     sessions: dict[str, Any] = {_BASELINE: ref_sess}
+    opens: dict[str, Callable[[], Any]] = {_BASELINE: opener(reference)}
     for name, path in variants.items():
         vp = entry(name)
         gates: list[GateResult] = []
@@ -227,8 +266,9 @@ def evaluate(
                 )
             )
         try:
-            sess = open_session(path, device=device, threads=n_threads, providers=providers)
-            sessions[name] = sess
+            sess = opener(path)()
+            sessions[name] = None if one_at_a_time else sess
+            opens[name] = opener(path)
         except Exception as exc:
             gates.append(_error("accuracy", exc, {}))
             results.append(VariantResult(name, info, gates, builds.get(name)))
@@ -238,16 +278,16 @@ def evaluate(
             say(f"{name}: accuracy on {data.samples} sample(s)")
             try:
                 key = vp.accuracy.output
-                if key not in ref_outputs:
-                    ref_outputs[key] = acc.run_outputs(ref_sess, data, key)
+                reference_results(key)
                 m = acc.measure(
-                    ref_sess,
+                    None,
                     sess,
                     data,
                     output=key,
                     metric=vp.accuracy.metric,
                     reference_outputs=ref_outputs[key],
                     language=decoder,
+                    reference_greedy=ref_greedy.get(key),
                 )
                 broken = acc.judge(m, vp.accuracy)
                 gates.append(
@@ -255,30 +295,64 @@ def evaluate(
                 )
             except Exception as exc:
                 gates.append(_error("accuracy", exc, t))
+        del sess  # with one session at a time, the variant's goes here
         results.append(VariantResult(name, info, gates, builds.get(name)))
 
     timed = [r.name for r in results if r.name in sessions and entry(r.name).latency]
     samples: dict[str, list[float]] = {}
     if timed:
-        say(f"latency: {lat_settings.runs} interleaved runs after {lat_settings.warmup} warm-up")
-        feeds = next(iter(data))
+        models = [_BASELINE, *timed]
+        # the judged workload; a language model's is a decode step after a cache, and a
+        # prefill is timed beside it
+        phases = {"run": lat.Phase(next(iter(data)), lat_settings.runs, lat_settings.warmup)}
         prefill: dict[str, Any] | None = None
         try:
             if decoder:
                 from graphtrim.gates import language
 
-                # judged: a decode step after a cache; timed beside it: a prefill
-                feeds = language.step_feeds(specs, data.tokens, lat_settings.decode_past)
-                say(f"latency: a prefill of {lat_settings.prefill_tokens} tokens")
-                pre = lat.measure_latency(
-                    {n: sessions[n] for n in [_BASELINE, *timed]},
-                    language.prefill_feeds(specs, data.tokens, lat_settings.prefill_tokens),
+                phases = {
+                    "prefill": lat.Phase(
+                        language.prefill_feeds(specs, data.tokens, lat_settings.prefill_tokens),
+                        max(lat_settings.blocks, lat_settings.runs // 4),
+                        min(lat_settings.warmup, 5),
+                    ),
+                    "run": lat.Phase(
+                        language.step_feeds(specs, data.tokens, lat_settings.decode_past),
+                        lat_settings.runs,
+                        lat_settings.warmup,
+                    ),
+                }
+            if one_at_a_time:
+                say(
+                    f"latency: {len(models)} models take turns in {lat_settings.blocks} blocks, "
+                    "one session open at a time"
+                )
+                runs = lat.measure_alternating(
+                    {n: opens[n] for n in models},
+                    phases,
                     baseline=_BASELINE,
-                    runs=max(lat_settings.blocks, lat_settings.runs // 4),
-                    warmup=min(lat_settings.warmup, 5),
                     blocks=lat_settings.blocks,
                     progress=say,
                 )
+            else:
+                runs = {}
+                for key, phase in phases.items():
+                    say(
+                        f"latency: {'a prefill' if key == 'prefill' else 'the judged run'}: "
+                        f"{phase.runs} interleaved runs after {phase.warmup} warm-up"
+                    )
+                    runs[key] = lat.measure_latency(
+                        {n: sessions[n] for n in models},
+                        phase.feeds,
+                        baseline=_BASELINE,
+                        runs=phase.runs,
+                        warmup=phase.warmup,
+                        blocks=lat_settings.blocks,
+                        progress=say,
+                    )
+            run = runs["run"]
+            if "prefill" in runs:
+                pre = runs["prefill"]
                 prefill = {
                     n: {
                         "tokens": lat_settings.prefill_tokens,
@@ -287,16 +361,6 @@ def evaluate(
                     }
                     for n in timed
                 }
-                say(f"latency: decode steps after a cache of {lat_settings.decode_past} tokens")
-            run = lat.measure_latency(
-                {n: sessions[n] for n in [_BASELINE, *timed]},
-                feeds,
-                baseline=_BASELINE,
-                runs=lat_settings.runs,
-                warmup=lat_settings.warmup,
-                blocks=lat_settings.blocks,
-                progress=say,
-            )
             label = "reference" if "reference" not in variants else "reference (baseline)"
             samples = {(label if n == _BASELINE else n): s.samples_ms for n, s in run.stats.items()}
             for r in results:
@@ -345,7 +409,8 @@ def evaluate(
 def evaluate_job(variants: Mapping[str, str], **job: Any) -> Evaluation:
     """:func:`evaluate` as a child process runs it (:mod:`graphtrim.isolation`), from
     plain values: ``reference``, ``policy`` (the parsed :class:`GatePolicy`, a policy document,
-    or None for the built-in policy), ``data``, ``device``, ``tensorrt``."""
+    or None for the built-in policy), ``data``, ``device``, ``tensorrt``, and optionally
+    ``max_open_bytes``."""
     from graphtrim.isolation import step
 
     policy = job["policy"]
@@ -360,4 +425,5 @@ def evaluate_job(variants: Mapping[str, str], **job: Any) -> Evaluation:
         device=job["device"],
         tensorrt=job["tensorrt"],
         progress=lambda line: step(f"gates: {line}"),
+        max_open_bytes=job.get("max_open_bytes"),
     )

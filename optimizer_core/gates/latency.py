@@ -2,7 +2,8 @@
 
 All models run in one process on the same execution provider with the same thread settings and
 the same feeds. After warm-up, runs are interleaved (the order rotates every round) so that
-drift in the machine's speed hits every model alike. Per model: p50, p95, p99, mean and
+drift in the machine's speed hits every model alike. Models too large to have their sessions
+open together take turns block by block instead (:func:`measure_alternating`). Per model: p50, p95, p99, mean and
 throughput. The speedup of a variant is the baseline's p50 over the variant's p50.
 
 Noise: the runs are cut into consecutive blocks and the speedup computed per block. A gate whose
@@ -123,8 +124,81 @@ def measure_latency(
         baseline,
         {n: LatencyStats(samples[n], batch) for n in names},
         max(1, blocks),
-        {"runs": runs, "warmup": warmup, "blocks": blocks, "batch": batch, "models": len(names)},
+        {
+            "runs": runs,
+            "warmup": warmup,
+            "blocks": blocks,
+            "batch": batch,
+            "models": len(names),
+            "interleaved": "runs",
+        },
     )
+
+
+@dataclasses.dataclass(frozen=True)
+class Phase:
+    """One timed workload of :func:`measure_alternating`: its feeds, timed runs per model (over
+    all blocks) and warm-up runs per model."""
+
+    feeds: Mapping[str, np.ndarray]
+    runs: int
+    warmup: int
+
+
+def measure_alternating(
+    opens: Mapping[str, Callable[[], Any]],
+    phases: Mapping[str, Phase],
+    *,
+    baseline: str,
+    blocks: int = 5,
+    progress: Callable[[str], None] | None = None,
+) -> dict[str, LatencyRun]:
+    """Time every model on every phase with one session open at a time.
+
+    Models too large to hold beside each other take turns block by block: in each block every
+    model's session is opened (``opens[name]()``), warmed up, timed on each phase for its share
+    of the runs and let go before the next model's opens; the order rotates every block. Drift
+    in the machine's speed between blocks hits every model alike, and the per-block speedups
+    (:meth:`LatencyRun.block_speedups`, whose blocks are these) say how much it moved.
+    """
+    if baseline not in opens:
+        raise ValueError(f"baseline '{baseline}' is not among the models")
+    names = list(opens)
+    blocks = max(1, blocks)
+    share = {p: max(1, ph.runs // blocks) for p, ph in phases.items()}
+    warm = {p: max(1, -(-ph.warmup // blocks)) for p, ph in phases.items()}
+    samples: dict[str, dict[str, list[float]]] = {p: {n: [] for n in names} for p in phases}
+    for b in range(blocks):
+        k = b % len(names)
+        for name in names[k:] + names[:k]:
+            if progress is not None:
+                progress(f"latency: block {b + 1}/{blocks}, {name}: opening its session")
+            session = opens[name]()
+            for p, ph in phases.items():
+                feeds = dict(ph.feeds)
+                for _ in range(warm[p]):
+                    session.run(None, feeds)
+                for _ in range(share[p]):
+                    t0 = time.perf_counter()
+                    session.run(None, feeds)
+                    samples[p][name].append((time.perf_counter() - t0) * 1000.0)
+            del session
+    out: dict[str, LatencyRun] = {}
+    for p, ph in phases.items():
+        batch = int(next(iter(ph.feeds.values())).shape[0]) if ph.feeds else 1
+        settings = {
+            "runs": share[p] * blocks,
+            "warmup": warm[p] * blocks,
+            "blocks": blocks,
+            "batch": batch,
+            "models": len(names),
+            "interleaved": "blocks",
+            "sessions_opened": blocks * len(names),
+        }
+        out[p] = LatencyRun(
+            baseline, {n: LatencyStats(samples[p][n], batch) for n in names}, blocks, settings
+        )
+    return out
 
 
 def judge(run: LatencyRun, name: str, thresholds: Any) -> tuple[str, list[str]]:

@@ -352,20 +352,24 @@ def convert_int8_dynamic(
     calibration: Sequence[Feeds] = (),
     progress: ProgressFn | None = None,
 ) -> None:
-    """int8 weights with onnxruntime's ``quantize_dynamic`` (attention kept in float)."""
+    """int8 weights with onnxruntime's ``quantize_dynamic`` (attention kept in float), its shape
+    inference lent one that copies no weights (:mod:`graphtrim.quantize.shapes`)."""
     from onnxruntime.quantization import quantize_dynamic
 
+    from graphtrim.quantize.shapes import weightless_shape_inference
+
     keep_float = sorted(set(excluded) | set(standard_attention_nodes(src)))
-    quantize_dynamic(
-        src,
-        dst,
-        op_types_to_quantize=cfg.op_types,
-        per_channel=cfg.per_channel,
-        reduce_range=True if cfg.reduce_range is None else cfg.reduce_range,
-        weight_type=_quant_type(cfg.weight_type),
-        nodes_to_exclude=keep_float,
-        use_external_data_format=_model_bytes(src) > 1_500_000_000,
-    )
+    with weightless_shape_inference():
+        quantize_dynamic(
+            src,
+            dst,
+            op_types_to_quantize=cfg.op_types,
+            per_channel=cfg.per_channel,
+            reduce_range=True if cfg.reduce_range is None else cfg.reduce_range,
+            weight_type=_quant_type(cfg.weight_type),
+            nodes_to_exclude=keep_float,
+            use_external_data_format=_model_bytes(src) > 1_500_000_000,
+        )
 
 
 def _convert_weight_only(

@@ -115,11 +115,13 @@ def judge_variants(
     return evaluation
 
 
-# Measured together, every variant's session is open beside the reference's, so the child's
-# memory is the sum of all of them. Above this many bytes of variants in all, each variant is
-# measured beside the reference alone, one child after the other: the peak is then the reference
-# and the largest variant (a language model's fp32 graph variant and its int8 and int4 builds,
-# say, no longer all at once).
+# The most bytes of models (on disk) whose sessions one child holds open at once. Measured
+# together, every variant's session is open beside the reference's, so the child's memory is
+# the sum of all of them. Above this bound each variant is measured beside the reference in a
+# child of its own, one after the other; and where the reference and one variant are above it
+# too (a language model's fp32 export and its fp32 graph variant), that child opens one session
+# at a time and the latency runs take turns block by block. The peak is then the largest
+# model's session.
 TOGETHER_MAX_BYTES = 1 << 30
 
 
@@ -134,8 +136,9 @@ def evaluate_isolated(
 ) -> Any:
     """The gates of ``paths`` in a child process. If that child dies (a runtime crash on one
     variant, a hang), each variant is measured alone in its own child: the one that crashes
-    fails with the signal and the step, the others keep their verdicts. Variants that together
-    hold more than ``together_max_bytes`` are measured alone from the start."""
+    fails with the signal and the step, the others keep their verdicts. Variants that hold more
+    than ``together_max_bytes`` together with the reference are measured alone from the start,
+    and a variant above it with the reference alone is measured one session at a time."""
     from graphtrim.gates.evaluate import GateResult, ModelInfo, VariantResult
     from graphtrim.isolation import ChildFailed, map_isolated
 
@@ -145,17 +148,19 @@ def evaluate_isolated(
         "data": data,
         "device": config.device,
         "tensorrt": config.tensorrt,
+        "max_open_bytes": together_max_bytes,
     }
     todo = {k: str(v) for k, v in paths.items()}
-    total = 0
+    total = ModelInfo.file_bytes(reference)
     for path in todo.values():
         with contextlib.suppress(OSError):
             total += ModelInfo.file_bytes(path)
     lean = len(todo) > 1 and total > together_max_bytes
     if lean:
         ctx.say(
-            f"validate: {len(todo)} variants of {total / 2**30:.2f} GiB in all; each is measured "
-            "beside the reference alone, so that one variant at a time is in memory"
+            f"validate: {len(todo)} variants and the reference hold {total / 2**30:.2f} GiB; "
+            "each variant is measured beside the reference alone, so that one variant at a time "
+            "is in memory"
         )
     else:
         (together,) = map_isolated(

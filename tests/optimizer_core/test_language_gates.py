@@ -217,3 +217,44 @@ def test_agreement_runs_the_float_model_then_the_variant(
     assert far.outputs["logits"]["cosine"] < 0.9
     ref = str(lm["ref"])
     assert opened == [ref, ref, ref, str(variant), ref, str(lm["other"])]
+
+
+def test_models_too_large_to_hold_together_are_judged_one_session_at_a_time(
+    lm: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Above ``max_open_bytes`` no two sessions are ever open at once: the reference's outputs
+    and greedy continuations are taken first, each variant is judged in its own session, and
+    the latency runs take turns block by block, each session opened afresh. The accuracy
+    verdicts are the ones measured with every session open together."""
+    import sys
+
+    variant = tmp_path / "int8.onnx"
+    build_variant(lm["ref"], variant, "int8-weight", config=QuantizeConfig())
+    data = load_npz(lm["tokens"], input_specs(lm["ref"]), batch_size=2)
+    policy = _policy(min_cosine=0.9, min_greedy_match=0.5, max_metric_drop=None)
+    variants = {"int8-weight": variant, "other": lm["other"]}
+    together = evaluate(lm["ref"], variants, policy=policy, data=data)
+
+    # the module, not the function the package exports under its name
+    opened = _tracked(monkeypatch, sys.modules["graphtrim.gates.evaluate"], "open_session")
+    alone = evaluate(lm["ref"], variants, policy=policy, data=data, max_open_bytes=1)
+    ref, v, other = str(lm["ref"]), str(variant), str(lm["other"])
+    blocks = 2  # the policy's; the order of the models rotates every block
+    assert opened == [ref, v, other, *[ref, v, other], *[v, other, ref]]
+    for name in variants:
+        want = together.variant(name).gate("accuracy")
+        got = alone.variant(name).gate("accuracy")
+        assert want is not None and got is not None
+        assert got.status == want.status and got.reasons == want.reasons
+        for key in ("greedy", "top1_agreement", "max_abs_error"):
+            assert got.measured[key] == want.measured[key], key
+        assert got.measured["perplexity_ratio"] == pytest.approx(want.measured["perplexity_ratio"])
+        latency = alone.variant(name).gate("latency")
+        assert latency is not None and latency.status == "pass", latency
+        settings = latency.measured["settings"]
+        assert settings["interleaved"] == "blocks" and settings["models"] == 3
+        assert settings["sessions_opened"] == blocks * 3
+        assert latency.measured["runs"] == 10 and latency.measured["prefill"]["p50_ms"] > 0
+        assert len(latency.measured["block_speedups"]) == blocks
+    latency = together.variant("other").gate("latency")
+    assert latency is not None and latency.measured["settings"]["interleaved"] == "runs"

@@ -107,31 +107,40 @@ def test_a_runtime_crash_in_the_gates_fails_that_variant_alone(
 def test_variants_too_large_to_hold_together_are_measured_beside_the_reference_one_at_a_time(
     servers: dict[str, str], digits_task: DigitsTask, fp16_model: Path, tmp_path: Path
 ) -> None:
-    """Above the size bound (made small here) each variant gets its own child with the
-    reference: one variant's session at a time, so the peak memory is the reference and the
-    largest variant, not their sum. Below it they share one child and one interleaved run."""
+    """Below the size bound the variants share one child and one interleaved run. Above it
+    (made small here) each variant gets its own child with the reference: one variant's session
+    at a time, so the peak memory is the reference and the largest variant, not their sum.
+    Where the reference and one variant are above it too, that child opens one session at a
+    time and the latency runs take turns block by block."""
     from graphtrim.data import input_specs, load_npz
+    from graphtrim.gates.evaluate import ModelInfo
 
     data = load_npz(digits_task.eval, input_specs(digits_task.model))
     config = PipelineConfig(variants=("graph", "fp16"), policy=RELAXED)
     paths = {"graph": digits_task.model, "fp16": fp16_model}
-    models_timed: dict[int, dict[str, int]] = {}
-    for bound in (1 << 40, 1):
+    sizes = {n: ModelInfo.file_bytes(p) for n, p in paths.items()}
+    pair = ModelInfo.file_bytes(digits_task.model) + max(sizes.values())
+    timed: dict[int, dict[str, tuple[int, str]]] = {}
+    for bound in (1 << 40, pair, 1):
         lines: list[str] = []
         ctx = _ctx(servers, tmp_path / str(bound), progress=lines.append)
         evaluation = validate.evaluate_isolated(
             ctx, config, digits_task.model, paths, data, together_max_bytes=bound
         )
-        timed = {}
+        timed[bound] = {}
         for result in evaluation.variants:
             latency = result.gate("latency")
             assert latency is not None and result.gate("accuracy") is not None, result
-            timed[result.name] = latency.measured["settings"]["models"]
-        models_timed[bound] = timed
+            settings = latency.measured["settings"]
+            timed[bound][result.name] = (settings["models"], settings["interleaved"])
         alone = [line for line in lines if "measured beside the reference alone" in line]
-        assert bool(alone) == (bound == 1), lines
-    assert models_timed[1 << 40] == {"graph": 3, "fp16": 3}  # the reference and both variants
-    assert models_timed[1] == {"graph": 2, "fp16": 2}  # the reference and that variant
+        assert bool(alone) == (bound < 1 << 40), lines
+    # the reference and both variants, run by run
+    assert timed[1 << 40] == {"graph": (3, "runs"), "fp16": (3, "runs")}
+    # the reference and one variant, run by run
+    assert timed[pair] == {"graph": (2, "runs"), "fp16": (2, "runs")}
+    # the reference and one variant, block by block, one session open at a time
+    assert timed[1] == {"graph": (2, "blocks"), "fp16": (2, "blocks")}
 
 
 def test_quantize_never_writes_a_model_that_crashes_the_runtime(
