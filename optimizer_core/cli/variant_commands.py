@@ -216,7 +216,9 @@ def add_parsers(sub: Any) -> None:
         description=(
             "Judge each VARIANT (NAME=PATH, or PATH whose file name says the variant, e.g. "
             "model.int8-static.onnx) against REFERENCE on the same data and device. Writes "
-            "JSON, Markdown and HTML reports to --out. Exit 1 when any variant fails a gate "
+            "JSON, Markdown and HTML reports to --out. Models over 1 GiB in all are held one "
+            "session at a time: the reference's outputs first, then each variant's, and the "
+            "latency runs take turns block by block. Exit 1 when any variant fails a gate "
             "(with --allow-failed-variants: when none passed)."
         ),
     )

@@ -26,6 +26,9 @@ from graphtrim.runtime import open_session, providers_for
 
 ProgressFn = Callable[[str], None]
 _BASELINE = "\x00reference"
+# the most bytes of models (on disk) whose sessions :func:`evaluate` holds open at once; a
+# session of a float model costs about its weights' size (onnxruntime prepacks them)
+MAX_OPEN_BYTES = 1 << 30
 
 
 @dataclasses.dataclass
@@ -168,7 +171,7 @@ def evaluate(
     builds: Mapping[str, dict[str, Any]] | None = None,
     progress: ProgressFn | None = None,
     kinds: Mapping[str, str] | None = None,
-    max_open_bytes: int | None = None,
+    max_open_bytes: int | None = MAX_OPEN_BYTES,
 ) -> Evaluation:
     """Judge each variant (``name -> model path``; the name selects its policy entry, or
     ``kinds[name]`` where given: two builds of one kind under their own names) against
@@ -176,7 +179,7 @@ def evaluate(
     missing, the reference cannot run); a variant's own failure is a failed gate.
 
     ``max_open_bytes``: when the reference and the variants hold more than this on disk, one
-    session is open at a time. The reference's outputs (and a language model's greedy
+    session is open at a time (None: never). The reference's outputs (and a language model's greedy
     continuations) are taken first and its session let go; each variant's accuracy is measured
     against them in its own session; the latency runs alternate block by block, each model's
     session opened afresh for its turn (:func:`graphtrim.gates.latency.measure_alternating`).
@@ -425,5 +428,5 @@ def evaluate_job(variants: Mapping[str, str], **job: Any) -> Evaluation:
         device=job["device"],
         tensorrt=job["tensorrt"],
         progress=lambda line: step(f"gates: {line}"),
-        max_open_bytes=job.get("max_open_bytes"),
+        max_open_bytes=job.get("max_open_bytes", MAX_OPEN_BYTES),
     )

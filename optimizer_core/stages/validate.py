@@ -115,16 +115,6 @@ def judge_variants(
     return evaluation
 
 
-# The most bytes of models (on disk) whose sessions one child holds open at once. Measured
-# together, every variant's session is open beside the reference's, so the child's memory is
-# the sum of all of them. Above this bound each variant is measured beside the reference in a
-# child of its own, one after the other; and where the reference and one variant are above it
-# too (a language model's fp32 export and its fp32 graph variant), that child opens one session
-# at a time and the latency runs take turns block by block. The peak is then the largest
-# model's session.
-TOGETHER_MAX_BYTES = 1 << 30
-
-
 def evaluate_isolated(
     ctx: StageContext,
     config: PipelineConfig,
@@ -132,15 +122,24 @@ def evaluate_isolated(
     paths: Mapping[str, Path],
     data: Any,
     *,
-    together_max_bytes: int = TOGETHER_MAX_BYTES,
+    together_max_bytes: int | None = None,
 ) -> Any:
     """The gates of ``paths`` in a child process. If that child dies (a runtime crash on one
     variant, a hang), each variant is measured alone in its own child: the one that crashes
-    fails with the signal and the step, the others keep their verdicts. Variants that hold more
-    than ``together_max_bytes`` together with the reference are measured alone from the start,
-    and a variant above it with the reference alone is measured one session at a time."""
-    from graphtrim.gates.evaluate import GateResult, ModelInfo, VariantResult
+    fails with the signal and the step, the others keep their verdicts.
+
+    Memory: measured together, every variant's session is open beside the reference's, so the
+    child's memory is their sum. Variants that hold more than ``together_max_bytes`` (on disk;
+    default :data:`graphtrim.gates.evaluate.MAX_OPEN_BYTES`) together with the reference are
+    each measured beside the reference in a child of their own, one after the other; where the
+    reference and one variant are above it too (a language model's fp32 export and its fp32
+    graph variant), that child opens one session at a time and the latency runs take turns
+    block by block. The peak is then the largest model's session."""
+    from graphtrim.gates.evaluate import MAX_OPEN_BYTES, GateResult, ModelInfo, VariantResult
     from graphtrim.isolation import ChildFailed, map_isolated
+
+    if together_max_bytes is None:
+        together_max_bytes = MAX_OPEN_BYTES
 
     job = {
         "reference": str(reference),
