@@ -198,6 +198,15 @@ def _collecting(fn: Callable[P, R]) -> Callable[P, R]:
     return wrapper
 
 
+def release_weights(model: ir.Model) -> None:
+    """Close the file mappings of ``model``'s external weights (read again from the file if
+    anything needs them later)."""
+    for graph in model.graphs():
+        for value in graph.initializers.values():
+            if isinstance(value.const_value, ir.ExternalTensor):
+                value.const_value.release()
+
+
 @_collecting
 def optimize_file(
     src: str | os.PathLike[str],
@@ -307,6 +316,10 @@ def optimize_file(
         if check:
             from graphtrim.verify import verify
 
+            # the model's weights are mapped from the input and were read to write the output:
+            # those pages would stay in this process beside each verifying session's weights
+            release_weights(result.model)
+            release_weights(model)
             if progress is not None:
                 progress("verifying the optimized model against the input")
             record = verify(

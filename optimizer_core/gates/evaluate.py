@@ -335,7 +335,7 @@ def evaluate(
                     phases,
                     baseline=_BASELINE,
                     blocks=lat_settings.blocks,
-                    progress=say,
+                    progress=lambda line: say(line.replace(_BASELINE, "reference")),
                 )
             else:
                 runs = {}

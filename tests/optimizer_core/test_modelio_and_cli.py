@@ -885,3 +885,66 @@ def test_verify_of_an_input_that_cannot_run_at_the_default_dim_names_the_dim(tmp
     assert "N=2" in err and "--dim NAME=SIZE" in err, err
     assert not out.exists()
     assert main(["optimize", str(src), "-o", str(out), "--verify", "-q", "--dim", "N=8"]) == 0
+
+
+def test_verification_opens_its_sessions_after_the_optimizers_mappings_are_closed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The optimized model's weights are mapped from the input and read to write the output;
+    when verification opens a session they are mapped no more (a model of several GiB would
+    otherwise be in the process once more beside the session's weights). Released weights read
+    again from the file where needed."""
+    import onnx_ir as ir
+
+    import graphtrim.optimize_file as module
+    import graphtrim.verify
+
+    rng = np.random.default_rng(0)
+    w = onh.from_array(rng.standard_normal((64, 64)).astype(np.float32), "w")
+    zero = onh.from_array(np.zeros(64, dtype=np.float32), "zero")
+    graph = oh.make_graph(
+        [oh.make_node("MatMul", ["x", "w"], ["m"]), oh.make_node("Add", ["m", "zero"], ["y"])],
+        "g",
+        [oh.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2, 64])],
+        [oh.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [2, 64])],
+        [w, zero],
+    )
+    src = tmp_path / "in" / "model.onnx"
+    src.parent.mkdir()
+    onnx.save(
+        oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)]),
+        str(src),
+        save_as_external_data=True,
+        size_threshold=0,
+    )
+    released: list[ir.Model] = []
+    mapped_at_verify: list[int] = []
+    inner_release, inner_verify = module.release_weights, graphtrim.verify.verify
+
+    def release(model: ir.Model) -> None:
+        inner_release(model)
+        released.append(model)
+
+    def verify_spy(*args: object, **kwargs: object) -> object:
+        mapped_at_verify.append(
+            sum(
+                isinstance(v.const_value, ir.ExternalTensor) and v.const_value.raw is not None
+                for m in released
+                for g in m.graphs()
+                for v in g.initializers.values()
+            )
+        )
+        return inner_verify(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(module, "release_weights", release)
+    monkeypatch.setattr(graphtrim.verify, "verify", verify_spy)
+    report = optimize_file(src, tmp_path / "out" / "model.onnx", check=True)
+    assert report.verification is not None and report.verification.ok
+    assert released and mapped_at_verify == [0]
+    weight = next(
+        v.const_value
+        for v in released[0].graph.initializers.values()
+        if isinstance(v.const_value, ir.ExternalTensor)
+    )
+    assert weight.raw is None
+    np.testing.assert_array_equal(weight.numpy(), onh.to_array(w))  # read again on demand
