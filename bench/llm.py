@@ -10,8 +10,8 @@ int4 (``-p int4 -e cpu``). Its ``SimplifiedLayerNormalization`` (in the default 
 onnx does not define) is written as the standard ``RMSNormalization`` first. graphtrim builds ``int4-weight`` (portable and ort forms) and
 ``int8-weight`` from the builder's fp32 model.
 
-Measured for each model, all sessions open at once and timed interleaved (onnxruntime
-ORT_ENABLE_ALL, 1 and 2 threads):
+Measured for each model, all sessions open at once and timed interleaved, the order rotating
+every round (onnxruntime ORT_ENABLE_ALL, 1 and 2 threads):
 
 * decode: one token with a KV cache of ``--past`` tokens, p50 over ``--runs`` steps, as
   tokens/s and as the ratio to fp32 (thread pools do not spin between runs: the sessions take
@@ -19,7 +19,10 @@ ORT_ENABLE_ALL, 1 and 2 threads):
 * prefill: a prompt of ``--prompt`` tokens, p50;
 * agreement with fp32 on the same prompt: next-token top-1 agreement over every position and
   the cosine of the last position's logits;
-* size on disk.
+* size on disk;
+* graphtrim's int4 decode speed over the builder's int4, with its range over 5 consecutive
+  blocks of runs (the same integers and kernels: the range says whether a difference is more
+  than the machine's noise).
 
 Results go to ``bench/results-llm/llm.json`` and a Markdown table on stdout.
 """
@@ -175,18 +178,37 @@ class Decoder:
         return self.session.run(["logits"], feeds)[0]
 
 
+BLOCKS = 5
+
+
 def _time(
     decoders: dict[str, Decoder], feeds: dict[str, dict[str, Any]], runs: int
-) -> dict[str, float]:
+) -> dict[str, list[float]]:
+    """Seconds of every run of every decoder, interleaved; the order rotates every round."""
     for name, d in decoders.items():  # warm-up
         d.logits(feeds[name])
-    times: dict[str, list[float]] = {n: [] for n in decoders}
-    for _ in range(runs):
-        for name, d in decoders.items():
+    names = list(decoders)
+    times: dict[str, list[float]] = {n: [] for n in names}
+    for r in range(runs):
+        k = r % len(names)
+        for name in names[k:] + names[:k]:
             t0 = time.perf_counter()
-            d.logits(feeds[name])
+            decoders[name].logits(feeds[name])
             times[name].append(time.perf_counter() - t0)
-    return {n: statistics.median(t) for n, t in times.items()}
+    return times
+
+
+def _ratios(base: list[float], other: list[float]) -> tuple[float, float, float]:
+    """median(base) / median(other) over all runs, and its smallest and largest value over
+    :data:`BLOCKS` consecutive blocks of runs (how far the machine's noise moves it)."""
+    size = max(1, len(base) // BLOCKS)
+    blocks = [
+        statistics.median(base[i : i + size]) / statistics.median(other[i : i + size])
+        for i in range(0, size * BLOCKS, size)
+        if base[i : i + size]
+    ]
+    whole = statistics.median(base) / statistics.median(other)
+    return whole, min(blocks), max(blocks)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -250,8 +272,11 @@ def main(argv: list[str] | None = None) -> int:
             for n, d in decoders.items()
         }
         pre = {n: d.feeds(prompt, 0, np.random.default_rng(1)) for n, d in decoders.items()}
-        decode = _time(decoders, step, args.runs)
-        prefill = _time(decoders, pre, max(5, args.runs // 4))
+        decode_runs = _time(decoders, step, args.runs)
+        decode = {n: statistics.median(t) for n, t in decode_runs.items()}
+        prefill = {
+            n: statistics.median(t) for n, t in _time(decoders, pre, max(5, args.runs // 4)).items()
+        }
         ref = decoders["fp32"].logits(pre["fp32"])[0]
         row: dict[str, Any] = {}
         for n, d in decoders.items():
@@ -267,6 +292,11 @@ def main(argv: list[str] | None = None) -> int:
                     last @ last_ref / (np.linalg.norm(last) * np.linalg.norm(last_ref))
                 ),
             }
+        # graphtrim's int4 over the builder's: decode speed, with the range over the blocks
+        for n in row:
+            if n.startswith("graphtrim-int4"):
+                whole, lo, hi = _ratios(decode_runs[n], decode_runs["genai-int4"])
+                row[n]["decode_vs_genai_int4"] = {"ratio": whole, "block_min": lo, "block_max": hi}
         results["threads"][threads] = row
         del decoders
     (out / "llm.json").write_text(json.dumps(results, indent=2))
@@ -285,6 +315,17 @@ def main(argv: list[str] | None = None) -> int:
                 f"{r['decode_speedup']:.2f} | {r['prefill_ms']:.1f} | {r['top1_agreement']:.3f} | "
                 f"{r['last_cosine']:.4f} |"
             )
+    print(
+        "\ngraphtrim's int4 decode speed over the builder's int4 (all runs; range over blocks):\n"
+    )
+    for threads, row in results["threads"].items():
+        for n, r in row.items():
+            v = r.get("decode_vs_genai_int4")
+            if v:
+                print(
+                    f"- {n}, {threads} thread(s): {v['ratio']:.3f}x "
+                    f"({v['block_min']:.3f}-{v['block_max']:.3f} over {BLOCKS} blocks)"
+                )
     return 0
 
 
