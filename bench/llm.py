@@ -295,7 +295,8 @@ def main(argv: list[str] | None = None) -> int:
         # graphtrim's int4 over the builder's: decode speed, with the range over the blocks
         for n in row:
             if n.startswith("graphtrim-int4"):
-                whole, lo, hi = _ratios(decode_runs[n], decode_runs["genai-int4"])
+                # the builder's time over graphtrim's: graphtrim's speed over the builder's
+                whole, lo, hi = _ratios(decode_runs["genai-int4"], decode_runs[n])
                 row[n]["decode_vs_genai_int4"] = {"ratio": whole, "block_min": lo, "block_max": hi}
         results["threads"][threads] = row
         del decoders

@@ -7,6 +7,7 @@ measurement failed). Only ``pass`` lets a variant through: the gates fail closed
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import datetime as dt
 import os
@@ -218,23 +219,35 @@ def evaluate(
     ref_sess = opener(reference)()
     ref_outputs: dict[str | None, tuple[str, Any]] = {}
     ref_greedy: dict[str | None, list[list[int]]] = {}
+    ref_failed: dict[str | None, Exception] = {}
 
     def reference_results(key: str | None) -> None:
-        """The reference's judged output (and greedy continuations) for output ``key``."""
+        """The reference's judged output (and greedy continuations) for output ``key``; what
+        kept it from them is raised again for every variant that asks."""
+        if key in ref_failed:
+            raise ref_failed[key]
         if key in ref_outputs:
             return
-        ref_outputs[key] = acc.run_outputs(ref_sess, data, key)
-        if decoder and data.tokens is not None:
-            from graphtrim.gates.language import greedy_continuations
+        try:
+            outputs = acc.run_outputs(ref_sess, data, key)
+            if decoder and data.tokens is not None:
+                from graphtrim.gates.language import greedy_continuations
 
-            ref_greedy[key] = greedy_continuations(ref_sess, data.tokens)
+                ref_greedy[key] = greedy_continuations(ref_sess, data.tokens)
+        except Exception as exc:
+            ref_failed[key] = exc
+            raise
+        ref_outputs[key] = outputs
 
     if one_at_a_time:
         say("one session at a time: the reference's outputs first, then each variant's")
         for name in variants:
             t = entry(name).accuracy
             if t is not None:
-                reference_results(t.output)
+                # a failure is each asking variant's failed accuracy gate, as with the
+                # sessions open together
+                with contextlib.suppress(Exception):
+                    reference_results(t.output)
         ref_sess = None  # let go before any variant's session opens
 
     results: list[VariantResult] = []

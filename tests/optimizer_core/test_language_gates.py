@@ -258,3 +258,22 @@ def test_models_too_large_to_hold_together_are_judged_one_session_at_a_time(
         assert len(latency.measured["block_speedups"]) == blocks
     latency = together.variant("other").gate("latency")
     assert latency is not None and latency.measured["settings"]["interleaved"] == "runs"
+
+
+def test_a_reference_that_cannot_give_the_judged_output_fails_each_variant_alike(
+    lm: dict[str, Path],
+) -> None:
+    """One session at a time or all together: an output the reference lacks is each variant's
+    failed accuracy gate, with why, not an error of the whole evaluation."""
+    data = load_npz(lm["tokens"], input_specs(lm["ref"]), batch_size=2)
+    policy = _policy(output="no_such_output", max_metric_drop=None)  # type: ignore[arg-type]
+    verdicts = []
+    for bound in (None, 1):
+        ev = evaluate(
+            lm["ref"], {"other": lm["other"]}, policy=policy, data=data, max_open_bytes=bound
+        )
+        gate = ev.variant("other").gate("accuracy")
+        assert gate is not None and gate.status == "error"
+        assert "no output 'no_such_output'" in gate.reasons[0]
+        verdicts.append((gate.status, gate.reasons))
+    assert verdicts[0] == verdicts[1]
