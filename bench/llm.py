@@ -200,15 +200,15 @@ def _time(
 
 def _ratios(base: list[float], other: list[float]) -> tuple[float, float, float]:
     """median(base) / median(other) over all runs, and its smallest and largest value over
-    :data:`BLOCKS` consecutive blocks of runs (how far the machine's noise moves it)."""
-    size = max(1, len(base) // BLOCKS)
-    blocks = [
-        statistics.median(base[i : i + size]) / statistics.median(other[i : i + size])
-        for i in range(0, size * BLOCKS, size)
-        if base[i : i + size]
-    ]
-    whole = statistics.median(base) / statistics.median(other)
-    return whole, min(blocks), max(blocks)
+    :data:`BLOCKS` consecutive blocks of runs (how far the machine's noise moves it), as the
+    latency gate computes them."""
+    from graphtrim.gates.latency import LatencyRun, LatencyStats
+
+    run = LatencyRun(
+        "base", {"base": LatencyStats(base, 1), "other": LatencyStats(other, 1)}, BLOCKS, {}
+    )
+    blocks = run.block_speedups("other")
+    return run.speedup("other"), min(blocks), max(blocks)
 
 
 def main(argv: list[str] | None = None) -> int:

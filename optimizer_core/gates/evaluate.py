@@ -282,9 +282,9 @@ def evaluate(
                 )
             )
         try:
-            sess = opener(path)()
-            sessions[name] = None if one_at_a_time else sess
             opens[name] = opener(path)
+            sess = opens[name]()
+            sessions[name] = None if one_at_a_time else sess
         except Exception as exc:
             gates.append(_error("accuracy", exc, {}))
             results.append(VariantResult(name, info, gates, builds.get(name)))
