@@ -75,6 +75,10 @@ def shape_entries(value: ir.Value | None, depth: int = 0) -> list[Entry] | None:
             found = shape_entries(node.inputs[0], depth + 1)
             if found is not None and len(found) == 1:
                 return found
+        if op == "Cast":
+            found = _integer_cast(node, depth)
+            if found is not None:
+                return found
         if op == "Where" and len(node.inputs) == 3:
             found = _chosen(node, depth)
             if found is not None:
@@ -150,6 +154,28 @@ def _chosen(node: ir.Node, depth: int) -> list[Entry] | None:
     flags = np.broadcast_to(cond.reshape(-1), (n,))
     a, b = a * n if len(a) == 1 else a, b * n if len(b) == 1 else b
     return [x if f else y for f, x, y in zip(flags.tolist(), a, b, strict=True)]
+
+
+_INT32 = (-(2**31), 2**31 - 1)
+
+
+def _integer_cast(node: ir.Node, depth: int) -> list[Entry] | None:
+    """``Cast`` of a shape between int64 and int32 (tf2onnx writes TensorFlow's int32 shapes:
+    ``Shape -> Cast(int32) -> .. -> Cast(int64) -> Reshape``): the entries keep their values.
+    A constant outside int32's range that is cast to int32 becomes unknown; a dim read from a
+    tensor is taken as it is: a model that computes its shapes in int32 is defined for dims
+    below 2**31 only (it would compute a wrapped size for a larger one)."""
+    src = node.inputs[0] if node.inputs else None
+    to = node.attributes.get_int("to", 0)
+    if src is None or src.dtype not in (ir.DataType.INT64, ir.DataType.INT32):
+        return None
+    if to not in (ir.DataType.INT64.value, ir.DataType.INT32.value):
+        return None
+    found = shape_entries(src, depth + 1)
+    if found is None or to == ir.DataType.INT64.value:
+        return found
+    lo, hi = _INT32
+    return [e if not isinstance(e, int) or lo <= e <= hi else None for e in found]
 
 
 def _picked(node: ir.Node, depth: int) -> list[Entry] | None:

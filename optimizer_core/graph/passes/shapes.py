@@ -35,6 +35,11 @@ Both rewrites are exact: the computed and the constant shape give the same resul
 input the model accepts. Named symbolic dims are equal when their names are: the ONNX meaning of
 a ``dim_param`` shared by values of one model, which onnx shape inference and the exporters
 (torch's symbolic shapes) propagate. Anonymous dims are never taken as equal.
+
+Computed shapes are read through ``Casts`` between int64 and int32 too: tf2onnx writes
+TensorFlow's int32 shapes (``Shape -> Cast(int32) -> Slice -> Concat -> Cast(int64)``). Such a
+model computes its shapes in int32, so it is defined for dims below 2**31 only; for those the
+casts keep every value.
 """
 
 from __future__ import annotations

@@ -806,3 +806,61 @@ def test_a_reshape_to_a_sum_of_dims_with_allowzero_is_named():
     SymbolicShapes().call(model)
     r = next(n for n in model.graph if n.op_type == "Reshape" and n.outputs[0].name == "r")
     assert named(r.outputs[0]) == ["batch", 4, "(past+seq)", 8]
+
+
+# tf2onnx writes TensorFlow's int32 shapes: Shape -> Cast(int32) -> StridedSlice -> Pack -> Cast
+INT32_SHAPE = """
+<ir_version: 8, opset_import: ["" : 13]>
+g (float[batch, 8] x) => (float[batch, 2, 4] y) {
+    s = Shape(x)
+    s32 = Cast<to = {to}>(s)
+    st = Constant<value = int64[1] {0}>()
+    en = Constant<value = int64[1] {1}>()
+    b = Slice(s32, st, en, st)
+    tail = Constant<value = {dtype}[2] {2, 4}>()
+    shape32 = Concat<axis = 0>(b, tail)
+    shape = Cast<to = 7>(shape32)
+    y = Reshape(x, shape)
+}
+"""
+
+
+def test_a_shape_computed_in_int32_gets_a_constant_shape():
+    proto = parse(INT32_SHAPE.replace("{to}", "6").replace("{dtype}", "int32"))
+    out, result = run_passes(proto, ["symbolic-shapes", "dead-code"])
+    assert op_types(out) == ["Reshape"]
+    assert rules_fired(result) == {"reshape-copy-dims": 1}
+    shape = next(i for i in out.graph.initializer if i.name == out.graph.node[0].input[1])
+    assert list(numpy_helper.to_array(shape)) == [0, 2, 4]
+    assert_equivalent(proto, out, dim_values={"batch": 3})
+
+
+def test_a_shape_cast_through_float_is_not_read():
+    proto = parse(INT32_SHAPE.replace("{to}", "1").replace("{dtype}", "float"))
+    out, result = run_passes(proto, ["symbolic-shapes"])
+    assert "reshape-copy-dims" not in rules_fired(result)
+    assert op_types(out) == op_types(proto)
+
+
+def test_a_constant_entry_outside_int32_is_not_read_through_the_cast():
+    import onnx_ir as ir
+
+    from graphtrim.graph.passes._symbolic_dims import Dim, shape_entries
+
+    proto = parse(
+        """
+        <ir_version: 8, opset_import: ["" : 15]>
+        g (float[batch, 8] x) => (int64[3] y) {
+            s = Shape<end = 1>(x)
+            big = Constant<value = int64[2] {4294967298, 4}>()
+            c = Concat<axis = 0>(s, big)
+            c32 = Cast<to = 6>(c)
+            y = Cast<to = 7>(c32)
+        }
+        """
+    )
+    from graphtrim.graph.shape_inference import ShapeInference
+
+    model = ir.serde.deserialize_model(proto)
+    ShapeInference().call(model)
+    assert shape_entries(model.graph.outputs[0]) == [Dim("batch"), None, 4]
