@@ -314,7 +314,7 @@ def optimize_file(
             shapes_stripped=shapes,
         )
         if check:
-            from graphtrim.verify import verify
+            from graphtrim.verify import verify_isolated
 
             # the model's weights are mapped from the input and were read to write the output:
             # those pages would stay in this process beside each verifying session's weights
@@ -322,7 +322,9 @@ def optimize_file(
             release_weights(model)
             if progress is not None:
                 progress("verifying the optimized model against the input")
-            record = verify(
+            # in a child process: onnxruntime dying on the random inputs must not take the
+            # command or the pipeline task down with it
+            record = verify_isolated(
                 src_p, staged[0], trials=trials, dim_values=dim_values, tolerance=tolerance
             )
             report.verification = record

@@ -321,11 +321,11 @@ def cmd_optimize(args: argparse.Namespace) -> int:
 
 def cmd_verify(args: argparse.Namespace) -> int:
     from graphtrim.modelio import read_proto
-    from graphtrim.verify import Tolerance, verify
+    from graphtrim.verify import Tolerance, verify_isolated
 
     read_proto(args.reference)
     read_proto(args.candidate)
-    record = verify(
+    record = verify_isolated(
         args.reference,
         args.candidate,
         trials=args.trials,

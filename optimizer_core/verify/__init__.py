@@ -10,6 +10,7 @@ from graphtrim.verify.compare import (
     compare_outputs,
     make_inputs,
     verify,
+    verify_isolated,
 )
 from graphtrim.verify.instrument import VerifyEachPass
 from graphtrim.verify.nondeterminism import RANDOM_OPS, random_outputs
@@ -27,4 +28,5 @@ __all__ = [
     "make_inputs",
     "random_outputs",
     "verify",
+    "verify_isolated",
 ]

@@ -16,6 +16,7 @@ made unique in the copy handed to onnxruntime.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import os
@@ -28,6 +29,8 @@ from typing import Any
 import numpy as np
 import onnx
 import onnx_ir as ir
+
+from graphtrim.isolation import step
 
 ModelLike = str | os.PathLike[str] | onnx.ModelProto | ir.Model
 
@@ -508,6 +511,7 @@ def verify(
         raise ValueError(f"trials must be at least 1, got {trials}")
     # read before the sessions open: the model's protobuf is gone again when they hold its weights
     random = random_outputs_of(original)
+    step("loading the reference model")
     try:
         ref = Session(original)
     except ModuleNotFoundError:
@@ -546,6 +550,7 @@ def _verify_with(
         )
     except ValueError as exc:  # an input type random feeds cannot fill
         return VerificationRecord.cannot_verify(tol, f"cannot make inputs: {reason_of(exc)}")
+    step("running the reference model")
     try:
         expected_list = [ref.run(feeds) for feeds in feeds_list]
     except Exception as exc:
@@ -562,6 +567,7 @@ def _verify_with(
     def differs(reason: str) -> VerificationRecord:
         return VerificationRecord(False, 0, [], tol, {}, error=reason, shape_only=random)
 
+    step("loading the optimized model")
     try:
         cand = Session(optimized)
     except Exception as exc:
@@ -574,6 +580,7 @@ def _verify_with(
         if ref.output_names() != cand.output_names():
             return differs(f"outputs differ: {ref.output_names()} vs {cand.output_names()}")
         merged: dict[str, OutputComparison] = {}
+        step("running the optimized model")
         for feeds, expected in zip(feeds_list, expected_list, strict=True):
             try:
                 got = cand.run(feeds)
@@ -605,3 +612,80 @@ def _verify_with(
         )
     finally:
         cand.close()
+
+
+def _verify_paths(paths: tuple[str, str], **kwargs: Any) -> VerificationRecord:
+    """:func:`verify` of two model files (the child's side of :func:`verify_isolated`)."""
+    return verify(paths[0], paths[1], **kwargs)
+
+
+def _input_dims(path: str | Path) -> list[tuple[str, Any, list[int | str | None]]]:
+    """The graph inputs' dims as ``Session.input_specs`` gives them, read from the file."""
+    proto = onnx.load(str(path), load_external_data=False)
+    weights = {t.name for t in proto.graph.initializer}
+    specs: list[tuple[str, Any, list[int | str | None]]] = []
+    for vi in proto.graph.input:
+        if vi.name in weights or not vi.type.HasField("tensor_type"):
+            continue
+        dims: list[int | str | None] = []
+        for d in vi.type.tensor_type.shape.dim:
+            if d.HasField("dim_value"):
+                dims.append(d.dim_value)
+            else:
+                dims.append(d.dim_param or None)
+        specs.append((vi.name, None, dims))
+    return specs
+
+
+def verify_isolated(
+    original: str | Path,
+    optimized: str | Path,
+    *,
+    timeout: float | None = None,
+    **kwargs: Any,
+) -> VerificationRecord:
+    """:func:`verify` of two model files in a child process (:mod:`graphtrim.isolation`).
+
+    onnxruntime can die on inputs it was given (an integer ``Mod`` or ``Div`` by a random zero
+    raises SIGFPE in its CPU kernels) or hang; in the caller's process that ends the command or
+    the pipeline task with no word of why. Here a crash or a hang while the reference model
+    loads or runs makes the record ``unverifiable`` (the input cannot be run on these inputs:
+    nothing is compared, and the dims to set are named); one while the optimized model loads or
+    runs is a mismatch (the input ran, the optimized model did not)."""
+    import importlib.util
+    import sys
+
+    from graphtrim.isolation import DEFAULT_TIMEOUT, ChildFailed, call_isolated
+
+    # onnxruntime absent is the caller's error to report (the command names the extra), not
+    # a child that fails to import it
+    if sys.modules.get("onnxruntime", ...) is None or not importlib.util.find_spec("onnxruntime"):
+        raise ModuleNotFoundError("No module named 'onnxruntime'", name="onnxruntime")
+    tol = kwargs.get("tolerance") or Tolerance()
+    try:
+        record: VerificationRecord = call_isolated(
+            "graphtrim.verify.compare:_verify_paths",
+            (str(original), str(optimized)),
+            common=kwargs,
+            timeout=timeout or DEFAULT_TIMEOUT,
+            what="verification",
+        )
+        return record
+    except ChildFailed as exc:
+        where = exc.step or "starting onnxruntime"
+        what = (
+            f"onnxruntime ran past {timeout or DEFAULT_TIMEOUT:g} s"
+            if exc.timed_out
+            else f"onnxruntime died of {exc.signal_name}"
+            if exc.signal_name
+            else "onnxruntime stopped without a result"
+        )
+        if "optimized" in where:
+            return VerificationRecord(
+                False, 0, [], tol, {}, error=f"{what} while {where} (the input ran)"
+            )
+        hint = ""
+        if kwargs.get("inputs") is None:
+            with contextlib.suppress(Exception):
+                hint = _dims_hint(_input_dims(original), kwargs.get("dim_values"))
+        return VerificationRecord.cannot_verify(tol, f"{what} while {where}{hint}")

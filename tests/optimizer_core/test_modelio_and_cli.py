@@ -919,7 +919,7 @@ def test_verification_opens_its_sessions_after_the_optimizers_mappings_are_close
     )
     released: list[ir.Model] = []
     mapped_at_verify: list[int] = []
-    inner_release, inner_verify = module.release_weights, graphtrim.verify.verify
+    inner_release, inner_verify = module.release_weights, graphtrim.verify.verify_isolated
 
     def release(model: ir.Model) -> None:
         inner_release(model)
@@ -937,7 +937,7 @@ def test_verification_opens_its_sessions_after_the_optimizers_mappings_are_close
         return inner_verify(*args, **kwargs)  # type: ignore[arg-type]
 
     monkeypatch.setattr(module, "release_weights", release)
-    monkeypatch.setattr(graphtrim.verify, "verify", verify_spy)
+    monkeypatch.setattr(graphtrim.verify, "verify_isolated", verify_spy)
     report = optimize_file(src, tmp_path / "out" / "model.onnx", check=True)
     assert report.verification is not None and report.verification.ok
     assert released and mapped_at_verify == [0]

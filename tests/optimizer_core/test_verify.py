@@ -524,3 +524,76 @@ def test_no_model_is_left_in_memory_when_optimize_returns(tmp_path: Path) -> Non
     finally:
         gc.enable()
     assert not left
+
+
+def _int64_model(path: Path, *, overflow: bool) -> Path:
+    """y = a * 0 + INT64_MIN, divided by -1 when ``overflow``: x86's integer division traps
+    on INT64_MIN / -1 (SIGFPE), a check onnxruntime's Div kernel does not make."""
+    ints = onnx.TensorProto.INT64
+    nodes = [oh.make_node("Mul", ["a", "zero"], ["z"]), oh.make_node("Add", ["z", "min"], ["m"])]
+    nodes.append(
+        oh.make_node("Div", ["m", "neg"], ["y"]) if overflow else oh.make_node("Neg", ["m"], ["y"])
+    )
+    graph = oh.make_graph(
+        nodes,
+        "g",
+        [oh.make_tensor_value_info("a", ints, ["n"])],
+        [oh.make_tensor_value_info("y", ints, ["n"])],
+        [
+            oh.make_tensor("zero", ints, [], [0]),
+            oh.make_tensor("min", ints, [], [-(2**63)]),
+            oh.make_tensor("neg", ints, [], [-1]),
+        ],
+    )
+    model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, str(path))
+    return path
+
+
+def test_onnxruntime_dying_on_the_reference_makes_it_unverifiable_not_a_crash(tmp_path: Path):
+    """A native crash while the reference runs (here SIGFPE) is reported, in this process,
+    as a model that cannot be verified on these inputs; nothing is written."""
+    from graphtrim.optimize_file import optimize_file
+    from graphtrim.verify import verify_isolated
+
+    src = _int64_model(tmp_path / "m.onnx", overflow=True)
+    record = verify_isolated(src, src)
+    assert record.unverifiable and not record.ok
+    assert "SIGFPE while running the reference model" in record.error
+    assert "n=2" in record.error and "--dim" in record.error
+    dst = tmp_path / "o.onnx"
+    with pytest.raises(VerificationUnavailable, match="SIGFPE"):
+        optimize_file(src, dst, check=True)
+    assert not dst.exists() and not list(tmp_path.glob(".o.onnx*"))
+
+
+def test_onnxruntime_dying_on_the_candidate_alone_is_a_mismatch(tmp_path: Path):
+    from graphtrim.verify import verify_isolated
+
+    ref = _int64_model(tmp_path / "ref.onnx", overflow=False)
+    cand = _int64_model(tmp_path / "cand.onnx", overflow=True)
+    record = verify_isolated(ref, cand)
+    assert not record.ok and not record.unverifiable
+    assert "SIGFPE while running the optimized model (the input ran)" in record.error
+    # the same pair compared in this process would have ended it: the isolated record agrees
+    # with the in-process one wherever nothing crashes
+    same = verify_isolated(ref, ref, trials=2)
+    assert same.ok and same.to_json() == verify(str(ref), str(ref), trials=2).to_json()
+
+
+def test_the_commands_exit_2_with_one_line_when_onnxruntime_dies_on_the_input(tmp_path: Path):
+    from tests.optimizer_core.test_modelio_and_cli import run_cli
+
+    src = _int64_model(tmp_path / "m.onnx", overflow=True)
+    for args in (
+        ["optimize", str(src), "-o", str(tmp_path / "o.onnx"), "--verify"],
+        ["verify", str(src), str(src)],
+    ):
+        proc = run_cli(*args)
+        assert proc.returncode == 2, proc.stderr
+        lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+        assert lines[-1].startswith("graphtrim: error: cannot verify"), proc.stderr
+        assert "SIGFPE while running the reference model" in lines[-1]
+        assert "Traceback" not in proc.stderr
+    assert not (tmp_path / "o.onnx").exists()
