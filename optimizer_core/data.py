@@ -464,6 +464,47 @@ def load_npz(
     return EvalData(batches, label_batches, digest, str(checked.path))
 
 
+def load_feeds(
+    path: str | os.PathLike[str], specs: Sequence[InputSpec], *, limit: int
+) -> list[Feeds]:
+    """Inputs to compare two models on: the first ``limit`` batches of the file, read as
+    :func:`load_npz` reads evaluation data (samples on the first axis). Where the model's
+    inputs do not take samples on their first axis (a scalar sample rate, a recurrent state
+    whose batch is its second axis), the file's arrays are one set of feeds, each fed as it
+    is: named like the input, of its rank, type and fixed dims."""
+    if limit < 1:
+        raise DataError(f"{path}: {limit} input sets: at least 1 is needed")
+    try:
+        return load_npz(path, specs).batches[:limit]
+    except DataError as as_samples:
+        try:
+            return [_as_fed(Path(path), specs)]
+        except DataError as as_fed:
+            raise DataError(f"{as_samples}; read as one set of feeds: {as_fed}") from None
+
+
+def _as_fed(path: Path, specs: Sequence[InputSpec]) -> Feeds:
+    try:
+        with np.load(path, allow_pickle=False) as npz:
+            arrays = {s[0]: npz[s[0]] for s in specs if s[0] in npz.files}
+    except _READ_ERRORS as exc:
+        raise DataError(f"cannot read the archive's arrays ({type(exc).__name__})") from exc
+    for name, type_str, dims in specs:
+        if name not in arrays:
+            raise DataError(f"no array for model input '{name}'")
+        arr = arrays[name]
+        if len(dims) != arr.ndim:
+            raise DataError(f"array '{name}' has {arr.ndim} axes, the input takes {len(dims)}")
+        fixed = [(a, d) for a, d in enumerate(dims) if isinstance(d, int) and d >= 0]
+        for axis, want in fixed:
+            if arr.shape[axis] != want:
+                raise DataError(f"array '{name}': axis {axis} is {arr.shape[axis]}, not {want}")
+        want_type = _NP_TYPES.get(str(type_str))
+        if want_type is not None and arr.dtype != want_type:
+            raise DataError(f"array '{name}' is {arr.dtype}, the model wants {type_str}")
+    return arrays
+
+
 def _load_tokens(
     path: str | os.PathLike[str],
     specs: Sequence[InputSpec],

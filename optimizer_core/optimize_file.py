@@ -42,6 +42,8 @@ from graphtrim.stats import ModelStats, before_after_table
 
 if TYPE_CHECKING:
     # imported where a model is verified: optimizing alone does without them
+    import numpy as np
+
     from graphtrim.verify import Tolerance, VerificationRecord
 
 
@@ -221,6 +223,7 @@ def optimize_file(
     tolerance: Tolerance | None = None,
     trials: int = 3,
     dim_values: Mapping[str, int] | None = None,
+    inputs: Sequence[Mapping[str, np.ndarray]] | None = None,
     progress: ProgressFn | None = None,
     keep_metadata: bool = False,
     keep_shapes: bool = False,
@@ -233,6 +236,8 @@ def optimize_file(
     ``check`` the saved result is compared with the input in onnxruntime; with
     ``check_each_pass`` every pass is checked and the first one to change
     results is named. Either failure raises :class:`VerificationError` and leaves no output.
+    Both compare on ``inputs`` where given (feeds named like the model's inputs), else on
+    ``trials`` seeded random feeds sized by ``dim_values``.
     Exporter debug metadata (node ``metadata_props``, doc strings: see
     :mod:`graphtrim.graph.metadata`) is removed from the output unless ``keep_metadata``;
     the model's own ``metadata_props`` always stay. The type and shape annotations of
@@ -281,7 +286,10 @@ def optimize_file(
 
         instruments.append(
             VerifyEachPass(
-                trials=max(1, min(trials, 2)), dim_values=dim_values, tolerance=tolerance
+                inputs=inputs,
+                trials=max(1, min(trials, 2)),
+                dim_values=dim_values,
+                tolerance=tolerance,
             )
         )
     result = optimize_model(
@@ -325,7 +333,12 @@ def optimize_file(
             # in a child process: onnxruntime dying on the random inputs must not take the
             # command or the pipeline task down with it
             record = verify_isolated(
-                src_p, staged[0], trials=trials, dim_values=dim_values, tolerance=tolerance
+                src_p,
+                staged[0],
+                inputs=inputs,
+                trials=trials,
+                dim_values=dim_values,
+                tolerance=tolerance,
             )
             report.verification = record
             if record.unverifiable:

@@ -77,6 +77,24 @@ def _add_verify_args(p: argparse.ArgumentParser) -> None:
         metavar="NAME=SIZE",
         help="size for a symbolic input dim when making random inputs (repeatable; default 2)",
     )
+    p.add_argument(
+        "--inputs",
+        metavar="FEEDS.npz",
+        help="compare on these inputs instead of random ones: one array per model input, "
+        "named like it, whose first axis runs over samples (up to --trials batches of them "
+        "are compared), or, for inputs that do not take samples on their first axis, one set "
+        "of feeds as they are fed. For models whose inputs must hold meaningful values "
+        "(lengths, sample rates, indices) that random inputs cannot give",
+    )
+
+
+def _feeds(path: str | None, model: str, trials: int) -> list[dict[str, Any]] | None:
+    """The first ``trials`` batches of ``--inputs``, checked against ``model``'s inputs."""
+    if path is None:
+        return None
+    from graphtrim.data import input_specs, load_feeds
+
+    return load_feeds(path, input_specs(model), limit=trials)
 
 
 def _preset_names() -> list[str]:
@@ -275,6 +293,8 @@ def cmd_optimize(args: argparse.Namespace) -> int:
         max_unroll_trip_count=args.max_unroll,
         target_opset=args.opset,
     )
+    if args.inputs and not (args.verify or args.verify_each_pass):
+        raise GraphtrimError("--inputs gives the inputs --verify or --verify-each-pass compare on")
     try:
         report = optimize_file(
             args.input,
@@ -288,6 +308,7 @@ def cmd_optimize(args: argparse.Namespace) -> int:
             tolerance=_tolerance(args) if args.verify or args.verify_each_pass else None,
             trials=args.trials,
             dim_values=_dims(args.dim),
+            inputs=_feeds(args.inputs, args.input, args.trials),
             progress=progress if show_progress else None,
             keep_metadata=args.keep_metadata,
             keep_shapes=args.keep_shapes,
@@ -330,6 +351,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
         args.candidate,
         trials=args.trials,
         dim_values=_dims(args.dim),
+        inputs=_feeds(args.inputs, args.reference, args.trials),
         tolerance=Tolerance(rtol=args.rtol, atol=args.atol),
     )
     if args.json:

@@ -369,7 +369,10 @@ def _dims_hint(
     sizes = ", ".join(f"{d}={given.get(d, default_dim)}" for d in sorted(named))
     if unnamed:
         sizes += (", " if sizes else "") + f"unnamed dims={default_dim}"
-    return f" (symbolic dims sized {sizes}; set them with --dim NAME=SIZE)"
+    return (
+        f" (symbolic dims sized {sizes}; set them with --dim NAME=SIZE, or compare on inputs "
+        "of your own with --inputs FEEDS.npz)"
+    )
 
 
 def _leaves(x: Any) -> tuple[Any, list[np.ndarray]]:

@@ -470,3 +470,42 @@ def test_no_tensor_signature_gives_none(tmp_path: Path, monkeypatch: pytest.Monk
     assert specs_from_signature(columns) is None
     assert specs_from_signature({"flavors": {"pytorch": {}}}) is None
     assert specs_from_signature({"signature": {"inputs": None, "outputs": None}}) is None
+
+
+# ------------------------------------------------------------------ inputs to verify on
+
+FRAME: list[InputSpec] = [
+    ("x", "tensor(float)", ["batch", 4]),
+    ("state", "tensor(float)", [2, "batch", 3]),
+    ("rate", "tensor(int64)", []),
+]
+
+
+def test_feeds_with_samples_on_the_first_axis_come_in_batches(tmp_path: Path) -> None:
+    from graphtrim.data import load_feeds
+
+    specs: list[InputSpec] = [("x", "tensor(float)", ["batch", 4])]
+    path = tmp_path / "f.npz"
+    np.savez(path, x=np.arange(40 * 4, dtype=np.float32).reshape(40, 4))
+    feeds = load_feeds(path, specs, limit=3)
+    assert [f["x"].shape for f in feeds] == [(32, 4), (8, 4)]
+    assert [f["x"].shape for f in load_feeds(path, specs, limit=1)] == [(32, 4)]
+
+
+def test_feeds_a_scalar_or_a_second_axis_batch_needs_are_one_set_as_given(tmp_path: Path) -> None:
+    from graphtrim.data import load_feeds
+
+    path = tmp_path / "f.npz"
+    x, state = np.ones((1, 4), np.float32), np.zeros((2, 1, 3), np.float32)
+    np.savez(path, x=x, state=state, rate=np.array(16000))
+    (feeds,) = load_feeds(path, FRAME, limit=3)
+    assert feeds["rate"].shape == () and int(feeds["rate"]) == 16000
+    np.testing.assert_array_equal(feeds["state"], state)
+    np.savez(path, x=x, state=state, rate=np.array(16000, dtype=np.int32))
+    with pytest.raises(DataError) as err:
+        load_feeds(path, FRAME, limit=3)
+    # both readings are named: the user sees why neither fits
+    assert "samples (entries) go on its first axis" in str(err.value)
+    assert "read as one set of feeds: array 'rate' is int32, the model wants tensor(int64)" in (
+        str(err.value)
+    )

@@ -597,3 +597,45 @@ def test_the_commands_exit_2_with_one_line_when_onnxruntime_dies_on_the_input(tm
         assert "SIGFPE while running the reference model" in lines[-1]
         assert "Traceback" not in proc.stderr
     assert not (tmp_path / "o.onnx").exists()
+
+
+def test_inputs_of_the_users_own_verify_what_random_inputs_cannot(tmp_path: Path):
+    """A table indexed by a sample rate cannot run on random rates (exit 2 says how to give
+    inputs); on the user's own feeds (a scalar: one set, fed as it is) it verifies."""
+    from tests.optimizer_core.test_modelio_and_cli import run_cli
+
+    proto = parse(
+        """
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[N, 4] x, int64 rate) => (float[N, 4] y) {
+          base = Constant<value = int64 {16000}>()
+          idx = Sub(rate, base)
+          table = Constant<value = float[4, 4] {1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16}>()
+          row = Gather<axis = 0>(table, idx)
+          one = Constant<value = float {1.0}>()
+          z = Mul(x, one)
+          y = Add(z, row)
+        }
+        """
+    )
+    src, dst = tmp_path / "m.onnx", tmp_path / "o.onnx"
+    onnx.save(proto, str(src))
+    args = ["optimize", str(src), "-o", str(dst), "--verify"]
+    proc = run_cli(*args)
+    assert proc.returncode == 2 and "--inputs FEEDS.npz" in proc.stderr, proc.stderr
+    feeds = tmp_path / "feeds.npz"
+    np.savez(feeds, x=np.ones((3, 4), np.float32), rate=np.array(16002))
+    proc = run_cli(*args, "--inputs", str(feeds))
+    assert proc.returncode == 0, proc.stderr
+    assert "verification: equal on 1 input set(s)" in proc.stdout
+    assert op_types_of(dst) == ["Sub", "Gather", "Add"]  # x * 1 went
+    proc = run_cli("verify", str(src), str(dst), "--inputs", str(feeds))
+    assert proc.returncode == 0 and proc.stdout.startswith("equal on 1 input set(s)"), proc.stderr
+    dst.unlink()
+    proc = run_cli("optimize", str(src), "-o", str(dst), "--inputs", str(feeds))
+    assert proc.returncode == 2 and "--inputs gives the inputs --verify" in proc.stderr
+    assert not dst.exists()
+
+
+def op_types_of(path: Path) -> list[str]:
+    return [n.op_type for n in onnx.load(str(path)).graph.node]
