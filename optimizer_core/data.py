@@ -465,7 +465,11 @@ def load_npz(
 
 
 def load_feeds(
-    path: str | os.PathLike[str], specs: Sequence[InputSpec], *, limit: int
+    path: str | os.PathLike[str],
+    specs: Sequence[InputSpec],
+    *,
+    limit: int,
+    batch_size: int = 32,
 ) -> list[Feeds]:
     """Inputs to compare two models on: the first ``limit`` batches of the file, read as
     :func:`load_npz` reads evaluation data (samples on the first axis). Where the model's
@@ -475,7 +479,9 @@ def load_feeds(
     if limit < 1:
         raise DataError(f"{path}: {limit} input sets: at least 1 is needed")
     try:
-        return load_npz(path, specs).batches[:limit]
+        return load_npz(path, specs, batch_size=batch_size, max_samples=limit * batch_size).batches[
+            :limit
+        ]
     except DataError as as_samples:
         try:
             return [_as_fed(Path(path), specs)]

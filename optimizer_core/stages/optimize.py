@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from graphtrim.stages.context import PipelineConfig, StageContext
+from graphtrim.stages.context import DataFiles, PipelineConfig, StageContext
 from graphtrim.stages.records import ExportRecord, OptimizeRecord
 from graphtrim.stages.tracking import log_metrics, stage_run, worker
 
@@ -12,7 +12,12 @@ from graphtrim.stages.tracking import log_metrics, stage_run, worker
 def optimize(
     ctx: StageContext, config: PipelineConfig, exported: ExportRecord | Any
 ) -> OptimizeRecord:
-    """Run the graph optimizer (verified against the export) and store the result."""
+    """Run the graph optimizer (verified against the export) and store the result.
+
+    The verification runs on the config's evaluation data (else its calibration data) where
+    it names a file: three batches of up to four samples, of the inputs the model will be
+    judged on. Without either it runs on seeded random inputs."""
+    from graphtrim.data import input_specs, load_feeds
     from graphtrim.graph.framework import OptimizeOptions
     from graphtrim.graph.presets import PRESETS
     from graphtrim.optimize_file import optimize_file
@@ -37,12 +42,20 @@ def optimize(
     with stage_run(ctx, run_id, "optimize") as mlflow, ctx.scratch("optimize") as tmp:
         src = ctx.fetch(exp.model["uri"], tmp / "in")
         dst = tmp / "out" / "model.onnx"
+        data = DataFiles(ctx, config, tmp / "data")
+        key = next((k for k in ("eval_data", "calibration") if data.has(k)), None)
+        feeds = (
+            None
+            if key is None
+            else load_feeds(data.path(key), input_specs(src), limit=3, batch_size=4)
+        )
         report = optimize_file(
             src,
             dst,
             preset=config.preset,
             options=OptimizeOptions(target_opset=config.opset),
             check=True,
+            inputs=feeds,
             progress=ctx.progress,
         )
         stored = store.put_model(

@@ -594,3 +594,56 @@ def test_a_stage_fetches_each_data_file_once(
     validated = run("validate", exported, quantized)
     assert validated["variants"]["graph"]["passed"], validated["variants"]["graph"]["reasons"]
     assert per_stage == {s: sorted(uris) for s in ("export", "optimize", "quantize", "validate")}
+
+
+# ------------------------------------------------------------ verification on the config's data
+
+
+def test_the_optimize_stage_verifies_on_the_configs_data_where_random_inputs_cannot_run(
+    servers: dict[str, str], tmp_path: Path
+) -> None:
+    """A model indexing a table by a code in 16000..16003 cannot run on random codes: with no
+    data the optimize stage says it cannot verify (and stores nothing); with evaluation data
+    it verifies on that data and stores the optimized model."""
+    import onnx
+
+    from graphtrim.errors import VerificationUnavailable
+    from graphtrim.stages.export import export
+    from graphtrim.stages.optimize import optimize
+
+    proto = onnx.parser.parse_model(
+        """
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[N, 4] x, int64[N] code) => (float[N, 4] y) {
+          base = Constant<value = int64 {16000}>()
+          idx = Sub(code, base)
+          table = Constant<value = float[4, 4] {1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16}>()
+          rows = Gather<axis = 0>(table, idx)
+          one = Constant<value = float {1.0}>()
+          z = Mul(x, one)
+          y = Add(z, rows)
+        }
+        """
+    )
+    src = tmp_path / "coded.onnx"
+    onnx.save(proto, str(src))
+    register_onnx(servers["mlflow"], src, "coded")
+    rng = np.random.default_rng(0)
+    data = tmp_path / "eval.npz"
+    np.savez(
+        data,
+        x=rng.standard_normal((10, 4)).astype(np.float32),
+        code=rng.integers(16000, 16004, size=10).astype(np.int64),
+    )
+    ctx = _ctx(servers, tmp_path)
+    plain = PipelineConfig(variants=["graph"])
+    with pytest.raises(VerificationUnavailable, match="reference model fails to run"):
+        optimize(ctx, plain, export(ctx, plain, "models:/coded/1"))
+    config = PipelineConfig(variants=["graph"], eval_data=str(data))
+    record = optimize(ctx, config, export(ctx, config, "models:/coded/1"))
+    assert record.model is not None and record.nodes_after < record.nodes_before
+    client = mlflow.MlflowClient(servers["mlflow"], servers["mlflow"])
+    doc = client.download_artifacts(record.run_id, "graphtrim/optimize.json", str(tmp_path))
+    verification = json.loads(Path(doc).read_text())["verification"]
+    assert verification["ok"] and verification["trials"] == 3
+    assert verification["input_shapes"] == {"x": [4, 4], "code": [4]}
