@@ -32,6 +32,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -274,7 +275,7 @@ def sweep_model(
 ) -> dict[str, Any]:
     """One model's results; ``kept_anchors`` (the anchors' results of an earlier sweep of the
     same input under the same anchor versions) are reused instead of run again."""
-    dims = dim_values(src, entry.get("shapes"))
+    dims = entry.get("dims") or dim_values(src, entry.get("shapes"))
     res: dict[str, Any] = {
         "key": entry["key"],
         "family": entry["family"],
@@ -523,6 +524,48 @@ def render(results: list[dict[str, Any]]) -> str:
     return "\n".join(out)
 
 
+class FolderModels:
+    """Every ``.onnx`` file under a folder, as corpus entries (``--models``): a user's own
+    models swept against the anchors the way the corpus is. The family is the file's folder
+    (relative to the root), the key its path; symbolic dims take ``--dim`` sizes, else 2."""
+
+    def __init__(self, root: Path, dims: dict[str, int]) -> None:
+        import hashlib
+
+        import onnx
+
+        self.root = root
+        self.entries: list[dict[str, Any]] = []
+        for path in sorted(root.rglob("*.onnx")):
+            rel = path.relative_to(root)
+            model = onnx.load(str(path), load_external_data=False)
+            opset = {o.domain or "": o.version for o in model.opset_import}.get("")
+            used = {
+                d.dim_param
+                for vi in model.graph.input
+                for d in vi.type.tensor_type.shape.dim
+                if d.dim_param in dims
+            }
+            self.entries.append(
+                {
+                    "key": re.sub(r"[^A-Za-z0-9_.-]+", "_", str(rel.with_suffix(""))),
+                    "family": str(rel.parent) if str(rel.parent) != "." else root.name,
+                    "exporter": "file",
+                    "opset": opset,
+                    "status": "ok",
+                    "file": str(rel),
+                    "sha256": hashlib.sha256(path.read_bytes()).hexdigest(),
+                    "dims": {d: dims[d] for d in sorted(used)},
+                }
+            )
+
+    def ok(self) -> Iterator[dict[str, Any]]:
+        yield from self.entries
+
+    def model_path(self, entry: dict[str, Any]) -> Path:
+        return self.root / entry["file"]
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         prog="python -m bench.sweep",
@@ -531,6 +574,18 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument(
         "--corpus", type=Path, default=DEFAULT_DIR, help="corpus directory (its manifest.json)"
+    )
+    ap.add_argument(
+        "--models",
+        type=Path,
+        help="sweep every .onnx file under this folder instead of the corpus (your own models)",
+    )
+    ap.add_argument(
+        "--dim",
+        action="append",
+        default=[],
+        metavar="NAME=SIZE",
+        help="with --models: size of a symbolic input dim (repeatable; default 2)",
     )
     ap.add_argument(
         "--out", type=Path, default=ROOT / "results-sweep", help="per-model results and the tables"
@@ -573,7 +628,16 @@ def main(argv: list[str] | None = None) -> int:
     # the tools run in a scratch directory: every path handed to them is absolute
     args.corpus, args.out = args.corpus.resolve(), args.out.resolve()
 
-    manifest = Manifest(args.corpus)
+    if args.models is not None:
+        dims = {}
+        for item in args.dim:
+            name, _, size = item.partition("=")
+            if not size.isdigit():
+                ap.error(f"--dim expects NAME=SIZE, got {item!r}")
+            dims[name] = int(size)
+        manifest: Manifest | FolderModels = FolderModels(args.models.resolve(), dims)
+    else:
+        manifest = Manifest(args.corpus)
     per_model = args.out / "models"
     per_model.mkdir(parents=True, exist_ok=True)
     work = args.out / "work"

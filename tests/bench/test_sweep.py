@@ -71,3 +71,28 @@ def test_tools_run_outside_the_checkout_with_bench_importable(tmp_path, monkeypa
     assert (scratch / "scratch.onnx").read_text() == str(scratch)
     assert not (sweep.REPO / "scratch.onnx").exists()
     assert sweep.REPO not in scratch.parents
+
+
+def test_a_folder_of_models_is_swept_as_corpus_entries(tmp_path):
+    """``--models DIR``: every .onnx under the folder, its subfolder the family, the --dim
+    sizes of the dims its inputs name."""
+    from bench.sweep import FolderModels
+
+    graph = oh.make_graph(
+        [oh.make_node("Relu", ["x"], ["y"])],
+        "g",
+        [oh.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["batch", 4])],
+        [oh.make_tensor_value_info("y", onnx.TensorProto.FLOAT, ["batch", 4])],
+    )
+    model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)])
+    (tmp_path / "vision").mkdir()
+    onnx.save(model, str(tmp_path / "vision" / "a b.onnx"))
+    onnx.save(model, str(tmp_path / "top.onnx"))
+    (tmp_path / "notes.txt").write_text("not a model")
+    found = FolderModels(tmp_path, {"batch": 8, "seq": 3})
+    entries = {e["key"]: e for e in found.ok()}
+    assert set(entries) == {"vision_a_b", "top"}
+    assert entries["vision_a_b"]["family"] == "vision"
+    assert entries["top"]["family"] == tmp_path.name
+    assert entries["top"]["dims"] == {"batch": 8} and entries["top"]["opset"] == 17
+    assert found.model_path(entries["vision_a_b"]) == tmp_path / "vision" / "a b.onnx"
