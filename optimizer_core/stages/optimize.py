@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from graphtrim.stages.context import DataFiles, PipelineConfig, StageContext
@@ -17,12 +18,20 @@ def optimize(
     The verification runs on the config's evaluation data (else its calibration data) where
     it names a file: three batches of up to four samples, of the inputs the model will be
     judged on. Without either it runs on seeded random inputs."""
+    with ctx.scratch("optimize") as tmp:
+        return _optimize(ctx, config, exported, tmp)
+
+
+def _optimize(
+    ctx: StageContext, config: PipelineConfig, exported: ExportRecord | Any, tmp: Path
+) -> OptimizeRecord:
     from graphtrim.data import input_specs, load_feeds
     from graphtrim.graph.framework import OptimizeOptions
     from graphtrim.graph.presets import PRESETS
     from graphtrim.optimize_file import optimize_file
 
-    config = config.resolved(ctx)
+    data = DataFiles(ctx, config, tmp / "data")  # fetched once: hashed, then loaded
+    config = config.resolved(ctx, data)
     exp = ExportRecord.take(exported, ("run_id", "source", "model"), "optimize")
     run_id = exp.run_id
     source = exp.source
@@ -39,10 +48,9 @@ def optimize(
             nodes_after=None,
         )
     store = ctx.store()
-    with stage_run(ctx, run_id, "optimize") as mlflow, ctx.scratch("optimize") as tmp:
+    with stage_run(ctx, run_id, "optimize") as mlflow:
         src = ctx.fetch(exp.model["uri"], tmp / "in")
         dst = tmp / "out" / "model.onnx"
-        data = DataFiles(ctx, config, tmp / "data")
         key = next((k for k in ("eval_data", "calibration") if data.has(k)), None)
         feeds = (
             None
