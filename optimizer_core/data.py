@@ -479,9 +479,8 @@ def load_feeds(
     if limit < 1:
         raise DataError(f"{path}: {limit} input sets: at least 1 is needed")
     try:
-        return load_npz(path, specs, batch_size=batch_size, max_samples=limit * batch_size).batches[
-            :limit
-        ]
+        # a fixed batch dim takes the model's batches, whatever ``batch_size`` says
+        return load_npz(path, specs, batch_size=batch_size).batches[:limit]
     except DataError as as_samples:
         try:
             return [_as_fed(Path(path), specs)]

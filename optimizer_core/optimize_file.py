@@ -330,7 +330,7 @@ def optimize_file(
             release_weights(model)
             if progress is not None:
                 progress("verifying the optimized model against the input")
-            # in a child process: onnxruntime dying on the random inputs must not take the
+            # in a child process: onnxruntime dying on the inputs must not take the
             # command or the pipeline task down with it
             record = verify_isolated(
                 src_p,

@@ -649,9 +649,9 @@ def verify_isolated(
 ) -> VerificationRecord:
     """:func:`verify` of two model files in a child process (:mod:`graphtrim.isolation`).
 
-    onnxruntime can die on inputs it was given (an integer ``Mod`` or ``Div`` by a random zero
-    raises SIGFPE in its CPU kernels) or hang; in the caller's process that ends the command or
-    the pipeline task with no word of why. Here a crash or a hang while the reference model
+    onnxruntime can die on the inputs it is given (its integer ``Div`` checks for a zero
+    divisor, not for ``INT64_MIN / -1``, which traps: SIGFPE) or hang; in the caller's process
+    that ends the command or the pipeline task with no word of why. Here a crash or a hang while the reference model
     loads or runs makes the record ``unverifiable`` (the input cannot be run on these inputs:
     nothing is compared, and the dims to set are named); one while the optimized model loads or
     runs is a mismatch (the input ran, the optimized model did not)."""

@@ -509,3 +509,15 @@ def test_feeds_a_scalar_or_a_second_axis_batch_needs_are_one_set_as_given(tmp_pa
     assert "read as one set of feeds: array 'rate' is int32, the model wants tensor(int64)" in (
         str(err.value)
     )
+
+
+def test_feeds_of_a_fixed_batch_model_come_in_its_batches(tmp_path: Path) -> None:
+    """A model whose batch dim is 8 is fed 8 samples at a time, whatever batch size was asked
+    for verification (4 in the pipeline's optimize stage)."""
+    from graphtrim.data import load_feeds
+
+    specs: list[InputSpec] = [("x", "tensor(float)", [8, 4])]
+    path = tmp_path / "f.npz"
+    np.savez(path, x=np.zeros((30, 4), dtype=np.float32))
+    feeds = load_feeds(path, specs, limit=3, batch_size=4)
+    assert [f["x"].shape for f in feeds] == [(8, 4), (8, 4), (8, 4)]
