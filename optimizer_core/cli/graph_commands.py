@@ -92,9 +92,10 @@ def _feeds(path: str | None, model: str, trials: int) -> list[dict[str, Any]] | 
     """The first ``trials`` batches of ``--inputs``, checked against ``model``'s inputs."""
     if path is None:
         return None
-    from graphtrim.data import input_specs, load_feeds
+    from graphtrim.data import load_feeds
+    from graphtrim.verify import declared_input_specs
 
-    return load_feeds(path, input_specs(model), limit=trials)
+    return load_feeds(path, declared_input_specs(model), limit=trials)
 
 
 def _preset_names() -> list[str]:

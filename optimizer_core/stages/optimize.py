@@ -25,10 +25,11 @@ def optimize(
 def _optimize(
     ctx: StageContext, config: PipelineConfig, exported: ExportRecord | Any, tmp: Path
 ) -> OptimizeRecord:
-    from graphtrim.data import input_specs, load_feeds
+    from graphtrim.data import load_feeds
     from graphtrim.graph.framework import OptimizeOptions
     from graphtrim.graph.presets import PRESETS
     from graphtrim.optimize_file import optimize_file
+    from graphtrim.verify import declared_input_specs
 
     data = DataFiles(ctx, config, tmp / "data")  # fetched once: hashed, then loaded
     config = config.resolved(ctx, data)
@@ -55,7 +56,7 @@ def _optimize(
         feeds = (
             None
             if key is None
-            else load_feeds(data.path(key), input_specs(src), limit=3, batch_size=4)
+            else load_feeds(data.path(key), declared_input_specs(src), limit=3, batch_size=4)
         )
         report = optimize_file(
             src,

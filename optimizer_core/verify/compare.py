@@ -622,21 +622,24 @@ def _verify_paths(paths: tuple[str, str], **kwargs: Any) -> VerificationRecord:
     return verify(paths[0], paths[1], **kwargs)
 
 
-def _input_dims(path: str | Path) -> list[tuple[str, Any, list[int | str | None]]]:
-    """The graph inputs' dims as ``Session.input_specs`` gives them, read from the file."""
+def declared_input_specs(
+    path: str | os.PathLike[str],
+) -> list[tuple[str, Any, list[int | str | None]]]:
+    """The model's inputs as :func:`graphtrim.data.input_specs` gives them, read from the graph
+    without loading it into a runtime (nor its weights): where loading is what may fail."""
     proto = onnx.load(str(path), load_external_data=False)
     weights = {t.name for t in proto.graph.initializer}
     specs: list[tuple[str, Any, list[int | str | None]]] = []
     for vi in proto.graph.input:
         if vi.name in weights or not vi.type.HasField("tensor_type"):
             continue
-        dims: list[int | str | None] = []
-        for d in vi.type.tensor_type.shape.dim:
-            if d.HasField("dim_value"):
-                dims.append(d.dim_value)
-            else:
-                dims.append(d.dim_param or None)
-        specs.append((vi.name, None, dims))
+        tensor = vi.type.tensor_type
+        kind = onnx.TensorProto.DataType.Name(tensor.elem_type).lower()
+        dims: list[int | str | None] = [
+            d.dim_value if d.HasField("dim_value") else (d.dim_param or None)
+            for d in tensor.shape.dim
+        ]
+        specs.append((vi.name, f"tensor({kind})", dims))
     return specs
 
 
@@ -690,5 +693,5 @@ def verify_isolated(
         hint = ""
         if kwargs.get("inputs") is None:
             with contextlib.suppress(Exception):
-                hint = _dims_hint(_input_dims(original), kwargs.get("dim_values"))
+                hint = _dims_hint(declared_input_specs(original), kwargs.get("dim_values"))
         return VerificationRecord.cannot_verify(tol, f"{what} while {where}{hint}")

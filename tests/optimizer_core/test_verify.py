@@ -639,3 +639,28 @@ def test_inputs_of_the_users_own_verify_what_random_inputs_cannot(tmp_path: Path
 
 def op_types_of(path: Path) -> list[str]:
     return [n.op_type for n in onnx.load(str(path)).graph.node]
+
+
+def test_declared_input_specs_are_what_onnxruntime_reports(tmp_path: Path):
+    """Read from the graph alone (no session: loading is what may crash), the specs equal
+    onnxruntime's, types included; initializers listed as inputs are not inputs."""
+    from graphtrim.data import input_specs
+    from graphtrim.verify import declared_input_specs
+
+    proto = parse(
+        """
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[N, 4] x, int64[N] code, bool flag, float16[2, M] h, float[4] w) => (float[N, 4] y)
+          <float[4] w = {1.0, 2.0, 3.0, 4.0}> {
+          a = Mul(x, w)
+          c = Cast<to = 1>(code)
+          one = Constant<value = int64[1] {1}>()
+          b = Unsqueeze(c, one)
+          y = Add(a, b)
+        }
+        """
+    )
+    path = tmp_path / "m.onnx"
+    onnx.save(proto, str(path))
+    assert declared_input_specs(path) == input_specs(path)
+    assert [s[0] for s in declared_input_specs(path)] == ["x", "code", "flag", "h"]
