@@ -27,6 +27,7 @@ BatchNormalization vectors within the folding growth budget get a private copy.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import cast
 
 import numpy as np
@@ -44,6 +45,7 @@ from graphtrim.graph.passes._affine import (
     tie_agrees,
     weight_scale,
 )
+from graphtrim.graph.passes._parallel_conv import ParallelMatch, check_sum
 from graphtrim.graph.rules import Rule, RuleContext, RulePass, replace
 
 
@@ -310,6 +312,39 @@ def fold_into_bn(node: ir.Node, m: tuple[ir.Value, ir.Node, np.ndarray], ctx: Ru
     _reroute(node, x, ctx)
 
 
+# ---------------------------------------------------------------- parallel branches of one input
+
+
+def _sum_check(kind: str) -> Callable[[ir.Node, RuleContext], ParallelMatch | str]:
+    def check(node: ir.Node, ctx: RuleContext) -> ParallelMatch | str:
+        return check_sum(node, kind)
+
+    return check
+
+
+def fold_parallel(node: ir.Node, m: ParallelMatch, ctx: RuleContext) -> None:
+    """The host Conv takes the merged weight and bias and computes the sum; the other branch
+    goes."""
+    host = m.host.node
+    namer = _pass(ctx).namer(ctx)
+    w_val = host.inputs[1]
+    assert w_val is not None
+    new_w = u.add_initializer(
+        ctx.graph, m.w.astype(m.host.w.dtype), namer(f"{w_val.name or 'W'}_merged")
+    )
+    host.replace_input_with(1, new_w)
+    if m.b is not None:
+        if len(host.inputs) < 3:
+            host.resize_inputs(3)
+        new_b = u.add_initializer(
+            ctx.graph, m.b.astype(m.host.w.dtype), namer(f"{host.name or 'conv'}_bias_merged")
+        )
+        host.replace_input_with(2, new_b)
+    _reroute(node, host.outputs[0], ctx)
+    if m.other is not None:
+        u.remove_nodes(ctx.graph, [m.other])
+
+
 _K = "k = gamma / sqrt(var + eps)"
 
 
@@ -366,6 +401,34 @@ RULES: tuple[Rule, ...] = (
         fold_scaled_input,
     ),
     Rule(
+        "conv-sum-conv",
+        "Conv(x, Wa, Ba) +/- Conv(x, Wb, Bb) -> Conv(x, Wa +/- Wb', Ba +/- Bb), Wb' = Wb "
+        "zero-padded to Wa's window at tap (pa - pb) / dilation: the same input, strides, "
+        "dilations, group and channels, Wb's window inside Wa's with the end pads agreeing "
+        "(equal output sizes); each Conv's output read by the sum alone, Wa by its Conv alone",
+        ("Add", "Sub"),
+        _sum_check("conv"),
+        fold_parallel,
+    ),
+    Rule(
+        "conv-sum-identity",
+        "Conv(x, W, B) +/- x -> Conv(x, W +/- I, B): stride 1, the output as large as the input "
+        "(p_begin + p_end = dilation * (k - 1)) with as many channels; output channel o gains "
+        "+/-1 at W[o, o mod (C / group), p_begin / dilation] (x - Conv negates W and B first)",
+        ("Add", "Sub"),
+        _sum_check("identity"),
+        fold_parallel,
+    ),
+    Rule(
+        "conv-sum-bn",
+        "Conv(x, W, B) +/- BatchNormalization(x) -> Conv(x, W +/- diag(k), B +/- (beta - mean "
+        f"* k)), {_K}, at the tap of conv-sum-identity (inference mode; a normalization with "
+        "other readers stays for them)",
+        ("Add", "Sub"),
+        _sum_check("bn"),
+        fold_parallel,
+    ),
+    Rule(
         "bn-mul",
         "BatchNormalization(x, gamma, beta, ...) * c -> BatchNormalization(x, gamma * c, "
         "beta * c, ...) for a per-channel constant c (inference mode)",
@@ -390,7 +453,8 @@ class AffineFusion(RulePass):
     summary = (
         "fold BatchNormalization and per-channel Mul/Add into Conv and ConvTranspose; "
         "Mul/Add into BatchNormalization; a per-input-channel Mul in front of a Conv into its "
-        "weight"
+        "weight; a sum or difference of Convs of one input, with the input or its "
+        "BatchNormalization, into one Conv"
     )
     rules = RULES
 

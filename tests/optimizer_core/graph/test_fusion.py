@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 import onnx
+import onnx_ir as ir
 import pytest
 from onnx import helper, numpy_helper
 
+from graphtrim.graph.passes.fusion import AffineFusion
 from tests.helpers import assert_equivalent, op_types, rules_fired, run_passes
 
 RNG = np.random.default_rng(0)
@@ -440,4 +444,210 @@ def test_a_weight_shared_by_scaled_inputs_is_rewritten_once_or_not_at_all(same):
     weights = [i for i in out.graph.initializer if len(i.dims) == 4]
     assert len(weights) == 1  # tied weights stay tied; no copy
     assert op_types(out).count("Mul") == (0 if same else 2)
+    assert_equivalent(proto, out, rtol=1e-5, atol=1e-5)
+
+
+# ---------------------------------------------------------------- parallel branches of one input
+
+
+def _branches_model(
+    branches: list[dict],
+    *,
+    channels: int = 4,
+    group: int = 1,
+    size: int = 8,
+    opset: int = 17,
+) -> onnx.ModelProto:
+    """``y = Relu(sum of branches of x)``; a branch is ``{"k": (kh, kw), "pads": [...], ...}``
+    for a Conv, ``{"identity": True}`` for x itself or ``{"bn": True}`` for a
+    BatchNormalization of x; ``"sub": True`` subtracts it from the sum so far."""
+    rng = np.random.default_rng(7)
+    nodes, inits, terms = [], [], []
+    for i, br in enumerate(branches):
+        out = f"t{i}"
+        if br.get("identity"):
+            terms.append("x")
+            continue
+        if br.get("bn"):
+            inits += [
+                _init(f"g{i}", rng.uniform(0.5, 1.5, channels)),
+                _init(f"b{i}", rng.standard_normal(channels)),
+                _init(f"m{i}", rng.standard_normal(channels)),
+                _init(f"v{i}", rng.uniform(0.5, 2.0, channels)),
+            ]
+            nodes.append(
+                helper.make_node(
+                    "BatchNormalization", ["x", f"g{i}", f"b{i}", f"m{i}", f"v{i}"], [out]
+                )
+            )
+        else:
+            kh, kw = br["k"]
+            c_out, g = channels, br.get("group", group)
+            inits.append(_init(f"W{i}", rng.standard_normal((c_out, channels // g, kh, kw))))
+            ins = ["x", f"W{i}"]
+            if br.get("bias", True):
+                inits.append(_init(f"B{i}", rng.standard_normal(c_out)))
+                ins.append(f"B{i}")
+            attrs = {"group": g, "pads": br.get("pads", [kh // 2, kw // 2, kh // 2, kw // 2])}
+            for key in ("strides", "dilations"):
+                if key in br:
+                    attrs[key] = br[key]
+            nodes.append(helper.make_node("Conv", ins, [out], **attrs))
+        terms.append(out)
+    acc = terms[0]
+    for i, (t, br) in enumerate(zip(terms[1:], branches[1:], strict=True)):
+        nodes.append(helper.make_node("Sub" if br.get("sub") else "Add", [acc, t], [f"s{i}"]))
+        acc = f"s{i}"
+    nodes.append(helper.make_node("Relu", [acc], ["y"]))
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["N", channels, size, size])],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, ["N", channels, None, None])],
+        inits,
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+
+
+@pytest.mark.parametrize(
+    ("branches", "group", "rules"),
+    [
+        # RepVGG: 3x3 + 1x1 + BatchNormalization of the input
+        ([{"k": (3, 3)}, {"k": (1, 1)}, {"bn": True}], 1, {"conv-sum-conv", "conv-sum-bn"}),
+        # RepViT's token mixer: depthwise 3x3 + depthwise 1x1 + the input
+        (
+            [{"k": (3, 3)}, {"k": (1, 1)}, {"identity": True}],
+            4,
+            {"conv-sum-conv", "conv-sum-identity"},
+        ),
+        # the small kernel first, without biases, the identity in the middle
+        (
+            [{"k": (1, 1), "bias": False}, {"identity": True}, {"k": (5, 5), "bias": False}],
+            2,
+            {"conv-sum-conv", "conv-sum-identity"},
+        ),
+        # strided: 3x3 pad 1 and 1x1 pad 0 read the same centre
+        (
+            [{"k": (3, 3), "strides": [2, 2]}, {"k": (1, 1), "strides": [2, 2]}],
+            1,
+            {"conv-sum-conv"},
+        ),
+        # dilated, a 1x3 inside a 3x3
+        (
+            [
+                {"k": (3, 3), "dilations": [2, 2], "pads": [2, 2, 2, 2]},
+                {"k": (1, 3), "dilations": [2, 2], "pads": [0, 2, 0, 2]},
+                {"identity": True},
+            ],
+            1,
+            {"conv-sum-conv", "conv-sum-identity"},
+        ),
+        # a window off centre: a 2x2 at the top left of a 3x3
+        ([{"k": (3, 3)}, {"k": (2, 2), "pads": [1, 1, 0, 0]}], 1, {"conv-sum-conv"}),
+        # FastViT's RepMixer: mixer(x) - norm(x)
+        ([{"k": (3, 3)}, {"bn": True, "sub": True}], 4, {"conv-sum-bn"}),
+        # the Conv subtracted: its weight and bias change sign
+        ([{"identity": True}, {"k": (3, 3), "sub": True}], 2, {"conv-sum-identity"}),
+        ([{"k": (1, 1)}, {"k": (3, 3), "sub": True}], 1, {"conv-sum-conv"}),
+    ],
+    ids=[
+        "repvgg",
+        "repvit",
+        "small-first",
+        "strided",
+        "dilated",
+        "off-centre",
+        "fastvit",
+        "input-minus-conv",
+        "difference-of-convs",
+    ],
+)
+def test_parallel_branches_of_one_input_become_one_conv(branches, group, rules):
+    proto = _branches_model(branches, group=group)
+    out, result = run_passes(proto, ["fuse-affine", "dead-code"])
+    assert op_types(out) == ["Conv", "Relu"]
+    assert rules <= set(rules_fired(result))
+    # the weights of the branches that went are gone: the model does not grow
+    assert len(out.graph.initializer) <= 2
+    assert_equivalent(proto, out, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("branches", "size", "reason"),
+    [
+        # neither window contains the other: the merge would be a 3x3 costing more than both
+        ([{"k": (1, 3)}, {"k": (3, 1)}], 8, "neither Conv's window contains the other's"),
+        # the outputs differ in size and the sum broadcasts (1x1 and 3x3 from a 1x1 input):
+        # the 1x1 reads a padded input, its window is not inside the 3x3's
+        ([{"k": (3, 3)}, {"k": (1, 1), "pads": [1, 1, 1, 1]}], 1, "neither Conv's window"),
+        # 2x2 and 1x1 outputs (broadcast)
+        ([{"k": (3, 3)}, {"k": (1, 1), "strides": [2, 2]}], 2, "differ in strides"),
+        ([{"k": (3, 3), "strides": [2, 2]}, {"identity": True}], 2, "strided"),
+        # the output keeps the input's size, but no tap reads input position i at output i
+        (
+            [{"k": (3, 3), "dilations": [2, 2], "pads": [1, 1, 3, 3]}, {"identity": True}],
+            8,
+            "not aligned",
+        ),
+        ([{"k": (3, 3), "group": 4}, {"k": (1, 1)}], 8, "differ in group or channels"),
+        # the control: an identity read off centre (pads 2 before, 0 after) still merges
+        ([{"k": (3, 3), "pads": [2, 2, 0, 0]}, {"identity": True}], 8, None),
+    ],
+    ids=[
+        "crossed-windows",
+        "misaligned-pads",
+        "strides-differ",
+        "strided-identity",
+        "misaligned-identity",
+        "groups-differ",
+        "off-centre-identity",
+    ],
+)
+def test_parallel_branches_that_cannot_merge_stay(branches, size, reason):
+    proto = _branches_model(branches, size=size)
+    model = ir.serde.deserialize_model(copy.deepcopy(proto))
+    fusion = AffineFusion()
+    fusion.apply(model)
+    if reason is None:
+        assert {"conv-sum-conv", "conv-sum-identity"} & set(fusion.rule_counts)
+    else:
+        assert not {"conv-sum-conv", "conv-sum-identity"} & set(fusion.rule_counts)
+        declines = {why for (rule, why) in fusion.declines if rule.startswith("conv-sum-")}
+        assert any(reason in why for why in declines), declines
+    out, _ = run_passes(proto, ["fuse-affine", "dead-code"])
+    assert_equivalent(proto, out, rtol=1e-5, atol=1e-5)
+
+
+def test_a_normalization_with_other_readers_stays_for_them():
+    """FastViT's exports share one BatchNormalization of x between the mixer's identity branch
+    and the ``- norm(x)`` (equal random-init parameters, merged by CSE): the first sum takes
+    it in and leaves it for the difference, which takes it in and removes it."""
+    rng = np.random.default_rng(3)
+    inits = [
+        _init("Wa", rng.standard_normal((4, 1, 3, 3))),
+        _init("Wb", rng.standard_normal((4, 1, 1, 1))),
+        _init("g", rng.uniform(0.5, 1.5, 4)),
+        _init("b", rng.standard_normal(4)),
+        _init("m", rng.standard_normal(4)),
+        _init("v", rng.uniform(0.5, 2.0, 4)),
+    ]
+    nodes = [
+        helper.make_node("BatchNormalization", ["x", "g", "b", "m", "v"], ["n"]),
+        helper.make_node("Conv", ["x", "Wb"], ["cb"], group=4),
+        helper.make_node("Add", ["cb", "n"], ["s0"]),
+        helper.make_node("Conv", ["x", "Wa"], ["ca"], group=4, pads=[1, 1, 1, 1]),
+        helper.make_node("Add", ["s0", "ca"], ["s1"]),
+        helper.make_node("Sub", ["s1", "n"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["N", 4, 6, 6])],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, ["N", 4, 6, 6])],
+        inits,
+    )
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    out, result = run_passes(proto, ["fuse-affine", "dead-code"])
+    assert op_types(out) == ["Conv"]
+    assert rules_fired(result)["conv-sum-bn"] == 2
     assert_equivalent(proto, out, rtol=1e-5, atol=1e-5)

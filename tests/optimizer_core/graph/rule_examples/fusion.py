@@ -8,6 +8,7 @@ from onnx import helper
 
 from tests.optimizer_core.graph.rule_examples import Example
 from tests.optimizer_core.graph.test_fusion import (
+    _branches_model,
     _conv_model,
     _conv_transpose_model,
     _init,
@@ -59,6 +60,15 @@ EXAMPLES = {
     ),
     ("fuse-affine", "mul-conv"): Example(
         model=lambda: _scaled_input_conv((1, 4, 1, 1), group=2), **_TOL
+    ),
+    ("fuse-affine", "conv-sum-conv"): Example(
+        model=lambda: _branches_model([{"k": (3, 3)}, {"k": (1, 1)}], group=2), **_TOL
+    ),
+    ("fuse-affine", "conv-sum-identity"): Example(
+        model=lambda: _branches_model([{"k": (3, 3)}, {"identity": True}], group=4), **_TOL
+    ),
+    ("fuse-affine", "conv-sum-bn"): Example(
+        model=lambda: _branches_model([{"bn": True}, {"k": (1, 1)}]), **_TOL
     ),
     ("fuse-affine", "bn-mul"): Example(model=_bn_then("Mul"), **_TOL),
     ("fuse-affine", "bn-add"): Example(model=_bn_then("Add"), **_TOL),
