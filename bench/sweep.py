@@ -40,6 +40,7 @@ import numpy as np
 
 from bench.__main__ import count_nodes, latency, model_bytes, parity
 from bench.corpus import DEFAULT_DIR, Manifest
+from graphtrim.verify.compare import NOISE_FACTOR
 
 ROOT = Path(__file__).resolve().parent
 REPO = ROOT.parent
@@ -451,7 +452,7 @@ def render(results: list[dict[str, Any]]) -> str:
     def unstable(r: dict[str, Any]) -> bool:
         g = r["graphtrim"]
         noise = g.get("input_unstable_abs")
-        return noise is not None and g.get("max_abs_diff", float("inf")) <= 1.5 * noise
+        return noise is not None and g.get("max_abs_diff", float("inf")) <= NOISE_FACTOR * noise
 
     changed = [
         r

@@ -664,3 +664,67 @@ def test_declared_input_specs_are_what_onnxruntime_reports(tmp_path: Path):
     onnx.save(proto, str(path))
     assert declared_input_specs(path) == input_specs(path)
     assert [s[0] for s in declared_input_specs(path)] == ["x", "code", "flag", "h"]
+
+
+def _ill_conditioned(gamma_change: float = 0.0) -> onnx.ModelProto:
+    """Two Conv+BatchNormalization layers whose first weights are 1e4 times too large: outputs
+    near 1e6, some of them small differences of such terms, so rounding alone moves them past
+    the element-wise tolerance (as in a random-initialized MobileOne, logits near 1e15)."""
+    rng = np.random.default_rng(11)
+
+    def init(name: str, arr: np.ndarray) -> onnx.TensorProto:
+        return onnx.numpy_helper.from_array(np.asarray(arr, np.float32), name)
+
+    inits, nodes, cur = [], [], "x"
+    for i in range(2):
+        gamma = rng.uniform(0.5, 1.5, 16) * (1 + (gamma_change if i == 1 else 0.0))
+        inits += [
+            init(f"W{i}", rng.standard_normal((16, 16, 3, 3)) * (1e4 if i == 0 else 1.0)),
+            init(f"g{i}", gamma),
+            init(f"b{i}", rng.standard_normal(16)),
+            init(f"m{i}", rng.standard_normal(16)),
+            init(f"v{i}", rng.uniform(0.5, 2, 16)),
+        ]
+        nodes += [
+            oh.make_node("Conv", [cur, f"W{i}"], [f"c{i}"], pads=[1, 1, 1, 1]),
+            oh.make_node(
+                "BatchNormalization", [f"c{i}", f"g{i}", f"b{i}", f"m{i}", f"v{i}"], [f"y{i}"]
+            ),
+        ]
+        cur = f"y{i}"
+    graph = oh.make_graph(
+        nodes,
+        "g",
+        [oh.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 16, 16, 16])],
+        [oh.make_tensor_value_info(cur, onnx.TensorProto.FLOAT, [1, 16, 16, 16])],
+        inits,
+    )
+    return oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)])
+
+
+def test_an_ill_conditioned_output_moved_by_rounding_alone_is_equal_and_said_so(monkeypatch):
+    from graphtrim.verify import compare
+
+    ref = _ill_conditioned()
+    out, _ = run_passes(ref, ["fuse-affine", "dead-code"])
+    assert [n.op_type for n in out.graph.node] == ["Conv", "Conv"]
+    record = verify(ref, out)
+    assert record.ok, record.summary()
+    (output,) = record.outputs
+    assert output.input_noise is not None and output.input_noise > 0
+    assert 0 < output.max_abs_diff <= compare.NOISE_FACTOR * output.input_noise
+    # the element-wise tolerance alone fails it: rounding moves the small outputs too far
+    monkeypatch.setattr(compare, "NOISE_FACTOR", 0.0)
+    assert not verify(ref, out).ok
+    assert "within the input's own rounding noise" in record.summary()
+    assert record.to_json()["outputs"][0]["input_noise"] == output.input_noise
+
+
+def test_a_real_change_of_an_ill_conditioned_output_is_still_a_mismatch():
+    ref = _ill_conditioned()
+    # one scale changed by 1e-4 of itself: far past what rounding moves
+    record = verify(ref, _ill_conditioned(gamma_change=1e-4))
+    assert not record.ok
+    bad = record.first_failure()
+    assert bad is not None and bad.input_noise is None
+    assert "max abs diff" in bad.reason
