@@ -198,9 +198,11 @@ def match_diagonal(
 def check_sum(node: ir.Node, kind: str) -> ParallelMatch | str:
     """The match of ``kind`` (``"conv"``, ``"identity"`` or ``"bn"``) for the Add or Sub
     ``node``."""
-    if len(node.inputs) != 2 or node.inputs[0] is None or node.inputs[1] is None:
+    if len(node.inputs) != 2:
         return "not a sum of two values"
     first, second = node.inputs
+    if first is None or second is None:
+        return "not a sum of two values"
     if first is second:
         return "both terms are the same value"
     s2 = -1.0 if node.op_type == "Sub" else 1.0
