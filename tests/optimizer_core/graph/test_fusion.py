@@ -20,6 +20,18 @@ def _init(name, arr):
     return numpy_helper.from_array(np.asarray(arr, dtype=np.float32), name)
 
 
+def _x_to_y(nodes: list, inits: list, shape: list) -> onnx.ModelProto:
+    """An opset-17 model of ``nodes`` from float input ``x`` to output ``y`` of one ``shape``."""
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, shape)],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, shape)],
+        inits,
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
 def _conv_model(
     follow: list[str], *, shared_weight: bool = False, bias: bool = True
 ) -> onnx.ModelProto:
@@ -122,14 +134,7 @@ def test_mul_and_add_fold_into_batchnorm():
         _init("s", RNG.standard_normal((3, 1, 1))),
         _init("t", RNG.standard_normal((1, 3, 1, 1))),
     ]
-    graph = helper.make_graph(
-        nodes,
-        "g",
-        [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["N", 3, 4, 4])],
-        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, ["N", 3, 4, 4])],
-        inits,
-    )
-    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    proto = _x_to_y(nodes, inits, ["N", 3, 4, 4])
     out, result = run_passes(proto, ["fuse-affine", "dead-code"])
     assert op_types(out) == ["BatchNormalization"]
     assert {"bn-mul", "bn-add"} <= set(rules_fired(result))
@@ -639,14 +644,7 @@ def test_a_normalization_with_other_readers_stays_for_them():
         helper.make_node("Add", ["s0", "ca"], ["s1"]),
         helper.make_node("Sub", ["s1", "n"], ["y"]),
     ]
-    graph = helper.make_graph(
-        nodes,
-        "g",
-        [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["N", 4, 6, 6])],
-        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, ["N", 4, 6, 6])],
-        inits,
-    )
-    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    proto = _x_to_y(nodes, inits, ["N", 4, 6, 6])
     out, result = run_passes(proto, ["fuse-affine", "dead-code"])
     assert op_types(out) == ["Conv"]
     assert rules_fired(result)["conv-sum-bn"] == 2
