@@ -435,6 +435,47 @@ def convert_int4_fp16(
     return {**record, "activations": "float16"}
 
 
+# the first opset whose DequantizeLinear takes an ``axis``: per-channel QDQ needs it
+PER_CHANNEL_QDQ_OPSET = 13
+
+
+def _per_channel_source(
+    src: Path, tmp: Path, cfg: QuantizeConfig
+) -> tuple[Path, bool, dict[str, Any] | None]:
+    """The model to quantize, whether per channel, and a note when either changed.
+
+    onnxruntime's QDQ quantizer writes per-channel ``DequantizeLinear(axis=...)`` whatever the
+    model's opset; below 13 that attribute does not exist and the result is invalid. Such a
+    model is raised to opset 13 first (onnx's version converter, exact); one the converter
+    cannot raise, or one too large to convert in memory (external data), is quantized per
+    tensor instead, and the note says which and why.
+    """
+    if not cfg.per_channel or cfg.quant_format != "qdq":
+        return src, cfg.per_channel, None
+    proto = onnx.load(str(src), load_external_data=False)
+    opset = next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), None)
+    if opset is None or opset >= PER_CHANNEL_QDQ_OPSET:
+        return src, True, None
+    why = f"opset {opset} has no per-channel DequantizeLinear (it needs {PER_CHANNEL_QDQ_OPSET})"
+    if any(t.data_location == onnx.TensorProto.EXTERNAL for t in proto.graph.initializer):
+        return src, False, {"per_channel": f"per tensor: {why}; external data is not converted"}
+    from onnx import version_converter
+
+    try:
+        converted = version_converter.convert_version(onnx.load(str(src)), PER_CHANNEL_QDQ_OPSET)
+        onnx.checker.check_model(converted)
+    except Exception as exc:
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        return (
+            src,
+            False,
+            {"per_channel": f"per tensor: {why}, and it cannot be raised: {reason}"},
+        )
+    out = tmp / "opset13.onnx"
+    onnx.save(converted, str(out))
+    return out, True, {"opset": f"raised from {opset} to {PER_CHANNEL_QDQ_OPSET}: {why}"}
+
+
 def convert_int8_static(
     src: Path,
     dst: Path,
@@ -442,8 +483,9 @@ def convert_int8_static(
     excluded: Sequence[str],
     calibration: Sequence[Feeds] = (),
     progress: ProgressFn | None = None,
-) -> None:
-    """QDQ int8 with onnxruntime's ``quantize_static``, calibrated on ``calibration``."""
+) -> dict[str, Any] | None:
+    """QDQ int8 with onnxruntime's ``quantize_static``, calibrated on ``calibration``; a model
+    below opset 13 is raised to it for per-channel weights (see :func:`_per_channel_source`)."""
     from onnxruntime.quantization import CalibrationMethod, QuantFormat, quantize_static
 
     method = {
@@ -452,13 +494,16 @@ def convert_int8_static(
         "percentile": CalibrationMethod.Percentile,
     }[cfg.method]
     with tempfile.TemporaryDirectory(prefix="graphtrim-calib-") as tmp:
+        source, per_channel, note = _per_channel_source(src, Path(tmp), cfg)
+        if note is not None:
+            _say(progress, f"int8-static: {next(iter(note.values()))}")
         quantize_static(
-            src,
+            source,
             dst,
             CalibrationReader(list(calibration)[: cfg.calibration_batches], progress=progress),
             quant_format=QuantFormat.QDQ if cfg.quant_format == "qdq" else QuantFormat.QOperator,
             op_types_to_quantize=cfg.op_types,
-            per_channel=cfg.per_channel,
+            per_channel=per_channel,
             reduce_range=bool(cfg.reduce_range),
             activation_type=_quant_type(cfg.activation_type),
             weight_type=_quant_type(cfg.weight_type),
@@ -468,7 +513,7 @@ def convert_int8_static(
             extra_options={"CalibTensorRangeSymmetric": False},
             calibration_cache_path=None,
         )
-        del tmp
+    return note
 
 
 def fp16_overflow_nodes(

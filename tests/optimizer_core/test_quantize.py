@@ -862,3 +862,76 @@ def test_int8_dynamic_weights_are_7_bit_by_default(tmp_path):
         onh.to_array(t) for t in model.graph.initializer if t.data_type == onnx.TensorProto.INT8
     ]
     assert max(int(np.abs(w.astype(np.int16)).max()) for w in weights) > 64
+
+
+def _opset12_cnn(path: Path, *, external: bool = False) -> Path:
+    """Conv -> Relu -> Conv -> GlobalAveragePool -> Squeeze at opset 12 (Squeeze's axes still an
+    attribute there: the opset conversion has something to rewrite)."""
+    rng = np.random.default_rng(0)
+    inits = [
+        onh.from_array((rng.standard_normal((8, 3, 3, 3)) * 0.3).astype(np.float32), "W1"),
+        onh.from_array(rng.standard_normal(8).astype(np.float32), "B1"),
+        onh.from_array((rng.standard_normal((4, 8, 3, 3)) * 0.3).astype(np.float32), "W2"),
+        onh.from_array(rng.standard_normal(4).astype(np.float32), "B2"),
+    ]
+    nodes = [
+        oh.make_node("Conv", ["x", "W1", "B1"], ["c1"], pads=[1, 1, 1, 1]),
+        oh.make_node("Relu", ["c1"], ["r1"]),
+        oh.make_node("Conv", ["r1", "W2", "B2"], ["c2"], pads=[1, 1, 1, 1]),
+        oh.make_node("GlobalAveragePool", ["c2"], ["p"]),
+        oh.make_node("Squeeze", ["p"], ["y"], axes=[2, 3]),
+    ]
+    graph = oh.make_graph(
+        nodes,
+        "cnn",
+        [oh.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["N", 3, 8, 8])],
+        [oh.make_tensor_value_info("y", onnx.TensorProto.FLOAT, ["N", 4])],
+        inits,
+    )
+    model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 12)])
+    model.ir_version = 7
+    onnx.save(model, str(path), save_as_external_data=external, size_threshold=0)
+    return path
+
+
+def _feeds(n: int = 4) -> list[dict[str, np.ndarray]]:
+    rng = np.random.default_rng(1)
+    return [{"x": rng.standard_normal((4, 3, 8, 8)).astype(np.float32)} for _ in range(n)]
+
+
+def _opset_and_axes(path: Path) -> tuple[int, list[bool]]:
+    model = onnx.load(str(path), load_external_data=False)
+    opset = next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx"))
+    axes = [
+        any(a.name == "axis" for a in n.attribute)
+        for n in model.graph.node
+        if n.op_type == "DequantizeLinear"
+    ]
+    return opset, axes
+
+
+def test_int8_static_raises_an_opset_below_13_for_per_channel_weights(tmp_path):
+    """onnxruntime's QDQ quantizer writes DequantizeLinear(axis=...) whatever the opset; below
+    13 that model is invalid. The build raises the opset first and says so."""
+    src = _opset12_cnn(tmp_path / "cnn.onnx")
+    dst = tmp_path / "cnn.int8.onnx"
+    build = build_variant(src, dst, "int8-static", calibration=_feeds())
+    onnx.checker.check_model(str(dst), full_check=True)
+    opset, axes = _opset_and_axes(dst)
+    assert opset == 13
+    assert any(axes)  # the weights are per channel
+    assert build.conversion is not None
+    assert build.conversion["opset"].startswith("raised from 12 to 13")
+    assert build.agreement is not None and (build.agreement.min_cosine or 0) > 0.99
+
+
+def test_int8_static_of_an_opset_12_model_with_external_data_goes_per_tensor(tmp_path):
+    src = _opset12_cnn(tmp_path / "cnn.onnx", external=True)
+    dst = tmp_path / "cnn.int8.onnx"
+    build = build_variant(src, dst, "int8-static", calibration=_feeds())
+    onnx.checker.check_model(str(dst), full_check=True)
+    opset, axes = _opset_and_axes(dst)
+    assert opset == 12 and axes and not any(axes)
+    assert build.conversion is not None
+    assert build.conversion["per_channel"].startswith("per tensor: opset 12")
+    assert build.agreement is not None and (build.agreement.min_cosine or 0) > 0.99
