@@ -5,7 +5,10 @@ symbolic) or ``[2, 3, 4]``: chains and DAGs of elementwise ops with constants (0
 the algebraic rules fire, and shapes that broadcast, sometimes growing the result), activations,
 ``Exp`` of clipped inputs, ``Cast`` round trips (exact and lossy), ``Transpose`` (pairs too),
 ``Reshape`` with constant or ``Shape``/``Gather``-computed targets, ``Squeeze``/``Unsqueeze``,
-``Concat``, ``Clip``, ``Dropout``, repeated subexpressions and dead branches.
+``Concat``, ``Clip``, ``Dropout``, repeated subexpressions and dead branches, and sums or
+differences of a 1-D ``Conv`` with another Conv, the input itself or its ``BatchNormalization``
+(what ``fuse-affine``'s re-parameterization merges; later ops may read a branch too, which
+must stop the merge).
 
 For every graph the optimized model must pass the full ONNX checker, compute the same outputs in
 onnxruntime (rtol 1e-5, atol 1e-6: ``reassociate`` may round differently) and have no more nodes.
@@ -132,6 +135,7 @@ class Builder:
 SMALL = [0.0, 1.0, -1.0, 0.5, -0.5, 0.25, 0.125, -0.375, 0.75]
 SCALES = [0.0, 1.0, -1.0, 0.5, -0.5, 0.25, -0.75, 0.875]  # |c| <= 1: never amplifies
 DIVISORS = [1.0, -1.0, 2.0, -2.0, 4.0, 1.25]  # |c| >= 1: never amplifies
+TINY = [0.0, 0.125, -0.125, 0.25, -0.25]  # Conv biases, BatchNormalization means and shifts
 
 
 @dataclasses.dataclass(frozen=True)
@@ -161,6 +165,7 @@ KINDS = [
     "clip",
     "dropout",
     "duplicate",
+    *["conv-sum"] * 2,
 ]
 
 
@@ -263,6 +268,21 @@ def plan(
         same = [w for w in pool if w.shape == v.shape]
         others = tuple(draw(st.sampled_from(same)) for _ in range(draw(st.integers(1, 2))))
         return Step(kind, (v, *others), (draw(st.sampled_from(axes)),))
+    if kind == "conv-sum":
+        # Conv1d over [batch, channels, length]: static channels and length
+        if r != 3 or not all(isinstance(d, int) for d in v.shape[1:]):
+            return None
+        channels = v.shape[1]
+        assert isinstance(channels, int)
+        group = draw(st.sampled_from([1, channels]))
+        kernels = (draw(st.sampled_from([1, 3])), draw(st.sampled_from([1, 3])))
+        other = draw(st.sampled_from(["conv", "identity", "bn"]))
+        op = draw(st.sampled_from(["Add", "Sub"]))
+        return Step(
+            kind,
+            (v,),
+            (group, kernels, other, op, draw(st.booleans()), draw(st.integers(0, 2**16))),
+        )
     if kind == "clip":
         lo = draw(st.sampled_from([None, -1.0, 0.0, -0.5, -10.0]))
         hi = draw(st.sampled_from([None, 1.0, 0.5, 6.0]))
@@ -373,6 +393,39 @@ def emit(b: Builder, step: Step) -> Val:
         bound = max(w.bound for w in step.inputs)
         grid = exact_grid(*(w.grid for w in step.inputs))
         return b.node("Concat", [w.name for w in step.inputs], shape, bound, grid, axis=axis)
+    if step.kind == "conv-sum":
+        group, kernels, other, op, conv_first, seed = step.params
+        rng = np.random.default_rng(seed)
+        channels = v.shape[1]
+        assert isinstance(channels, int)
+
+        def conv(k: int) -> Val:
+            # taps in {-1/16, 0, 1/16}: |Conv(x)| <= (C / group) * k / 16 * |x| + |bias|
+            w = (rng.integers(-1, 2, size=(channels, channels // group, k)) / 16).astype(np.float32)
+            bias = rng.choice(TINY, size=channels).astype(np.float32)
+            bound = float(np.abs(w).reshape(channels, -1).sum(axis=1).max()) * v.bound + float(
+                np.abs(bias).max()
+            )
+            names = [v.name, b.const(w, "w"), b.const(bias, "bias")]
+            pads = [k // 2, k // 2]
+            return b.node("Conv", names, v.shape, bound, None, pads=pads, group=group)
+
+        first = conv(kernels[0])
+        if other == "conv":
+            second = conv(kernels[1])
+        elif other == "identity":
+            second = v
+        else:
+            gamma = rng.choice([0.5, 0.75, 1.0], size=channels).astype(np.float32)
+            params = [gamma, *(rng.choice(TINY, size=channels).astype(np.float32) for _ in "bm")]
+            names = [b.const(p, "bn") for p in params]
+            var = b.const(np.ones(channels, np.float32), "var")
+            # |k| <= 1 (var 1): |BN(x)| <= |x| + |mean| + |beta|
+            second = b.node(
+                "BatchNormalization", [v.name, *names, var], v.shape, v.bound + 0.5, None
+            )
+        terms = (first, second) if conv_first else (second, first)
+        return b.node(op, [t.name for t in terms], v.shape, first.bound + second.bound, None)
     if step.kind == "clip":
         lo, hi = step.params
         inputs = [v.name, "" if lo is None else b.const(np.array(lo, np.float32), "lo")]
@@ -397,6 +450,13 @@ def _emits_within_bound(step: Step) -> bool:
     if step.kind == "binary":
         w = step.inputs[1]
         return step.params[0] in ("Max", "Min") or v.bound + w.bound <= MAX_BOUND
+    if step.kind == "conv-sum":
+        group, kernels, other, _, _, _ = step.params
+        channels = v.shape[1]
+        assert isinstance(channels, int)
+        widest = (channels // group) * max(kernels) / 16 * v.bound + 0.25
+        second = {"conv": widest, "identity": v.bound, "bn": v.bound + 0.5}[other]
+        return widest + second <= MAX_BOUND
     return True
 
 
