@@ -462,7 +462,8 @@ def _per_channel_source(
     from onnx import version_converter
 
     try:
-        converted = version_converter.convert_version(onnx.load(str(src)), PER_CHANNEL_QDQ_OPSET)
+        # no initializer is external, so the proto read above already holds every weight
+        converted = version_converter.convert_version(proto, PER_CHANNEL_QDQ_OPSET)
         onnx.checker.check_model(converted)
     except Exception as exc:
         reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__

@@ -88,6 +88,9 @@ class OutputComparison:
 # of this rule 167 times its noise
 NOISE_FACTOR = 2.0
 
+# how the reason of a float output that failed on its values alone begins (see compare_outputs)
+_NUMERIC_MISMATCH = "max abs diff"
+
 
 EQUAL, MISMATCH, UNVERIFIABLE = "equal", "mismatch", "unverifiable"
 
@@ -496,7 +499,7 @@ def compare_outputs(
         # cosine judges direction only where differences exceed the absolute floor
         if cosine < tol.min_cosine and max_abs > tol.atol:
             ok = False
-    reason = "" if ok else f"max abs diff {max_abs:.3g}, max rel diff {max_rel:.3g}"
+    reason = "" if ok else f"{_NUMERIC_MISMATCH} {max_abs:.3g}, max rel diff {max_rel:.3g}"
     return OutputComparison(name, ok, max_abs, max_rel, cosine, reason)
 
 
@@ -644,7 +647,8 @@ def _verify_with(
         else {}
     )
     outs = list(merged.values())
-    numeric = [o for o in outs if not o.ok and o.reason.startswith("max abs diff")]
+    # float outputs of equal shape whose values alone differ: rounding may explain these
+    numeric = [o for o in outs if not o.ok and o.reason.startswith(_NUMERIC_MISMATCH)]
     if numeric and len(numeric) == sum(not o.ok for o in outs):
         noise = _own_noise(original, feeds_list, expected_list, [o.name for o in numeric])
         for o in numeric:
