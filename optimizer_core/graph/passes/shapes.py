@@ -49,6 +49,7 @@ import onnx_ir as ir
 
 from graphtrim.graph import _ir_utils as u
 from graphtrim.graph.framework import GraphtrimPass
+from graphtrim.graph.passes._dim_origin import DimOrigins
 from graphtrim.graph.passes._symbolic_dims import (
     Dim,
     Entry,
@@ -109,6 +110,12 @@ RULES: tuple[Rule, ...] = (
         "be x's dim at its position (allowzero set to 0 when no other entry is a literal 0)",
     ),
     Rule(
+        "shape-read-origin",
+        "Shape(y) read by Gathers of constant indices -> Shape(x) with the indices of x, where "
+        "each read dim of y is provably a dim of one upstream value x (see _dim_origin): equal "
+        "reads through different values become one, and the read moves next to x",
+    ),
+    Rule(
         "expand-keep-dims",
         "Expand(x, computed s) -> Expand(x, constant s) with 1 for each entry proved to be x's "
         "dim (right-aligned): broadcasting a dim to its own size keeps it",
@@ -147,7 +154,14 @@ class SymbolicShapes(GraphtrimPass):
     def _apply_once(self, model: ir.Model, forgotten: list[ir.Value]) -> bool:
         changed = False
         namer: u.NameGenerator | None = None
+        origins = DimOrigins(model)
         for graph, node in u.standard_nodes(model):
+            if node.op_type == "Shape":
+                namer = namer or u.NameGenerator(model)
+                if self._shape_origin(node, graph, origins, namer):
+                    self.hit("shape-read-origin")
+                    changed = True
+                continue
             if node.op_type in ("Range", "ConstantOfShape"):
                 named = (
                     self._name_range(node, forgotten)
@@ -206,6 +220,74 @@ class SymbolicShapes(GraphtrimPass):
             self.hit(rule)
             changed = True
         return changed
+
+    @staticmethod
+    def _shape_origin(
+        node: ir.Node, graph: ir.Graph, origins: DimOrigins, namer: u.NameGenerator
+    ) -> bool:
+        """``Shape(y)`` whose every reader is ``Gather(axis=0)`` of constant indices, and whose
+        read dims all have their origin in one value ``x``: the Shape reads ``x`` (no start or
+        end) and each Gather x's dims; the Shape moves next to x's producer, so that x's
+        buffer is not kept for a read of its dims alone. A Shape read otherwise moves only to
+        a value of y's own shape (the same dims at the same positions)."""
+        y = node.inputs[0] if node.inputs else None
+        r = u.rank(y)
+        out = node.outputs[0]
+        if y is None or r is None or out.is_graph_output():
+            return False
+        start = node.attributes.get_int("start", 0)
+        end = node.attributes.get_int("end", r)
+        start = min(max(start + r if start < 0 else start, 0), r)
+        end = min(max(end + r if end < 0 else end, 0), r)
+        length = end - start
+        readers = list(out.uses())
+        if not readers:
+            return False
+        picks: list[tuple[ir.Node, list[int], tuple[int, ...]]] = []
+        for use in readers:
+            g = use.node
+            idx = (
+                u.const_array(g.inputs[1])
+                if u.is_op(g, "Gather") and use.idx == 0 and len(g.inputs) == 2
+                else None
+            )
+            if (
+                idx is None
+                or g.attributes.get_int("axis", 0) != 0
+                or idx.ndim > 1
+                or idx.dtype.kind != "i"
+            ):
+                picks = []
+                break
+            flat = [int(k) + length if int(k) < 0 else int(k) for k in idx.ravel()]
+            if any(not 0 <= k < length for k in flat):
+                return False
+            picks.append((g, [start + k for k in flat], idx.shape))
+        if picks:
+            found = {p: origins.origin(y, p) for _, positions, _ in picks for p in positions}
+            sources = {id(x) for x, _ in found.values()}
+            if len(sources) != 1:
+                return False
+            x = next(iter(found.values()))[0]
+            if x is y and start == 0 and all(found[p][1] == p for p in found):
+                return False
+            for g, positions, shape in picks:
+                new = np.array([found[p][1] for p in positions], dtype=np.int64).reshape(shape)
+                if not np.array_equal(new, u.const_array(g.inputs[1])):
+                    g.replace_input_with(1, u.add_initializer(graph, new, namer("dim_index")))
+            node.replace_input_with(0, x)
+            for attr in ("start", "end"):
+                node.attributes.pop(attr, None)
+        else:
+            moved = [origins.origin(y, p) for p in range(r)]
+            x = moved[0][0]
+            if x is y or u.rank(x) != r:
+                return False
+            if any(v is not x or j != p for p, (v, j) in enumerate(moved)):
+                return False
+            node.replace_input_with(0, x)
+        _place_after(node, graph, x)
+        return True
 
     @staticmethod
     def _name_range(node: ir.Node, forgotten: list[ir.Value]) -> bool:
@@ -504,3 +586,22 @@ class SymbolicShapes(GraphtrimPass):
             return False
         u.remove_nodes(graph, [r2, t, r1])
         return True
+
+
+def _place_after(node: ir.Node, graph: ir.Graph, x: ir.Value) -> None:
+    """Move ``node`` (it reads ``x`` alone) right after x's producer, or to the front of its
+    graph when x is an input or initializer of that graph."""
+    producer = x.producer()
+    if producer is not None:
+        if producer.graph is not graph or node.graph is not graph:
+            return
+        graph.remove(node)
+        graph.insert_after(producer, node)
+        return
+    if node.graph is not graph or x.graph is not graph:
+        return
+    first = next(iter(graph), None)
+    if first is None or first is node:
+        return
+    graph.remove(node)
+    graph.insert_before(first, node)

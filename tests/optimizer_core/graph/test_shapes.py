@@ -864,3 +864,128 @@ def test_a_constant_entry_outside_int32_is_not_read_through_the_cast():
     model = ir.serde.deserialize_model(proto)
     ShapeInference().call(model)
     assert shape_entries(model.graph.outputs[0]) == [Dim("batch"), None, 4]
+
+
+# SqueezeBERT's attention: query, key and value are 1x1 Convs of one input over an unnamed
+# sequence dim, and each head split reads that dim back from its own projection
+QKV_READS = """
+<ir_version: 8, opset_import: ["" : 17]>
+g (float[B, 4, ?] x) => (float[B, 2, 2, ?] q, float[B, 2, 2, ?] k, float[B, 2, 2, ?] v)
+  <float[4, 4, 1] wq = {1, 0, 0, 0, 0, 1, 0, 0, 0, 0, 1, 0, 0, 0, 0, 1},
+   float[4, 4, 1] wk = {0, 1, 0, 0, 1, 0, 0, 0, 0, 0, 0, 1, 0, 0, 1, 0},
+   float[4, 4, 3] wv = {WV},
+   int64 i0 = {0}, int64 i2 = {2}, int64[1] ax = {0}, int64[2] heads = {2, 2}> {
+    t = Relu(x)
+    cq = Conv<kernel_shape = [1]>(t, wq)
+    ck = Conv<kernel_shape = [1]>(t, wk)
+    cv = Conv<kernel_shape = [3], pads = [1, 1]>(t, wv)
+    sq = Shape(cq)
+    sk = Shape(ck)
+    sv = Shape(cv)
+    bq = Gather<axis = 0>(sq, i0)
+    nq = Gather<axis = 0>(sq, i2)
+    bk = Gather<axis = 0>(sk, i0)
+    nk = Gather<axis = 0>(sk, i2)
+    bv = Gather<axis = 0>(sv, i0)
+    nv = Gather<axis = 0>(sv, i2)
+    bqu = Unsqueeze(bq, ax)
+    nqu = Unsqueeze(nq, ax)
+    bku = Unsqueeze(bk, ax)
+    nku = Unsqueeze(nk, ax)
+    bvu = Unsqueeze(bv, ax)
+    nvu = Unsqueeze(nv, ax)
+    shq = Concat<axis = 0>(bqu, heads, nqu)
+    shk = Concat<axis = 0>(bku, heads, nku)
+    shv = Concat<axis = 0>(bvu, heads, nvu)
+    q = Reshape(cq, shq)
+    k = Reshape(ck, shk)
+    v = Reshape(cv, shv)
+}
+"""
+
+
+def _qkv(window: str = "same") -> onnx.ModelProto:
+    weights = ", ".join(f"{w:.3f}" for w in np.linspace(-1, 1, 48))
+    text = QKV_READS.replace("WV", weights)
+    if window != "same":
+        text = text.replace("pads = [1, 1]", "pads = [0, 0]")
+    return parse(text)
+
+
+def _shape_inputs(model: onnx.ModelProto) -> list[str]:
+    return sorted(n.input[0] for n in model.graph.node if n.op_type == "Shape")
+
+
+def test_reads_of_one_unnamed_dim_through_different_convs_become_one_read():
+    proto = _qkv()
+    out, result = run_passes(proto)
+    assert rules_fired(result)["shape-read-origin"] == 3
+    # the batch and the sequence are read from the Relu's input once, for all three splits
+    assert _shape_inputs(out) == ["x"]
+    assert op_types(out).count("Concat") == 1
+    assert (
+        len(out.graph.node) == len(proto.graph.node) - 12
+    )  # 3 Shapes, 6 Gathers, 6 Unsqueezes, 3 Concats: 1, 2, 2, 1
+    assert_equivalent(proto, out, dim_values={"B": 2})
+    for n in (5, 9):
+        feeds = {"x": np.random.default_rng(n).standard_normal((2, 4, n)).astype(np.float32)}
+        assert_equivalent(proto, out, inputs=[feeds])
+
+
+def test_a_window_that_shortens_the_dim_keeps_its_own_read():
+    # a 3-wide window without pads: the value's sequence is 2 shorter than the input's
+    proto = _qkv(window="valid")
+    out, _ = run_passes(proto)
+    reads = _shape_inputs(out)
+    assert "x" in reads and len(reads) == 2
+    assert next(r for r in reads if r != "x") != "x"
+    feeds = {"x": np.random.default_rng(1).standard_normal((2, 4, 7)).astype(np.float32)}
+    assert_equivalent(proto, out, inputs=[feeds])
+
+
+def test_a_broadcast_of_two_unrelated_unnamed_dims_is_not_followed():
+    # Add([B, ?a], [B, ?b]) is one of the two at run time, but nothing says which
+    proto = parse(
+        """
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[B, ?] a, float[B, ?] b) => (int64[1] y) <int64[1] i1 = {1}> {
+            s = Add(a, b)
+            r = Relu(s)
+            sh = Shape(r)
+            y = Gather<axis = 0>(sh, i1)
+        }
+        """
+    )
+    out, result = run_passes(proto, ["symbolic-shapes"])
+    # the read moves up to the sum, not to either side of it
+    assert rules_fired(result) == {"shape-read-origin": 1}
+    shape = next(n for n in out.graph.node if n.op_type == "Shape")
+    assert shape.input[0] == "s"
+    feeds = {
+        "a": np.ones((2, 3), np.float32),
+        "b": np.ones((2, 1), np.float32),
+    }
+    assert_equivalent(proto, out, inputs=[feeds])
+
+
+def test_a_moved_read_is_placed_next_to_the_value_it_reads():
+    # the read of x's dims no longer waits for the last Relu, so x's buffer is not kept for it
+    proto = parse(
+        """
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[2, ?] a) => (float[2, ?] y, int64[1] n) <int64[1] i1 = {1}> {
+            x = Neg(a)
+            r1 = Relu(x)
+            r2 = Sigmoid(r1)
+            y = Relu(r2)
+            sh = Shape(r2)
+            n = Gather<axis = 0>(sh, i1)
+        }
+        """
+    )
+    out, result = run_passes(proto, ["symbolic-shapes"])
+    assert rules_fired(result) == {"shape-read-origin": 1}
+    assert [n.op_type for n in out.graph.node][:2] == ["Shape", "Neg"]
+    assert out.graph.node[0].input[0] == "a"
+    feeds = {"a": np.ones((2, 5), np.float32)}
+    assert_equivalent(proto, out, inputs=[feeds])

@@ -4,7 +4,13 @@ from __future__ import annotations
 
 from tests.helpers import parse
 from tests.optimizer_core.graph.rule_examples import Example
-from tests.optimizer_core.graph.test_shapes import HEADS, KV, RTR, _relative_position_model
+from tests.optimizer_core.graph.test_shapes import (
+    HEADS,
+    KV,
+    RTR,
+    _qkv,
+    _relative_position_model,
+)
 
 # a fill shaped like a Range over a dim: named in the same run that names the Range
 FILL = """
@@ -104,4 +110,5 @@ EXAMPLES: dict[tuple[str, str], Example] = {
     ("symbolic-shapes", "concat-dims"): Example(model=lambda: parse(KV)),
     ("symbolic-shapes", "slice-dims"): Example(model=lambda: parse(SLICE_DIMS)),
     ("symbolic-shapes", "tile-dims"): Example(model=lambda: parse(TILE_DIMS)),
+    ("symbolic-shapes", "shape-read-origin"): Example(model=_qkv),
 }
