@@ -70,6 +70,17 @@ class DimOrigins:
             self._memo[key] = found
         return found
 
+    def reads(self, shape: ir.Value | None, k: int, x: ir.Value | None, i: int) -> bool:
+        """Entry ``k`` of the shape tensor ``shape`` is a read of a dim with the origin of
+        ``x``'s dim ``i`` (so it equals that dim, named or not)."""
+        if shape is None or x is None:
+            return False
+        read = entry_read(shape, k)
+        if read is None:
+            return False
+        a, b = self.origin(*read), self.origin(x, i)
+        return a[0] is b[0] and a[1] == b[1]
+
     def _step(self, value: ir.Value, i: int, depth: int) -> Origin | None:
         node = value.producer()
         if not u.is_tensor_value(value):

@@ -196,10 +196,10 @@ class SymbolicShapes(GraphtrimPass):
                     self.hit("reshape-dims")
                     changed = True
                     continue
-                new = self._reshape(node)
+                new = self._reshape(node, origins)
                 rule = "reshape-copy-dims"
             elif node.op_type == "Expand":
-                new = self._expand(node)
+                new = self._expand(node, origins)
                 rule = "expand-keep-dims"
                 if new is None:
                     if self._name_expand(node, forgotten):
@@ -492,7 +492,7 @@ class SymbolicShapes(GraphtrimPass):
             return None
         return shape_entries(node.inputs[1])
 
-    def _reshape(self, node: ir.Node) -> list[int] | None:
+    def _reshape(self, node: ir.Node, origins: DimOrigins) -> list[int] | None:
         allowzero = node.attributes.get_int("allowzero", 0)
         entries = self._computed(node)
         x_dims = named(node.inputs[0]) or []
@@ -503,7 +503,9 @@ class SymbolicShapes(GraphtrimPass):
         for j, e in enumerate(entries):
             if isinstance(e, int):
                 out.append(e)
-            elif j < len(x_dims) and same(e, x_dims[j]):
+            elif j < len(x_dims) and (
+                same(e, x_dims[j]) or origins.reads(node.inputs[1], j, node.inputs[0], j)
+            ):
                 out.append(0)
             elif isinstance(e, Dim) and isinstance(e.value, int) and e.value > 0:
                 out.append(e.value)  # a static size (0 would mean "copy" here)
@@ -527,7 +529,7 @@ class SymbolicShapes(GraphtrimPass):
             return None
         return out if out.count(-1) <= 1 else None
 
-    def _expand(self, node: ir.Node) -> list[int] | None:
+    def _expand(self, node: ir.Node, origins: DimOrigins) -> list[int] | None:
         entries = self._computed(node)
         x_dims = named(node.inputs[0])
         if entries is None or x_dims is None:
@@ -536,7 +538,9 @@ class SymbolicShapes(GraphtrimPass):
         offset = len(entries) - len(x_dims)
         for j, e in enumerate(entries):
             xj = j - offset
-            if xj >= 0 and same(e, x_dims[xj]):
+            if xj >= 0 and (
+                same(e, x_dims[xj]) or origins.reads(node.inputs[1], j, node.inputs[0], xj)
+            ):
                 out.append(1)
             elif isinstance(e, int) and e >= 0:
                 out.append(e)

@@ -989,3 +989,27 @@ def test_a_moved_read_is_placed_next_to_the_value_it_reads():
     assert out.graph.node[0].input[0] == "a"
     feeds = {"a": np.ones((2, 5), np.float32)}
     assert_equivalent(proto, out, inputs=[feeds])
+
+
+def test_an_unnamed_dim_read_from_the_value_it_comes_from_is_copied():
+    # the batch of x read from x itself, for a Reshape of Relu(x): unnamed, but one dim
+    proto = parse(
+        """
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[?, 4, 8] x) => (float[?, 32] y) <int64 i0 = {0}, int64[1] ax = {0}, int64[1] m1 = {-1}> {
+            r = Relu(x)
+            s = Shape(x)
+            b = Gather<axis = 0>(s, i0)
+            bu = Unsqueeze(b, ax)
+            shape = Concat<axis = 0>(bu, m1)
+            y = Reshape(r, shape)
+        }
+        """
+    )
+    out, result = run_passes(proto, ["symbolic-shapes"])
+    assert rules_fired(result)["reshape-copy-dims"] == 1
+    reshape = next(n for n in out.graph.node if n.op_type == "Reshape")
+    shape = next(i for i in out.graph.initializer if i.name == reshape.input[1])
+    assert list(numpy_helper.to_array(shape)) == [0, -1]
+    feeds = {"x": np.ones((3, 4, 8), np.float32)}
+    assert_equivalent(proto, out, inputs=[feeds])
