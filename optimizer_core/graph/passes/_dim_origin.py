@@ -60,15 +60,26 @@ class DimOrigins:
         key = (id(value), i)
         found = self._memo.get(key)
         if found is None:
-            dims = u.symbolic_dims(value)
-            name = dims[i] if dims is not None and 0 <= i < len(dims) else None
-            if isinstance(name, str) and name in self._inputs:
-                found = self._inputs[name]
-            else:
-                step = self._step(value, i, depth) if depth < 64 else None
-                found = (value, i) if step is None else step
+            hop = self._hop(value, i, depth) if depth < 64 else None
+            found = (value, i) if hop is None else self.origin(hop[0], hop[1], depth + 1)
             self._memo[key] = found
         return found
+
+    def read_point(self, value: ir.Value, i: int) -> Origin:
+        """Where to read dim ``i`` of ``value``: the furthest value up its chain to the origin
+        that another read does not make a new branch of. A graph input or constant, a value
+        that is read more than once already, or one a Shape already reads: a value that feeds
+        one node alone keeps feeding one node alone (runtimes fuse single-reader chains, a
+        Conv into its activation, a sum into the normalization after it)."""
+        chain: list[Origin] = []
+        at: Origin | None = (value, i)
+        while at is not None and len(chain) < 64:
+            chain.append(at)
+            at = self._hop(at[0], at[1], 0)
+        for v, j in reversed(chain[1:]):
+            if _branches_already(v):
+                return (v, j)
+        return (value, i)
 
     def reads(self, shape: ir.Value | None, k: int, x: ir.Value | None, i: int) -> bool:
         """Entry ``k`` of the shape tensor ``shape`` is a read of a dim with the origin of
@@ -81,10 +92,16 @@ class DimOrigins:
         a, b = self.origin(*read), self.origin(x, i)
         return a[0] is b[0] and a[1] == b[1]
 
-    def _step(self, value: ir.Value, i: int, depth: int) -> Origin | None:
-        node = value.producer()
+    def _hop(self, value: ir.Value, i: int, depth: int) -> Origin | None:
+        """The next (value, dim) up the chain of ``value``'s dim ``i``; ``None`` at its origin."""
         if not u.is_tensor_value(value):
             return None
+        dims = u.symbolic_dims(value)
+        name = dims[i] if dims is not None and 0 <= i < len(dims) else None
+        if isinstance(name, str) and name in self._inputs:
+            named_at = self._inputs[name]
+            return None if named_at[0] is value and named_at[1] == i else named_at
+        node = value.producer()
         if node is None or not u.is_standard(node) or u.has_subgraph(node):
             return None
         r = u.rank(value)
@@ -99,12 +116,9 @@ class DimOrigins:
         if up is None or any(not u.is_tensor_value(v) for v, _ in _listed(up)):
             return None
         if isinstance(up, list):  # several inputs that must agree
-            found = {self._key(self.origin(v, j, depth + 1)): (v, j) for v, j in up}
-            if len(found) != 1:
-                return None
-            v, j = next(iter(found.values()))
-            return self.origin(v, j, depth + 1)
-        return self.origin(up[0], up[1], depth + 1)
+            found = {self._key(self.origin(v, j, depth + 1)) for v, j in up}
+            return up[0] if len(found) == 1 else None
+        return up
 
     @staticmethod
     def _key(o: Origin) -> tuple[int, int]:
@@ -213,6 +227,13 @@ class DimOrigins:
             return None
         norm = u.normalize_axes(list(axes), r)
         return None if norm is None or i in norm else (x, i)
+
+
+def _branches_already(v: ir.Value) -> bool:
+    if v.producer() is None or v.is_graph_output():
+        return True
+    readers = {id(use.node): use.node for use in v.uses()}
+    return len(readers) > 1 or any(u.is_op(n, "Shape", "Size") for n in readers.values())
 
 
 def _listed(up: Origin | list[Origin]) -> list[Origin]:

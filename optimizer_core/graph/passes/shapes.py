@@ -264,7 +264,7 @@ class SymbolicShapes(GraphtrimPass):
                 return False
             picks.append((g, [start + k for k in flat], idx.shape))
         if picks:
-            found = {p: origins.origin(y, p) for _, positions, _ in picks for p in positions}
+            found = {p: origins.read_point(y, p) for _, positions, _ in picks for p in positions}
             sources = {id(x) for x, _ in found.values()}
             if len(sources) != 1:
                 return False
@@ -279,7 +279,7 @@ class SymbolicShapes(GraphtrimPass):
             for attr in ("start", "end"):
                 node.attributes.pop(attr, None)
         else:
-            moved = [origins.origin(y, p) for p in range(r)]
+            moved = [origins.read_point(y, p) for p in range(r)]
             x = moved[0][0]
             if x is y or u.rank(x) != r:
                 return False

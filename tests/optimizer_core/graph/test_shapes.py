@@ -948,9 +948,10 @@ def test_a_broadcast_of_two_unrelated_unnamed_dims_is_not_followed():
     proto = parse(
         """
         <ir_version: 8, opset_import: ["" : 17]>
-        g (float[B, ?] a, float[B, ?] b) => (int64[1] y) <int64[1] i1 = {1}> {
+        g (float[B, ?] a, float[B, ?] b) => (int64[1] y, float[B, ?] z) <int64[1] i1 = {1}> {
             s = Add(a, b)
             r = Relu(s)
+            z = Neg(s)
             sh = Shape(r)
             y = Gather<axis = 0>(sh, i1)
         }
@@ -961,10 +962,7 @@ def test_a_broadcast_of_two_unrelated_unnamed_dims_is_not_followed():
     assert rules_fired(result) == {"shape-read-origin": 1}
     shape = next(n for n in out.graph.node if n.op_type == "Shape")
     assert shape.input[0] == "s"
-    feeds = {
-        "a": np.ones((2, 3), np.float32),
-        "b": np.ones((2, 1), np.float32),
-    }
+    feeds = {"a": np.ones((2, 3), np.float32), "b": np.ones((2, 1), np.float32)}
     assert_equivalent(proto, out, inputs=[feeds])
 
 
@@ -1013,3 +1011,35 @@ def test_an_unnamed_dim_read_from_the_value_it_comes_from_is_copied():
     assert list(numpy_helper.to_array(shape)) == [0, -1]
     feeds = {"x": np.ones((3, 4, 8), np.float32)}
     assert_equivalent(proto, out, inputs=[feeds])
+
+
+def test_a_read_does_not_branch_a_value_that_feeds_one_node():
+    # the strided Conv's length is its own (the origin); reading it there would give the Conv
+    # a second reader, and runtimes fuse a Conv into its activation only when it has one
+    proto = parse(
+        """
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[2, 4, ?] x) => (float[2, 4, ?] y, int64[1] n)
+          <float[4, 4, 3] w = {WV}, int64[1] i2 = {2}> {
+            c = Conv<kernel_shape = [3], strides = [2]>(x, w)
+            r = Relu(c)
+            y = Sigmoid(r)
+            sh = Shape(y)
+            n = Gather<axis = 0>(sh, i2)
+        }
+        """.replace("WV", ", ".join(f"{w:.3f}" for w in np.linspace(-1, 1, 48)))
+    )
+    out, result = run_passes(proto, ["symbolic-shapes"])
+    assert "shape-read-origin" not in rules_fired(result)
+    readers = [n.op_type for n in out.graph.node if "c" in n.input]
+    assert readers == ["Relu"]
+    # given a second reader, the Conv's output is where the read goes
+    two = onnx.ModelProto()
+    two.CopyFrom(proto)
+    two.graph.node.append(helper.make_node("Neg", ["c"], ["m"]))
+    two.graph.output.append(helper.make_tensor_value_info("m", onnx.TensorProto.FLOAT, None))
+    out, result = run_passes(two, ["symbolic-shapes"])
+    assert rules_fired(result) == {"shape-read-origin": 1}
+    assert next(n for n in out.graph.node if n.op_type == "Shape").input[0] == "c"
+    feeds = {"x": np.ones((2, 4, 9), np.float32)}
+    assert_equivalent(two, out, inputs=[feeds])
