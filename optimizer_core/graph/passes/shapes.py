@@ -279,6 +279,8 @@ class SymbolicShapes(GraphtrimPass):
             for attr in ("start", "end"):
                 node.attributes.pop(attr, None)
         else:
+            if r == 0:
+                return False  # a scalar's shape is the empty list wherever it is read
             moved = [origins.read_point(y, p) for p in range(r)]
             x = moved[0][0]
             if x is y or u.rank(x) != r:

@@ -1043,3 +1043,22 @@ def test_a_read_does_not_branch_a_value_that_feeds_one_node():
     assert next(n for n in out.graph.node if n.op_type == "Shape").input[0] == "c"
     feeds = {"x": np.ones((2, 4, 9), np.float32)}
     assert_equivalent(two, out, inputs=[feeds])
+
+
+def test_the_shape_of_a_scalar_is_left_where_it_is_read():
+    # torchvision's detectors read the shape of a computed scalar (an empty list)
+    proto = parse(
+        """
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[N] x) => (float[N] y) <int64[1] i0 = {0}> {
+            m = ReduceMax<keepdims = 0>(x)
+            s = Shape(m)
+            f = ConstantOfShape<value = float[1] {1.0}>(s)
+            t = Mul(m, f)
+            y = Add(x, t)
+        }
+        """
+    )
+    out, result = run_passes(proto, ["symbolic-shapes"])
+    assert "shape-read-origin" not in rules_fired(result)
+    assert_equivalent(proto, out, inputs=[{"x": np.arange(4, dtype=np.float32)}])
