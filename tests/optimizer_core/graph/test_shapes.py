@@ -943,9 +943,17 @@ def test_a_window_that_shortens_the_dim_keeps_its_own_read():
     assert_equivalent(proto, out, inputs=[feeds])
 
 
+def _one_read_moved(text: str) -> tuple[onnx.ModelProto, onnx.ModelProto]:
+    """The model of ``text`` and its ``symbolic-shapes`` output, where one read moved."""
+    proto = parse(text)
+    out, result = run_passes(proto, ["symbolic-shapes"])
+    assert rules_fired(result) == {"shape-read-origin": 1}
+    return proto, out
+
+
 def test_a_broadcast_of_two_unrelated_unnamed_dims_is_not_followed():
     # Add([B, ?a], [B, ?b]) is one of the two at run time, but nothing says which
-    proto = parse(
+    proto, out = _one_read_moved(
         """
         <ir_version: 8, opset_import: ["" : 17]>
         g (float[B, ?] a, float[B, ?] b) => (int64[1] y, float[B, ?] z) <int64[1] i1 = {1}> {
@@ -957,9 +965,7 @@ def test_a_broadcast_of_two_unrelated_unnamed_dims_is_not_followed():
         }
         """
     )
-    out, result = run_passes(proto, ["symbolic-shapes"])
     # the read moves up to the sum, not to either side of it
-    assert rules_fired(result) == {"shape-read-origin": 1}
     shape = next(n for n in out.graph.node if n.op_type == "Shape")
     assert shape.input[0] == "s"
     feeds = {"a": np.ones((2, 3), np.float32), "b": np.ones((2, 1), np.float32)}
@@ -968,7 +974,7 @@ def test_a_broadcast_of_two_unrelated_unnamed_dims_is_not_followed():
 
 def test_a_moved_read_is_placed_next_to_the_value_it_reads():
     # the read of x's dims no longer waits for the last Relu, so x's buffer is not kept for it
-    proto = parse(
+    proto, out = _one_read_moved(
         """
         <ir_version: 8, opset_import: ["" : 17]>
         g (float[2, ?] a) => (float[2, ?] y, int64[1] n) <int64[1] i1 = {1}> {
@@ -981,8 +987,6 @@ def test_a_moved_read_is_placed_next_to_the_value_it_reads():
         }
         """
     )
-    out, result = run_passes(proto, ["symbolic-shapes"])
-    assert rules_fired(result) == {"shape-read-origin": 1}
     assert [n.op_type for n in out.graph.node][:2] == ["Shape", "Neg"]
     assert out.graph.node[0].input[0] == "a"
     feeds = {"a": np.ones((2, 5), np.float32)}
