@@ -15,6 +15,8 @@ several, only if they have one origin (a broadcast of equal dims is that dim).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import onnx_ir as ir
 
 from graphtrim.graph import _ir_utils as u
@@ -245,7 +247,7 @@ def _static(value: ir.Value, j: int) -> int | None:
     return None if d is None or j >= len(d) else d[j]
 
 
-def _broadcast(inputs: list[ir.Value | None], i: int, r: int) -> list[Origin] | None:
+def _broadcast(inputs: Sequence[ir.Value | None], i: int, r: int) -> list[Origin] | None:
     carriers: list[Origin] = []
     for v in inputs:
         if v is None:
@@ -260,10 +262,10 @@ def _broadcast(inputs: list[ir.Value | None], i: int, r: int) -> list[Origin] | 
     return carriers or None
 
 
-def _matmul(inputs: list[ir.Value | None], i: int, r: int) -> Origin | list[Origin] | None:
-    if len(inputs) != 2 or inputs[0] is None or inputs[1] is None:
+def _matmul(inputs: Sequence[ir.Value | None], i: int, r: int) -> Origin | list[Origin] | None:
+    a, b = (inputs[0], inputs[1]) if len(inputs) == 2 else (None, None)
+    if a is None or b is None:
         return None
-    a, b = inputs
     ra, rb = u.rank(a), u.rank(b)
     if ra is None or rb is None or ra < 2 or rb < 2:
         return None
@@ -281,9 +283,9 @@ def _matmul(inputs: list[ir.Value | None], i: int, r: int) -> Origin | list[Orig
 
 
 def _gather(node: ir.Node, i: int, r: int) -> Origin | None:
-    if len(node.inputs) != 2 or node.inputs[0] is None or node.inputs[1] is None:
+    data, idx = (node.inputs[0], node.inputs[1]) if len(node.inputs) == 2 else (None, None)
+    if data is None or idx is None:
         return None
-    data, idx = node.inputs
     dr, ir_ = u.rank(data), u.rank(idx)
     if dr is None or ir_ is None or r != dr - 1 + ir_:
         return None
@@ -300,12 +302,13 @@ def _reshaped(node: ir.Node, i: int, r: int) -> Origin | None:
     """``Reshape(x, s)``: entry ``i`` of ``s`` read from a dim (``Shape``, ``Gather`` of it,
     ``Unsqueeze`` of a scalar read, ``Concat`` of such pieces), or a constant ``0`` that copies
     x's dim (``allowzero`` 0)."""
-    if len(node.inputs) != 2 or node.inputs[0] is None or node.inputs[1] is None:
+    x, s = (node.inputs[0], node.inputs[1]) if len(node.inputs) == 2 else (None, None)
+    if x is None or s is None:
         return None
-    x, s = node.inputs
     ints = u.const_ints(s)
     if ints is not None:
-        if len(ints) != r or ints[i] != 0 or node.attributes.get_int("allowzero", 0):
+        allowzero = node.attributes.get_int("allowzero", 0)
+        if len(ints) != r or ints[i] != 0 or allowzero:
             return None
         xr = u.rank(x)
         return (x, i) if xr is not None and i < xr else None

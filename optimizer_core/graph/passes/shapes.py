@@ -273,7 +273,8 @@ class SymbolicShapes(GraphtrimPass):
                 return False
             for g, positions, shape in picks:
                 new = np.array([found[p][1] for p in positions], dtype=np.int64).reshape(shape)
-                if not np.array_equal(new, u.const_array(g.inputs[1])):
+                old = u.const_array(g.inputs[1])
+                if old is None or not np.array_equal(new, old):
                     g.replace_input_with(1, u.add_initializer(graph, new, namer("dim_index")))
             node.replace_input_with(0, x)
             for attr in ("start", "end"):
