@@ -47,7 +47,9 @@ class DimOrigins:
 
     def __init__(self, model: ir.Model) -> None:
         self.opset = u.opset_version(model)
-        self._memo: dict[tuple[int, int], Origin] = {}
+        # keyed by the value itself (identity), which the memo keeps alive: an id could be
+        # reused by a value made after a rewrite freed the one it named
+        self._memo: dict[Origin, Origin] = {}
         # a named dim (not one inference invented) is read where the model takes it in: dims
         # of one name are equal in one model (the meaning of a shared dim_param)
         self._inputs: dict[str, Origin] = {}
@@ -59,7 +61,7 @@ class DimOrigins:
                     self._inputs.setdefault(d, (v, j))
 
     def origin(self, value: ir.Value, i: int, depth: int = 0) -> Origin:
-        key = (id(value), i)
+        key = (value, i)
         found = self._memo.get(key)
         if found is None:
             hop = self._hop(value, i, depth) if depth < 64 else None
@@ -118,13 +120,9 @@ class DimOrigins:
         if up is None or any(not u.is_tensor_value(v) for v, _ in _listed(up)):
             return None
         if isinstance(up, list):  # several inputs that must agree
-            found = {self._key(self.origin(v, j, depth + 1)) for v, j in up}
+            found = {self.origin(v, j, depth + 1) for v, j in up}
             return up[0] if len(found) == 1 else None
         return up
-
-    @staticmethod
-    def _key(o: Origin) -> tuple[int, int]:
-        return (id(o[0]), o[1])
 
     def _carried(
         self, node: ir.Node, op: str, value: ir.Value, i: int, r: int, x: ir.Value
