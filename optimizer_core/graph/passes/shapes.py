@@ -226,10 +226,11 @@ class SymbolicShapes(GraphtrimPass):
         node: ir.Node, graph: ir.Graph, origins: DimOrigins, namer: u.NameGenerator
     ) -> bool:
         """``Shape(y)`` whose every reader is ``Gather(axis=0)`` of constant indices, and whose
-        read dims all have their origin in one value ``x``: the Shape reads ``x`` (no start or
-        end) and each Gather x's dims; the Shape moves next to x's producer, so that x's
-        buffer is not kept for a read of its dims alone. A Shape read otherwise moves only to
-        a value of y's own shape (the same dims at the same positions)."""
+        read dims can all be read from one value ``x`` up their chains (where
+        :meth:`DimOrigins.read_point` puts them): the Shape reads ``x`` (no start or end) and
+        each Gather x's dims; the Shape moves next to x's producer, so that x's buffer is not
+        kept for a read of its dims alone. A Shape read otherwise moves only to a value of y's
+        own shape (the same dims at the same positions)."""
         y = node.inputs[0] if node.inputs else None
         r = u.rank(y)
         out = node.outputs[0]
