@@ -5,9 +5,11 @@ that keep their input's shape, Transpose, broadcasting ops, MatMul, Gather, redu
 other axes, Unsqueeze/Squeeze, Concat and Split off their axis, Slice of other axes, and Conv
 and pooling windows that keep a spatial dim: stride 1 and pads that make up the window) and
 returns the value and dim where that stops. Two dims with the same origin are equal on every
-input the model runs on, named or not: the ``symbolic-shapes`` rule ``shape-read-origin`` reads
-dims there, so that reads of one dim through different values (the sequence length read from
-each of a layer's query, key and value projections) become one read.
+input the model runs on, named or not. The ``symbolic-shapes`` rule ``shape-read-origin`` reads
+a dim up its chain (``read_point``: the furthest value there that already has several readers),
+so that reads of one dim through different values (the sequence length read from each of a
+layer's query, key and value projections) become one read; ``reads`` proves a Reshape or Expand
+entry equal to the input's own dim.
 
 A broadcasting op carries a dim from the inputs whose dim is not a static 1; when there are
 several, only if they have one origin (a broadcast of equal dims is that dim).

@@ -20,6 +20,11 @@ static size or the same named symbolic dim), the entry can say so without readin
   (onnx's inference leaves it unnamed), so that values computed from it (position ids, relative
   position buckets, attention biases) carry the model's dim names and the rules here can match.
 - ``fill-dims``: likewise ``ConstantOfShape(Shape(x))`` has ``x``'s dims.
+- ``shape-read-origin``: ``Gather(Shape(y), i)`` reads dim ``i`` where it comes from, up the
+  ops that carry it unchanged (:mod:`graphtrim.graph.passes._dim_origin`), at the furthest value
+  there that already has several readers, so that reads of one dim through different values
+  become one; the same chains prove Reshape and Expand entries equal to the input's own dim
+  (``reshape-copy-dims`` and ``expand-keep-dims``), named or not.
 - ``expand-keep-dims``: an ``Expand`` entry that equals ``x``'s own dim (right-aligned) becomes
   ``1``: broadcasting a dim to its own size and keeping it are the same.
 - ``reshape-transpose-reshape``: ``Reshape(Transpose(Reshape(x, [-1, *tail]), p), [*lead, *t])``
