@@ -39,7 +39,8 @@ static size or the same named symbolic dim), the entry can say so without readin
 Both rewrites are exact: the computed and the constant shape give the same result for every
 input the model accepts. Named symbolic dims are equal when their names are: the ONNX meaning of
 a ``dim_param`` shared by values of one model, which onnx shape inference and the exporters
-(torch's symbolic shapes) propagate. Anonymous dims are never taken as equal.
+(torch's symbolic shapes) propagate. Anonymous dims are taken as equal only where
+they come from one place (the same dim of one value, up the ops that carry it unchanged).
 
 Computed shapes are read through ``Casts`` between int64 and int32 too: tf2onnx writes
 TensorFlow's int32 shapes (``Shape -> Cast(int32) -> Slice -> Concat -> Cast(int64)``). Such a
