@@ -22,6 +22,7 @@ from collections.abc import Sequence
 import onnx_ir as ir
 
 from graphtrim.graph import _ir_utils as u
+from graphtrim.graph.passes._symbolic_dims import BROADCASTING, shape_span
 
 # ops whose first output has the shape of their first input
 _KEEPING = u._SHAPE_KEEPING | {
@@ -30,10 +31,7 @@ _KEEPING = u._SHAPE_KEEPING | {
     "Cosh", "Asinh", "Acosh", "Atanh", "Softsign", "ThresholdedRelu", "Shrink", "Celu",
     "Hardmax", "LpNormalization", "CumSum", "Trilu", "Bernoulli",
 }  # fmt: skip
-_BROADCASTING = u._ELEMENTWISE | {
-    "Where", "Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual", "And", "Or", "Xor",
-    "Mod", "PRelu", "BitShift", "BitwiseAnd", "BitwiseOr", "BitwiseXor", "Mean",
-}  # fmt: skip
+_BROADCASTING = BROADCASTING | {"BitShift", "BitwiseAnd", "BitwiseOr", "BitwiseXor", "Mean"}
 _REDUCE = {
     "ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1", "ReduceL2",
     "ReduceLogSum", "ReduceLogSumExp", "ReduceSumSquare", "ArgMax", "ArgMin",
@@ -163,10 +161,9 @@ class DimOrigins:
 
     def _reduce(self, node: ir.Node, i: int, r: int) -> Origin | None:
         x = node.inputs[0]
-        if x is None or u.rank(x) is None:
+        xr = u.rank(x) if x is not None else None
+        if x is None or xr is None:
             return None
-        xr = u.rank(x)
-        assert xr is not None
         axes = node.attributes.get_ints("axes", None)
         if node.op_type in ("ArgMax", "ArgMin"):
             axes = [node.attributes.get_int("axis", 0)]
@@ -273,13 +270,7 @@ def _matmul(inputs: Sequence[ir.Value | None], i: int, r: int) -> Origin | list[
         return (a, ra - 2)
     if i == r - 1:
         return (b, rb - 1)
-    carriers: list[Origin] = []
-    for v, vr in ((a, ra), (b, rb)):
-        j = i - (r - vr)
-        if j < 0 or _static(v, j) == 1:
-            continue
-        carriers.append((v, j))
-    return carriers or None
+    return _broadcast((a, b), i, r)  # the batch dims broadcast
 
 
 def _gather(node: ir.Node, i: int, r: int) -> Origin | None:
@@ -327,9 +318,8 @@ def entry_read(s: ir.Value, k: int, depth: int = 0) -> Origin | None:
         zr = u.rank(z)
         if z is None or zr is None:
             return None
-        start = node.attributes.get_int("start", 0)
-        start = min(max(start + zr if start < 0 else start, 0), zr)
-        return (z, start + k) if start + k < zr else None
+        start, end = shape_span(node, zr)
+        return (z, start + k) if start + k < end else None
     if op == "Concat" and node.attributes.get_int("axis", 0) in (0, -1):
         offset = 0
         for piece in node.inputs:

@@ -38,12 +38,18 @@ def _shape_dims(node: ir.Node) -> list[Entry] | None:
     dims = named(node.inputs[0])
     if dims is None:
         return None
-    r = len(dims)
-    start = node.attributes.get_int("start", 0)
-    end = node.attributes.get_int("end", r)
-    start = min(max(start + r if start < 0 else start, 0), r)
-    end = min(max(end + r if end < 0 else end, 0), r)
+    start, end = shape_span(node, len(dims))
     return [None if d is None else Dim(d) for d in dims[start:end]]
+
+
+def shape_span(node: ir.Node, rank: int) -> tuple[int, int]:
+    """The dims ``[start, end)`` that ``Shape(y, start, end)`` reads of a rank-``rank`` ``y``:
+    negative bounds count from the end, and both are clamped to ``[0, rank]``."""
+    start = node.attributes.get_int("start", 0)
+    end = node.attributes.get_int("end", rank)
+    start = min(max(start + rank if start < 0 else start, 0), rank)
+    end = min(max(end + rank if end < 0 else end, 0), rank)
+    return start, end
 
 
 def shape_entries(value: ir.Value | None, depth: int = 0) -> list[Entry] | None:
@@ -319,8 +325,8 @@ def _broadcast_all(shapes: list[list[int | str | None]]) -> list[int | str | Non
 
 
 _SAME_SHAPE = u._SHAPE_KEEPING - {"LayerNormalization", "RMSNormalization", "Dropout"}
-_BROADCASTING = u._ELEMENTWISE | {"Where", "Equal", "Less", "Greater", "LessOrEqual",
-                                  "GreaterOrEqual", "And", "Or", "Xor", "Mod", "PRelu"}  # fmt: skip
+BROADCASTING = u._ELEMENTWISE | {"Where", "Equal", "Less", "Greater", "LessOrEqual",
+                                 "GreaterOrEqual", "And", "Or", "Xor", "Mod", "PRelu"}  # fmt: skip
 
 
 def _local_dims(node: ir.Node, o: ir.Value) -> list[int | str | None] | None:
@@ -344,7 +350,7 @@ def _local_dims(node: ir.Node, o: ir.Value) -> list[int | str | None] | None:
         if sorted(perm) != list(range(len(first))):
             return None
         return [first[p] for p in perm]
-    if op in _BROADCASTING:
+    if op in BROADCASTING:
         return _broadcast_all(ins)
     if op == "Tile":
         return tiled(node)

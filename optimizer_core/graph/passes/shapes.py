@@ -50,6 +50,8 @@ casts keep every value.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import onnx_ir as ir
 
@@ -65,6 +67,7 @@ from graphtrim.graph.passes._symbolic_dims import (
     rename,
     same,
     shape_entries,
+    shape_span,
 )
 from graphtrim.graph.rules import Rule
 
@@ -160,11 +163,17 @@ class SymbolicShapes(GraphtrimPass):
     def _apply_once(self, model: ir.Model, forgotten: list[ir.Value]) -> bool:
         changed = False
         namer: u.NameGenerator | None = None
+
+        def name(hint: str) -> str:
+            # built at the first new name (a scan of the whole model), not on every round
+            nonlocal namer
+            namer = namer or u.NameGenerator(model)
+            return namer(hint)
+
         origins = DimOrigins(model)
         for graph, node in u.standard_nodes(model):
             if node.op_type == "Shape":
-                namer = namer or u.NameGenerator(model)
-                if self._shape_origin(node, graph, origins, namer):
+                if self._shape_origin(node, graph, origins, name):
                     self.hit("shape-read-origin")
                     changed = True
                 continue
@@ -216,8 +225,7 @@ class SymbolicShapes(GraphtrimPass):
                 continue
             if new is None:
                 continue
-            namer = namer or u.NameGenerator(model)
-            const = u.add_initializer(graph, np.array(new, dtype=np.int64), namer("shape"))
+            const = u.add_initializer(graph, np.array(new, dtype=np.int64), name("shape"))
             node.replace_input_with(1, const)
             if node.op_type == "Reshape":
                 if node.attributes.get_int("allowzero", 0):
@@ -229,7 +237,7 @@ class SymbolicShapes(GraphtrimPass):
 
     @staticmethod
     def _shape_origin(
-        node: ir.Node, graph: ir.Graph, origins: DimOrigins, namer: u.NameGenerator
+        node: ir.Node, graph: ir.Graph, origins: DimOrigins, name: Callable[[str], str]
     ) -> bool:
         """``Shape(y)`` whose every reader is ``Gather(axis=0)`` of constant indices, and whose
         read dims can all be read from one value ``x`` up their chains (where
@@ -242,10 +250,7 @@ class SymbolicShapes(GraphtrimPass):
         out = node.outputs[0]
         if y is None or r is None or out.is_graph_output():
             return False
-        start = node.attributes.get_int("start", 0)
-        end = node.attributes.get_int("end", r)
-        start = min(max(start + r if start < 0 else start, 0), r)
-        end = min(max(end + r if end < 0 else end, 0), r)
+        start, end = shape_span(node, r)
         length = end - start
         readers = list(out.uses())
         if not readers:
@@ -282,7 +287,7 @@ class SymbolicShapes(GraphtrimPass):
                 new = np.array([found[p][1] for p in positions], dtype=np.int64).reshape(shape)
                 old = u.const_array(g.inputs[1])
                 if old is None or not np.array_equal(new, old):
-                    g.replace_input_with(1, u.add_initializer(graph, new, namer("dim_index")))
+                    g.replace_input_with(1, u.add_initializer(graph, new, name("dim_index")))
             node.replace_input_with(0, x)
             for attr in ("start", "end"):
                 node.attributes.pop(attr, None)
