@@ -36,7 +36,7 @@ def _last_axis_mean(node: ir.Node, x: ir.Value | None) -> bool:
     return r is not None and len(axes) == 1 and axes[0] in (-1, r - 1)
 
 
-def _square_of(value: ir.Value | None) -> tuple[ir.Value, ir.Node] | None:
+def square_of(value: ir.Value | None) -> tuple[ir.Value, ir.Node] | None:
     """``(x, node)`` when ``value`` is ``x * x`` or ``x ** 2``."""
     node = producer(value, "Mul", "Pow")
     if node is None or len(node.inputs) != 2:
@@ -66,11 +66,23 @@ class Norm:
     last: ir.Node  # the pattern's last node (the fused op goes before it)
     gamma: ir.Value | None
     beta: ir.Value | None
+    nodes: tuple[ir.Node, ...]  # the pattern's nodes, the affine tail included
 
 
 def match_norm(mean2: ir.Node, ctx: RuleContext) -> Norm | str:
-    """Match from the ReduceMean of the squares (the variance, or the mean square)."""
-    sq = _square_of(mean2.inputs[0])
+    """Match from the ReduceMean of the squares (the variance, or the mean square): a
+    decomposed normalization the model's opset and the target have the fused op for."""
+    found = match_decomposed(mean2)
+    if isinstance(found, Norm) and found.kind == "rmsnorm":
+        if fusion(ctx).opset < 23 or not emits_allowed(ctx.options.target, "RMSNormalization"):
+            return "RMSNormalization needs opset 23 and a target that takes it"
+    return found
+
+
+def match_decomposed(mean2: ir.Node) -> Norm | str:
+    """A decomposed LayerNormalization or RMSNormalization (on any opset), matched from the
+    ReduceMean of the squares."""
+    sq = square_of(mean2.inputs[0])
     if sq is None:
         return "the input is not a square"
     d, sq_node = sq
@@ -118,9 +130,6 @@ def match_norm(mean2: ir.Node, ctx: RuleContext) -> Norm | str:
         if any(id(user) not in inner for user, _ in d.uses()) or d.is_graph_output():
             return "the centered value is read outside the pattern"
     else:
-        opset = fusion(ctx).opset
-        if opset < 23 or not emits_allowed(ctx.options.target, "RMSNormalization"):
-            return "RMSNormalization needs opset 23 and a target that takes it"
         x, kind = d, "rmsnorm"
     inner = {id(n) for n in chain}
     for n in chain:
@@ -155,7 +164,7 @@ def match_norm(mean2: ir.Node, ctx: RuleContext) -> Norm | str:
                 beta, y = b, add2.outputs[0]
                 tail.append(add2)
     last = tail[-1] if tail else scaled
-    return Norm(kind, x, eps, channels, np_dtype, y, last, gamma, beta)
+    return Norm(kind, x, eps, channels, np_dtype, y, last, gamma, beta, (*chain, *tail))
 
 
 def check_layernorm(node: ir.Node, ctx: RuleContext) -> Norm | str:

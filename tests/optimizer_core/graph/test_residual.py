@@ -202,6 +202,85 @@ def test_sum_keeps_onnxruntime_off_skip_layer_normalization(tmp_path):
     assert "SkipLayerNormalization" not in kernels and "Sum" in kernels
 
 
+def _written_out(norm: str, *, opset: int = 13, reader: str = "") -> onnx.ModelProto:
+    """``x + MatMul(x, W)`` into a normalization written out in elementwise ops, as exporters
+    write it below opset 17 (23 for RMS): ``norm`` is "ln", "rms" or "centered" (the mean
+    taken off, no division: not a normalization); ``reader`` is an extra node reading the sum."""
+    rng = np.random.default_rng(0)
+    inits = {
+        "w": (rng.standard_normal((HIDDEN, HIDDEN)) / np.sqrt(HIDDEN)).astype(np.float32),
+        "g": rng.uniform(0.5, 1.5, HIDDEN).astype(np.float32),
+        "b": rng.standard_normal(HIDDEN).astype(np.float32),
+        "two": np.array(2.0, np.float32),
+        "eps": np.array(1e-5, np.float32),
+    }
+    body = {
+        "ln": """m = ReduceMean<axes = [-1]>(s)
+            d = Sub(s, m)
+            sq = Pow(d, two)
+            v = ReduceMean<axes = [-1]>(sq)
+            ve = Add(v, eps)
+            sd = Sqrt(ve)
+            n = Div(d, sd)
+            ng = Mul(n, g)
+            y = Add(ng, b)""",
+        "rms": """sq = Pow(s, two)
+            v = ReduceMean<axes = [-1]>(sq)
+            ve = Add(v, eps)
+            sd = Sqrt(ve)
+            n = Div(s, sd)
+            y = Mul(n, g)""",
+        "centered": """m = ReduceMean<axes = [-1]>(s)
+            y = Sub(s, m)""",
+    }[norm]
+    extra = f"r = {reader}(s)" if reader else ""
+    outputs = f"float[batch, 128, {HIDDEN}] y" + (
+        f", float[batch, 128, {HIDDEN}] r" if reader else ""
+    )
+    model = onnx.parser.parse_model(
+        f"""<ir_version: 8, opset_import: ["" : {opset}]>
+        g (float[batch, 128, {HIDDEN}] x) => ({outputs}) {{
+            h = MatMul(x, w)
+            s = Add(x, h)
+            {body}
+            {extra}
+        }}"""
+    )
+    model.graph.initializer.extend(numpy_helper.from_array(a, k) for k, a in inits.items())
+    onnx.checker.check_model(model, full_check=True)
+    return model
+
+
+@pytest.mark.parametrize("norm", ["ln", "rms"])
+def test_add_feeding_a_written_out_normalization_becomes_sum(norm):
+    proto = _written_out(norm)
+    out, result = run_passes(proto, ["residual-sum"])
+    assert rules_fired(result) == {"residual-sum": 1}
+    assert op_types(out).count("Sum") == 1
+    assert_equivalent(proto, out)
+
+
+@pytest.mark.parametrize(("norm", "reader"), [("centered", ""), ("ln", "Relu")])
+def test_add_feeding_other_reductions_is_kept(norm, reader):
+    # the mean taken off alone is no normalization; a sum read besides the pattern is kept
+    _out, result = run_passes(_written_out(norm, reader=reader), ["residual-sum"])
+    assert rules_fired(result) == {}
+
+
+def test_sum_keeps_onnxruntime_off_skip_layer_normalization_below_opset_17(tmp_path):
+    """onnxruntime fuses a written-out LayerNormalization with its shapes known into its own op,
+    then the Add in front into SkipLayerNormalization; with the Sum, the LayerNormalization
+    alone."""
+    proto = _written_out("ln")
+    plain = tmp_path / "plain.onnx"
+    onnx.save(proto, plain)
+    summed = tmp_path / "summed.onnx"
+    onnx.save(run_passes(proto, ["residual-sum"])[0], summed)
+    assert "SkipLayerNormalization" in _kernels(plain)
+    kernels = _kernels(summed)
+    assert "SkipLayerNormalization" not in kernels and "LayerNormalization" in kernels
+
+
 @pytest.mark.parametrize(("rewritten_p50", "kept"), [(0.5, "rewritten"), (0.99, "original")])
 def test_tuning_keeps_the_rewrite_only_when_measurably_faster(
     tmp_path, monkeypatch, rewritten_p50, kept
