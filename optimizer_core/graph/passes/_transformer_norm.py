@@ -32,8 +32,10 @@ def _last_axis_mean(node: ir.Node, x: ir.Value | None) -> bool:
         axes = u.const_ints(node.inputs[1]) or []
     else:
         return False
+    if axes == [-1]:
+        return True  # the last axis whatever the rank
     r = u.rank(x)
-    return r is not None and len(axes) == 1 and axes[0] in (-1, r - 1)
+    return r is not None and len(axes) == 1 and axes[0] == r - 1
 
 
 def square_of(value: ir.Value | None) -> tuple[ir.Value, ir.Node] | None:
@@ -139,10 +141,9 @@ def match_decomposed(mean2: ir.Node) -> Norm | str:
             if out.is_graph_output() or any(id(user) not in inner for user, _ in out.uses()):
                 return "an intermediate value is read outside the pattern"
     assert x is not None
-    dims = u.dims(x)
-    if dims is None or dims[-1] is None:
+    channels = u.last_dim(x)
+    if channels is None:
         return "the last dim is not static"
-    channels = dims[-1]
     dtype = elem_type(x)
     assert dtype is not None
     np_dtype = dtype.numpy()

@@ -77,6 +77,42 @@ def test_layernorm_needs_opset_17():
     assert not rules_fired(result)
 
 
+@pytest.mark.parametrize("width_known", [True, False])
+def test_layernorm_of_a_value_of_unknown_rank(width_known):
+    """Axes [-1] are the last axis whatever the rank (a Reshape to a shape read at run time),
+    and a MatMul by a constant tells the width; without that there is no scale to write."""
+    src = "MatMul(r, w)" if width_known else "Relu(r)"
+    proto = parse(
+        f"""
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[B, S, 8] x, int64[K] s) => (float y)
+        <float two = {{2.0}}, float eps = {{1e-5}},
+         float[8, 8] w = {{{", ".join(str((i * 7 % 11) / 10 - 0.5) for i in range(64))}}},
+         float[8] gamma = {{0.5, 1.0, 1.5, 2.0, -1.0, 0.25, 3.0, 1.0}}>
+        {{
+            r = Reshape(x, s)
+            h = {src}
+            m = ReduceMean<axes = [-1]>(h)
+            d = Sub(h, m)
+            sq = Pow(d, two)
+            v = ReduceMean<axes = [-1]>(sq)
+            ve = Add(v, eps)
+            sd = Sqrt(ve)
+            n = Div(d, sd)
+            y = Mul(n, gamma)
+        }}
+        """
+    )
+    out, result = run_passes(proto, ["fuse-transformer"])
+    if not width_known:
+        assert not rules_fired(result)
+        return
+    assert rules_fired(result) == {"layernorm": 1}
+    assert "ReduceMean" not in op_types(out)
+    x = np.random.default_rng(0).standard_normal((2, 3, 8)).astype(np.float32)
+    assert_equivalent(proto, out, **TOL, inputs=[{"x": x, "s": np.array([2, 3, 8])}])
+
+
 def test_layernorm_over_another_axis_is_not_fused():
     proto = _ln(17, axis=1, affine=False)
     out, result = run_passes(proto, ["fuse-transformer"])
