@@ -1,7 +1,15 @@
 """Models derived from other corpus models in the project's environment: quantized (QDQ from
 onnxruntime's static quantizer, QOperator from its static and dynamic quantizers), fp16 (inputs
 and outputs kept fp32), converted to newer opsets (onnx's version converter, opsets 21 and 23),
-and saved with external data."""
+saved with external data, and with weights as training leaves them.
+
+Why the last: a randomly initialized model has exactly 1 and 0 where training moves the values
+(normalization scales and shifts, the zero biases of ``transformers``' initialization), and
+the exporter shares one such tensor among all its uses. An optimizer drops ``x * 1`` and
+``x + 0`` there, so the random-weight corpus never shows what a runtime does with a trained
+model's normalizations (onnxruntime fuses a written-out LayerNormalization only with its scale
+and shift). ``trained`` gives every use of a constant-valued float weight its own copy with
+seeded noise around the value: ``v * (1 + 0.1 n)``, or ``0.02 n`` for 0."""
 
 from __future__ import annotations
 
@@ -28,6 +36,16 @@ DERIVED = [
     ("gpt2-opset23", "opset23", "hf-gpt2-dynamo"),
     ("llama-external-data", "external", "hf-llama-kv-dynamo"),
     ("convnext-external-data", "external", "timm-convnext_atto-dynamo"),
+    # written-out normalizations (TorchScript below opset 17) and, for contrast, the op
+    ("bert-legacy-mask-trained", "trained", "legacy-bert-legacy-mask-torchscript"),
+    ("bert-trained", "trained", "hf-bert-torchscript"),
+    ("gpt2-trained", "trained", "hf-gpt2-torchscript"),
+    ("bart-trained", "trained", "hf-bart-torchscript"),
+    ("vit-trained", "trained", "hf-vit-torchscript"),
+    ("wav2vec2-trained", "trained", "hf-wav2vec2-torchscript"),
+    ("convnext-trained", "trained", "timm-convnext_atto-torchscript"),
+    ("llama-trained", "trained", "hf-llama-torchscript"),
+    ("bert-dynamo-trained", "trained", "hf-bert-dynamo"),
 ]
 
 _FAMILY = {
@@ -36,6 +54,7 @@ _FAMILY = {
     "dynamic": "quantized",
     "fp16": "fp16",
     "external": "external-data",
+    "trained": "trained-weights",
 }
 
 SPECS: list[Spec] = [
@@ -116,6 +135,57 @@ def derive(sp: Spec, kind: str, manifest: Manifest, out: Path) -> dict[str, Any]
             location=out.name + ".data",
             size_threshold=1024,
         )
+    elif kind == "trained":
+        model = onnx.load(str(src))
+        trained_weights(model)
+        onnx.checker.check_model(model)
+        onnx.save(model, str(out))
     else:
         raise ValueError(kind)
-    return {"dynamic": True}
+    # the source's inputs: the sweep sizes the symbolic dims from its example
+    return {"dynamic": True, "shapes": src_entry.get("shapes")}
+
+
+def trained_weights(model: Any, seed: int = 0) -> int:
+    """Give every use of a constant-valued float initializer (more than one element, every
+    element equal) in the main graph its own copy with seeded noise around the value; returns
+    the number of uses rewritten. Initializers a subgraph reads are left as they are."""
+    import numpy as np
+    import onnx
+    from onnx import numpy_helper
+
+    graph = model.graph
+    floats = (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE)
+    in_subgraphs = {
+        name
+        for node in graph.node
+        for attr in node.attribute
+        for sub in [attr.g, *attr.graphs]
+        for n in sub.node
+        for name in n.input
+    }
+    constant: dict[str, Any] = {}
+    for t in graph.initializer:
+        if t.data_type not in floats or t.name in in_subgraphs or t.data_location:
+            continue
+        a = numpy_helper.to_array(t)
+        if a.size > 1 and np.all(a == a.flat[0]):
+            constant[t.name] = a
+    rng = np.random.default_rng(seed)
+    uses = 0
+    for node in graph.node:
+        for i, name in enumerate(node.input):
+            if name not in constant:
+                continue
+            a = constant[name]
+            value, noise = float(a.flat[0]), rng.standard_normal(a.shape)
+            b = value * (1 + 0.1 * noise) if value != 0 else 0.02 * noise
+            copy = f"{name}__trained{uses}"
+            graph.initializer.append(numpy_helper.from_array(b.astype(a.dtype), copy))
+            node.input[i] = copy
+            uses += 1
+    read = {name for node in graph.node for name in node.input} | {o.name for o in graph.output}
+    kept = [t for t in graph.initializer if t.name not in constant or t.name in read]
+    del graph.initializer[:]
+    graph.initializer.extend(kept)
+    return uses

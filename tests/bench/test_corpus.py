@@ -93,3 +93,33 @@ def test_describe_counts_subgraph_nodes_and_reads_the_opset(tmp_path):
     onnx.save(oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)]), path)
     info = describe(path)
     assert info["nodes"] == 3 and info["opset"] == 17 and len(info["sha256"]) == 64
+
+
+def test_trained_weights_give_each_use_of_a_constant_weight_its_own_values():
+    import numpy as np
+    from onnx import numpy_helper
+
+    from bench.corpus.derived import trained_weights
+
+    ones, zeros = np.ones(4, np.float32), np.zeros(4, np.float32)
+    w = np.arange(4, dtype=np.float32)  # not constant-valued: kept
+    graph = oh.make_graph(
+        [
+            oh.make_node("Mul", ["x", "ones"], ["a"]),
+            oh.make_node("Add", ["a", "zeros"], ["b"]),
+            oh.make_node("Mul", ["b", "ones"], ["c"]),
+            oh.make_node("Add", ["c", "w"], ["y"]),
+        ],
+        "g",
+        [oh.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2, 4])],
+        [oh.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [2, 4])],
+        [numpy_helper.from_array(a, n) for a, n in ((ones, "ones"), (zeros, "zeros"), (w, "w"))],
+    )
+    model = oh.make_model(graph)
+    assert trained_weights(model) == 3
+    inits = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    assert "ones" not in inits and "zeros" not in inits and np.array_equal(inits["w"], w)
+    first, second = (inits[n.input[1]] for n in model.graph.node if n.op_type == "Mul")
+    assert not np.array_equal(first, second)  # each use its own copy
+    assert np.all(np.abs(first - 1) < 0.6) and not np.all(first == 1)
+    onnx.checker.check_model(model)
