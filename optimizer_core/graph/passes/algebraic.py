@@ -3,7 +3,7 @@
 Exact rules, applied only when broadcasting cannot change the output shape:
 
 - ``x + 0 -> x``, ``0 + x -> x``, ``x - 0 -> x``, ``x * 1 -> x``, ``1 * x -> x``, ``x / 1 -> x``,
-  ``x ** 1 -> x``
+  ``x ** 1 -> x``; on booleans ``x and True``, ``x or False``, ``x xor False`` (either order) -> ``x``
 - ``Neg(Neg(x)) -> x``, ``Not(Not(x)) -> x``
 - ``Transpose(Transpose(x, p), q) -> Transpose(x, p[q])`` and ``-> x`` when ``p[q]`` is the identity
 - ``Unsqueeze(Unsqueeze(x, a), b) -> Unsqueeze(x, a')`` (opset 13+), ``a'`` the positions of both
@@ -832,6 +832,17 @@ RULES: tuple[Rule, ...] = (
     Rule("1*x", f"1 * x -> x {_BROADCAST}", ("Mul",), _neutral(0, 1), replace_output),
     Rule("x/1", f"x / 1 -> x {_BROADCAST}", ("Div",), _neutral(1, 1), replace_output),
     Rule("x**1", f"x ** 1 -> x {_BROADCAST}", ("Pow",), _neutral(1, 1), replace_output),
+    # the masks of attention exports: `And(True, x)` where a mask term is always true
+    Rule("x-and-true", f"And(x, True) -> x {_BROADCAST}", ("And",), _neutral(1, 1), replace_output),
+    Rule("true-and-x", f"And(True, x) -> x {_BROADCAST}", ("And",), _neutral(0, 1), replace_output),
+    Rule("x-or-false", f"Or(x, False) -> x {_BROADCAST}", ("Or",), _neutral(1, 0), replace_output),
+    Rule("false-or-x", f"Or(False, x) -> x {_BROADCAST}", ("Or",), _neutral(0, 0), replace_output),
+    Rule(
+        "x-xor-false", f"Xor(x, False) -> x {_BROADCAST}", ("Xor",), _neutral(1, 0), replace_output
+    ),
+    Rule(
+        "false-xor-x", f"Xor(False, x) -> x {_BROADCAST}", ("Xor",), _neutral(0, 0), replace_output
+    ),
     Rule("neg-neg", "Neg(Neg(x)) -> x", ("Neg",), _involution, replace_output),
     Rule("not-not", "Not(Not(x)) -> x", ("Not",), _involution, replace_output),
     Rule(

@@ -200,6 +200,35 @@ def test_non_neutral_constant_is_kept(const):
     assert_equivalent(proto, out, dim_values={"N": 3})
 
 
+@pytest.mark.parametrize(
+    ("expr", "const", "kept"),
+    [
+        ("And(c, x)", "bool {1}", False),  # an attention mask term that is always true
+        ("Or(x, c)", "bool[4] {0, 0, 0, 0}", False),
+        ("And(x, c)", "bool[4] {1, 1, 0, 1}", True),  # not all true
+        ("Or(c, x)", "bool {1}", True),  # True absorbs: not the neutral element
+        ("And(x, c)", "bool[2, 1, 4] {1, 1, 1, 1, 1, 1, 1, 1}", True),  # broadcasts x larger
+    ],
+    ids=["true-and-x", "x-or-false", "not-all-true", "or-true", "broadcasts"],
+)
+def test_boolean_neutral_elements(expr, const, kept):
+    out_shape = "[2, N, 4]" if "[2, 1, 4]" in const else "[N, 4]"
+    proto = parse(
+        f"""
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (bool[N, 4] xin) => (bool{out_shape} y) {{
+          x = Not(xin)
+          c = Constant<value = {const}>()
+          y = {expr}
+        }}
+        """
+    )
+    out, result = run_passes(proto, ALGEBRAIC)
+    assert bool(fired(result)) is not kept
+    assert op_types(out) == (["Not", expr[: expr.index("(")]] if kept else ["Not"])
+    assert_equivalent(proto, out, dim_values={"N": 3})
+
+
 def test_overridable_zero_initializer_is_not_a_constant():
     # an initializer listed as a graph input may be fed another value at run time
     proto = parse(

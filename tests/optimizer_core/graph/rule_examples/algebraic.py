@@ -14,6 +14,17 @@ def _neutral(expr: str, const: str) -> Example:
     return Example(model=model(f"x = Neg(xin)\n y = {expr}", inits=const))
 
 
+def _logic(expr: str, neutral: bool) -> Example:
+    value = int(neutral)
+    return Example(
+        model=model(
+            f"x = Not(xin)\n y = {expr}",
+            sig="(bool[2, 4] xin) => (bool[2, 4] y)",
+            inits=f"bool[4] c = {{{value}, {value}, {value}, {value}}}",
+        )
+    )
+
+
 EXAMPLES: dict[tuple[str, str], Example] = {
     ("algebraic", "x+0"): _neutral("Add(x, c)", ZERO),
     ("algebraic", "0+x"): _neutral("Add(c, x)", ZERO),
@@ -22,6 +33,12 @@ EXAMPLES: dict[tuple[str, str], Example] = {
     ("algebraic", "1*x"): _neutral("Mul(c, x)", ONE),
     ("algebraic", "x/1"): _neutral("Div(x, c)", ONE),
     ("algebraic", "x**1"): _neutral("Pow(x, c)", ONE),
+    ("algebraic", "x-and-true"): _logic("And(x, c)", True),
+    ("algebraic", "true-and-x"): _logic("And(c, x)", True),
+    ("algebraic", "x-or-false"): _logic("Or(x, c)", False),
+    ("algebraic", "false-or-x"): _logic("Or(c, x)", False),
+    ("algebraic", "x-xor-false"): _logic("Xor(x, c)", False),
+    ("algebraic", "false-xor-x"): _logic("Xor(c, x)", False),
     ("algebraic", "neg-neg"): Example(
         model=model("t = Relu(xin)\n a = Neg(t)\n y = Neg(a)"),
     ),
