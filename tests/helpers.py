@@ -26,6 +26,19 @@ def parse(text: str) -> onnx.ModelProto:
     return proto
 
 
+def written_out_layernorm(x: str) -> str:
+    """ONNX text of a LayerNormalization of ``x`` over its last axis written out op by op, as
+    exporters write it below opset 17: the normalized value is ``n`` (before any scale and shift);
+    ``two`` and ``eps`` are constants the model defines."""
+    return f"""m = ReduceMean<axes = [-1]>({x})
+            d = Sub({x}, m)
+            sq = Pow(d, two)
+            v = ReduceMean<axes = [-1]>(sq)
+            ve = Add(v, eps)
+            sd = Sqrt(ve)
+            n = Div(d, sd)"""
+
+
 def run_passes(
     proto: onnx.ModelProto, passes: Sequence[str] | None = None, preset: str = "default", **kw
 ) -> tuple[onnx.ModelProto, OptimizeResult]:

@@ -18,7 +18,13 @@ from graphtrim.graph.framework import OptimizeOptions
 from graphtrim.graph.optimizer import optimize_model
 from graphtrim.graph.presets import PRESETS
 from graphtrim.ort_target import tune_residual_sum
-from tests.helpers import assert_equivalent, op_types, rules_fired, run_passes
+from tests.helpers import (
+    assert_equivalent,
+    op_types,
+    rules_fired,
+    run_passes,
+    written_out_layernorm,
+)
 
 HIDDEN = 384
 
@@ -215,13 +221,8 @@ def _written_out(norm: str, *, opset: int = 13, reader: str = "") -> onnx.ModelP
         "eps": np.array(1e-5, np.float32),
     }
     body = {
-        "ln": """m = ReduceMean<axes = [-1]>(s)
-            d = Sub(s, m)
-            sq = Pow(d, two)
-            v = ReduceMean<axes = [-1]>(sq)
-            ve = Add(v, eps)
-            sd = Sqrt(ve)
-            n = Div(d, sd)
+        "ln": written_out_layernorm("s")
+        + """
             ng = Mul(n, g)
             y = Add(ng, b)""",
         "rms": """sq = Pow(s, two)

@@ -6,7 +6,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.helpers import assert_equivalent, op_types, parse, rules_fired, run_passes
+from tests.helpers import (
+    assert_equivalent,
+    op_types,
+    parse,
+    rules_fired,
+    run_passes,
+    written_out_layernorm,
+)
 
 TOL = {"rtol": 1e-5, "atol": 1e-5}
 DIMS = {"B": 2, "S": 3}
@@ -92,13 +99,7 @@ def test_layernorm_of_a_value_of_unknown_rank(width_known):
         {{
             r = Reshape(x, s)
             h = {src}
-            m = ReduceMean<axes = [-1]>(h)
-            d = Sub(h, m)
-            sq = Pow(d, two)
-            v = ReduceMean<axes = [-1]>(sq)
-            ve = Add(v, eps)
-            sd = Sqrt(ve)
-            n = Div(d, sd)
+            {written_out_layernorm("h")}
             y = Mul(n, gamma)
         }}
         """
