@@ -156,14 +156,18 @@ def trained_weights(model: Any, seed: int = 0) -> int:
 
     graph = model.graph
     floats = (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE)
-    in_subgraphs = {
-        name
-        for node in graph.node
-        for attr in node.attribute
-        for sub in [attr.g, *attr.graphs]
-        for n in sub.node
-        for name in n.input
-    }
+
+    def subgraph_reads(g: Any) -> set[str]:
+        """Names the subgraphs of ``g``'s nodes read, at any depth."""
+        found: set[str] = set()
+        for node in g.node:
+            for attr in node.attribute:
+                for sub in [attr.g, *attr.graphs]:
+                    found.update(name for n in sub.node for name in n.input)
+                    found |= subgraph_reads(sub)
+        return found
+
+    in_subgraphs = subgraph_reads(graph)
     constant: dict[str, Any] = {}
     for t in graph.initializer:
         if t.data_type not in floats or t.name in in_subgraphs or t.data_location:
