@@ -99,6 +99,27 @@ def _collect_types(graph: onnx.GraphProto, out: dict[str, onnx.TypeProto]) -> No
                     _collect_types(sub, out)
 
 
+def _reshape_ranks(model: ir.Model) -> bool:
+    """Give a Reshape output that has no shape its rank: the length of its shape tensor, which
+    inference knows where it cannot read the entries (a shape read from unnamed dims with a
+    -1 among them defeats onnx's Reshape inference, and then every value downstream has no
+    shape). Returns whether it set one."""
+    learned = False
+    for graph in u.all_graphs(model):
+        for node in graph:
+            if not u.is_op(node, "Reshape") or len(node.inputs) < 2:
+                continue
+            if node.outputs[0].shape is not None:
+                continue
+            target = node.inputs[1]
+            n = u.dims(target) if target is not None else None
+            if n is None or len(n) != 1 or n[0] is None:
+                continue
+            node.outputs[0].shape = ir.Shape([None] * n[0])
+            learned = True
+    return learned
+
+
 def _adds(tp: onnx.TypeProto, old: ir.Shape | None) -> bool:
     """Whether the inferred tensor type ``tp`` may say more about the shape than ``old``: the
     test of ``more_specific`` on the protobuf itself, which saves deserializing every value's
@@ -157,15 +178,21 @@ class ShapeInference(ir.passes.InPlacePass):
     def call(self, model: ir.Model) -> ir.passes.PassResult:
         self.learned = False
         first, self._first = self._first, False
+        run = True
         if self.only_if_unknown:
-            if first and model.meta.get(SHAPES_INFERRED):
-                return ir.passes.PassResult(model, False)  # the loader has just run it
-            if not unknown_shape_ids(model):
-                return ir.passes.PassResult(model, False)
-        self.runs += 1
-        return self._infer(model)
+            # not where the loader has just run it, nor where every shape is known
+            run = not (first and model.meta.get(SHAPES_INFERRED)) and bool(unknown_shape_ids(model))
+        if run:
+            self.runs += 1
+            self._infer(model)
+        if _reshape_ranks(model):
+            # once more, for the values after the Reshapes that now have a rank
+            self.learned = True
+            self.runs += 1
+            self._infer(model)
+        return ir.passes.PassResult(model, False)
 
-    def _infer(self, model: ir.Model) -> ir.passes.PassResult:
+    def _infer(self, model: ir.Model) -> None:
         try:
             proto = _serialize_without_weights(model)
             _forget_unknown_dims(proto.graph)
@@ -174,7 +201,7 @@ class ShapeInference(ir.passes.InPlacePass):
             )
         except Exception as exc:  # inference is an aid, never a requirement
             logger.debug("shape inference failed: %s", exc)
-            return ir.passes.PassResult(model, False)
+            return
         types: dict[str, onnx.TypeProto] = {}
         _collect_types(inferred.graph, types)
         run = int(model.meta.get(_RUN, 0)) + 1
@@ -198,4 +225,3 @@ class ShapeInference(ir.passes.InPlacePass):
                     if merged is not None:
                         value.shape = merged
                         self.learned = True
-        return ir.passes.PassResult(model, False)

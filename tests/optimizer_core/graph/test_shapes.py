@@ -349,6 +349,60 @@ def test_inference_runs_again_once_a_pass_learned_a_shape_it_could_not():
     assert infer.learned
 
 
+def test_a_reshape_inference_cannot_read_keeps_its_rank_and_the_reads_after_it_resolve():
+    """A Reshape to dims read from another value, with a -1 among them, defeats onnx's Reshape
+    inference: its output has no shape at all, nor has anything after it. Its rank is the
+    length of its shape tensor; with it the values downstream get their ranks, and a Reshape
+    there whose entries read the input's own dims gets a constant shape."""
+    import onnx_ir as ir
+
+    from graphtrim.graph.shape_inference import ShapeInference
+
+    text = """
+        <ir_version: 8, opset_import: ["" : 13]>
+        g (float[n, m, 2, 2] x, float[a, b, 4] y) => (float[p, q, 2, 3] z) {
+            i0 = Constant<value = int64 {0}>()
+            i1 = Constant<value = int64 {1}>()
+            ax = Constant<value = int64[1] {0}>()
+            sy = Shape(y)
+            g0 = Gather<axis = 0>(sy, i0)
+            g1 = Gather<axis = 0>(sy, i1)
+            y0 = Unsqueeze(g0, ax)
+            y1 = Unsqueeze(g1, ax)
+            m1 = Constant<value = int64[1] {-1}>()
+            ys = Concat<axis = 0>(y0, y1, m1)
+            r = Reshape(x, ys)
+            w = Constant<value = float[4, 6] {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12,
+                                              13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24}>()
+            o = MatMul(r, w)
+            so = Shape(o)
+            h0 = Gather<axis = 0>(so, i0)
+            h1 = Gather<axis = 0>(so, i1)
+            o0 = Unsqueeze(h0, ax)
+            o1 = Unsqueeze(h1, ax)
+            tail = Constant<value = int64[2] {2, 3}>()
+            os = Concat<axis = 0>(o0, o1, tail)
+            z = Reshape(o, os)
+        }
+    """
+    proto = parse(text)
+    model = ir.serde.deserialize_model(proto)
+    ShapeInference().call(model)
+    by_name = {n.outputs[0].name: n.outputs[0] for n in model.graph}
+    assert by_name["r"].shape is not None and len(by_name["r"].shape) == 3
+    assert by_name["o"].shape is not None and _dims(by_name["o"])[2] == 6
+
+    out, result = run_passes(proto)
+    assert rules_fired(result).get("reshape-copy-dims") == 1
+    last = out.graph.node[-1]
+    assert last.op_type == "Reshape"
+    shape = next(i for i in out.graph.initializer if i.name == last.input[1])
+    assert numpy_helper.to_array(shape).tolist() == [0, 0, 2, 3]
+    # the first Reshape's entries are y's dims, which nothing proves equal to x's: it stays
+    assert op_types(out).count("Shape") == 1
+    assert_equivalent(proto, out, dim_values={"n": 3, "m": 5, "a": 3, "b": 5})
+
+
 def _dims(value) -> list:
     return [d if isinstance(d, int) else d.value for d in value.shape.dims]
 
