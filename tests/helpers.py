@@ -39,6 +39,19 @@ def written_out_layernorm(x: str) -> str:
             n = Div(d, sd)"""
 
 
+def ort_kernels(path: Path | str) -> list[str]:
+    """The ops onnxruntime's CPU provider runs for the model at ``path`` (its optimizations on;
+    the optimized model is written beside it)."""
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+    so.optimized_model_filepath = str(path) + ".ort.onnx"
+    so.log_severity_level = 3
+    ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+    return [n.op_type for n in onnx.load(str(path) + ".ort.onnx").graph.node]
+
+
 def run_passes(
     proto: onnx.ModelProto, passes: Sequence[str] | None = None, preset: str = "default", **kw
 ) -> tuple[onnx.ModelProto, OptimizeResult]:

@@ -168,6 +168,37 @@ def match_decomposed(mean2: ir.Node) -> Norm | str:
     return Norm(kind, x, eps, channels, np_dtype, y, last, gamma, beta, (*chain, *tail))
 
 
+# the opset from which each normalization is one ONNX op
+NORM_OPSET = {"layernorm": 17, "rmsnorm": 23}
+
+
+def runtime_fused_scale(x: ir.Value, scale: ir.Value, opset: int) -> bool:
+    """``x * scale`` is the scale of a written-out normalization that onnxruntime fuses into one
+    kernel when it loads the model: the square is a ``Pow``, the root divides, and the model's
+    opset has no op for it. onnxruntime's fusions (LayerNormalization, and the
+    SimplifiedLayerNormalization of the mean of squares) end at that ``Mul``: without it the
+    pattern runs op by op, even where the scale is all ones."""
+    div = producer(x, "Div")
+    sqrt = producer(div.inputs[1], "Sqrt") if div is not None and len(div.inputs) == 2 else None
+    add = producer(sqrt.inputs[0], "Add") if sqrt is not None else None
+    if add is None:
+        return False
+    for operand in add.inputs:
+        mean2 = producer(operand, "ReduceMean")
+        if mean2 is None:
+            continue
+        norm = match_decomposed(mean2)
+        square = square_of(mean2.inputs[0])
+        return (
+            isinstance(norm, Norm)
+            and norm.gamma is scale
+            and square is not None
+            and square[1].op_type == "Pow"
+            and opset < NORM_OPSET[norm.kind]
+        )
+    return False
+
+
 def check_layernorm(node: ir.Node, ctx: RuleContext) -> Norm | str:
     found = match_norm(node, ctx)
     if isinstance(found, Norm) and found.kind != "layernorm":

@@ -3,7 +3,9 @@
 Exact rules, applied only when broadcasting cannot change the output shape:
 
 - ``x + 0 -> x``, ``0 + x -> x``, ``x - 0 -> x``, ``x * 1 -> x``, ``1 * x -> x``, ``x / 1 -> x``,
-  ``x ** 1 -> x``; on booleans ``x and True``, ``x or False``, ``x xor False`` (either order) -> ``x``
+  ``x ** 1 -> x``; on booleans ``x and True``, ``x or False``, ``x xor False`` (either order) -> ``x``.
+  A ``* 1`` stays where it is the scale of a normalization written out below the opset of its
+  op: onnxruntime fuses such a pattern into one kernel only with its scale ``Mul``.
 - ``Neg(Neg(x)) -> x``, ``Not(Not(x)) -> x``
 - ``Transpose(Transpose(x, p), q) -> Transpose(x, p[q])`` and ``-> x`` when ``p[q]`` is the identity
 - ``Unsqueeze(Unsqueeze(x, a), b) -> Unsqueeze(x, a')`` (opset 13+), ``a'`` the positions of both
@@ -26,6 +28,7 @@ import numpy as np
 import onnx_ir as ir
 
 from graphtrim.graph import _ir_utils as u
+from graphtrim.graph.passes._transformer_norm import runtime_fused_scale
 from graphtrim.graph.rules import (
     Rule,
     RuleContext,
@@ -79,6 +82,8 @@ def _neutral(operand: int, neutral: float) -> Callable[[ir.Node, RuleContext], A
             return "broadcasting may change the shape"
         if not _same_dtype(x, node.outputs[0]):
             return "the output's type differs from the operand's"
+        if node.op_type == "Mul" and runtime_fused_scale(x, c, u.node_opset(node, ctx.model)):
+            return "the scale of a written-out normalization, which onnxruntime fuses with it"
         return reroute_refusal(node.outputs[0], x) or x
 
     return check

@@ -13,7 +13,15 @@ import pytest
 
 from graphtrim.graph.passes.algebraic import AlgebraicSimplification
 from graphtrim.graph.presets import PASSES, PRESETS
-from tests.helpers import assert_equivalent, op_types, parse, rules_fired, run_passes
+from tests.helpers import (
+    assert_equivalent,
+    op_types,
+    ort_kernels,
+    parse,
+    rules_fired,
+    run_passes,
+    written_out_layernorm,
+)
 
 ALGEBRAIC = ["lift-constants", "algebraic", "dead-code"]
 REASSOCIATE = ["lift-constants", "reassociate", "dead-code"]
@@ -227,6 +235,60 @@ def test_boolean_neutral_elements(expr, const, kept):
     assert bool(fired(result)) is not kept
     assert op_types(out) == (["Not", expr[: expr.index("(")]] if kept else ["Not"])
     assert_equivalent(proto, out, dim_values={"N": 3})
+
+
+def _fresh_layernorm(opset: int, square: str = "Pow") -> onnx.ModelProto:
+    """A LayerNormalization written out op by op with the weights a fresh model has: the scale
+    all ones, the shift all zeros."""
+    body = written_out_layernorm("x")
+    if square != "Pow":
+        body = body.replace("sq = Pow(d, two)", "sq = Mul(d, d)")
+    proto = onnx.parser.parse_model(
+        f"""<ir_version: 8, opset_import: ["" : {opset}]>
+        g (float[batch, 16, 32] x) => (float[batch, 16, 32] y) {{
+            {body}
+            ng = Mul(n, g)
+            y = Add(ng, b)
+        }}"""
+    )
+    consts = {
+        "g": np.ones(32, np.float32),
+        "b": np.zeros(32, np.float32),
+        "two": np.array(2.0, np.float32),
+        "eps": np.array(1e-5, np.float32),
+    }
+    proto.graph.initializer.extend(onnx.numpy_helper.from_array(a, k) for k, a in consts.items())
+    onnx.checker.check_model(proto, full_check=True)
+    return proto
+
+
+def test_the_scale_of_a_written_out_layernorm_stays_where_onnxruntime_fuses_it(tmp_path):
+    """Below opset 17, onnxruntime fuses a written-out normalization into one kernel only up to
+    its scale ``Mul``: all ones, it stays (the shift of zeros goes), and the centered value is
+    normalized by SimplifiedLayerNormalization instead of six ops."""
+    proto = _fresh_layernorm(13)
+    out, result = run_passes(proto)
+    assert "x*1" not in rules_fired(result) and rules_fired(result).get("x+0") == 1
+    assert op_types(out).count("Mul") == 1
+    assert_equivalent(proto, out, dim_values={"batch": 2})
+    path = tmp_path / "out.onnx"
+    onnx.save(out, path)
+    kernels = ort_kernels(path)
+    assert "SimplifiedLayerNormalization" in kernels
+    assert not {"Pow", "Sqrt", "Div"} & set(kernels)
+
+
+@pytest.mark.parametrize(("opset", "square"), [(13, "Mul"), (17, "Pow")])
+def test_the_scale_of_ones_goes_where_no_fusion_needs_it(opset, square):
+    # onnxruntime matches only the Pow form; from opset 17 the pattern is one op of graphtrim's
+    out, result = run_passes(_fresh_layernorm(opset, square))
+    ops = op_types(out)
+    if opset >= 17:
+        assert ops == ["LayerNormalization"]
+    else:
+        assert rules_fired(result).get("x*1") == 1
+        assert ops.count("Mul") == 1  # the square
+    assert_equivalent(_fresh_layernorm(opset, square), out, dim_values={"batch": 2})
 
 
 def test_overridable_zero_initializer_is_not_a_constant():

@@ -9,7 +9,6 @@ import copy
 import numpy as np
 import onnx
 import onnx_ir as ir
-import onnxruntime as ort
 import pytest
 from onnx import helper, numpy_helper
 
@@ -21,6 +20,7 @@ from graphtrim.ort_target import tune_residual_sum
 from tests.helpers import (
     assert_equivalent,
     op_types,
+    ort_kernels,
     rules_fired,
     run_passes,
     written_out_layernorm,
@@ -184,16 +184,6 @@ def test_the_default_preset_writes_the_sum_once_after_the_fixed_point():
     assert_equivalent(proto, out)
 
 
-def _kernels(path) -> list[str]:
-    """The ops onnxruntime's CPU provider runs for the model (its optimizations on)."""
-    so = ort.SessionOptions()
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
-    so.optimized_model_filepath = str(path) + ".ort.onnx"
-    so.log_severity_level = 3
-    ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
-    return [n.op_type for n in onnx.load(str(path) + ".ort.onnx").graph.node]
-
-
 def test_sum_keeps_onnxruntime_off_skip_layer_normalization(tmp_path):
     """The reason for the rewrite, checked against the installed onnxruntime: it fuses Add +
     LayerNormalization into SkipLayerNormalization, and not Sum + LayerNormalization."""
@@ -203,8 +193,8 @@ def test_sum_keeps_onnxruntime_off_skip_layer_normalization(tmp_path):
     summed_proto, _ = run_passes(proto, ["residual-sum"])
     summed = tmp_path / "summed.onnx"
     onnx.save(summed_proto, summed)
-    assert "SkipLayerNormalization" in _kernels(plain)
-    kernels = _kernels(summed)
+    assert "SkipLayerNormalization" in ort_kernels(plain)
+    kernels = ort_kernels(summed)
     assert "SkipLayerNormalization" not in kernels and "Sum" in kernels
 
 
@@ -277,8 +267,8 @@ def test_sum_keeps_onnxruntime_off_skip_layer_normalization_below_opset_17(tmp_p
     onnx.save(proto, plain)
     summed = tmp_path / "summed.onnx"
     onnx.save(run_passes(proto, ["residual-sum"])[0], summed)
-    assert "SkipLayerNormalization" in _kernels(plain)
-    kernels = _kernels(summed)
+    assert "SkipLayerNormalization" in ort_kernels(plain)
+    kernels = ort_kernels(summed)
     assert "SkipLayerNormalization" not in kernels and "LayerNormalization" in kernels
 
 
