@@ -37,7 +37,7 @@ from graphtrim.modelio import (
     save_model,
     staging_dir,
 )
-from graphtrim.ort_target import apply_target
+from graphtrim.ort_target import apply_target, settle_norm_scales
 from graphtrim.stats import ModelStats, before_after_table
 
 if TYPE_CHECKING:
@@ -301,7 +301,7 @@ def optimize_file(
         instruments=instruments,
         progress=progress,
     )
-    result = apply_target(result)
+    result = settle_norm_scales(src_p, apply_target(result))
     stripped = None if keep_metadata else strip_debug_metadata_stats(result.model)
     shapes = None if keep_shapes else strip_intermediate_shapes(result.model)
     seconds = time.perf_counter() - start

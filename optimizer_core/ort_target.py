@@ -276,3 +276,65 @@ def apply_target(result: OptimizeResult) -> OptimizeResult:
     record_metadata(model, target, result.log.fusions())
     modified = result.modified or result.log.target["kept"] != "portable"
     return OptimizeResult(model=model, log=result.log, modified=modified)
+
+
+def _kernel_count(path: Path, out: Path) -> int | None:
+    """The nodes onnxruntime's CPU provider runs for the model at ``path`` after its own
+    optimizations (ORT_ENABLE_ALL); ``None`` where it cannot load the model."""
+    import onnx
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    so.optimized_model_filepath = str(out)
+    so.log_severity_level = 4
+    so.intra_op_num_threads = 1
+    so.add_session_config_entry(
+        "session.optimized_model_external_initializers_file_name", out.name + ".data"
+    )
+    so.add_session_config_entry(
+        "session.optimized_model_external_initializers_min_size_in_bytes", "1024"
+    )
+    try:
+        ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+        return len(onnx.load(str(out), load_external_data=False).graph.node)
+    except Exception:
+        return None
+
+
+def settle_norm_scales(src: Path, result: OptimizeResult) -> OptimizeResult:
+    """Drop the scales of ones that ``algebraic`` keeps on written-out normalizations (see
+    :func:`~graphtrim.graph.passes._transformer_norm.runtime_fused_scale`) unless onnxruntime
+    needs them: they cost a node each, and buy one fused kernel in place of six. They stay where,
+    without them, onnxruntime would run more kernels for the result than for the input ``src``
+    (a model whose other savings do not make up for normalizations run op by op); the change
+    log's notes say which way it went. The onnxruntime targets keep them (their fusions are
+    measured)."""
+    from graphtrim.graph.metadata import strip_intermediate_shapes
+    from graphtrim.graph.passes._transformer_norm import drop_scales, fused_scales
+    from graphtrim.modelio import load_model, save_model
+
+    if result.log.target.get("target") in ORT_TARGETS:
+        return result
+    scales = len(fused_scales(result.model))
+    if not scales:
+        return result
+    with tempfile.TemporaryDirectory(prefix="graphtrim-scales-") as tmp:
+        folder = Path(tmp)
+        kept = folder / "kept.onnx"
+        save_model(result.model, kept)
+        without = load_model(kept)  # a copy, its weights mapped from the file
+        drop_scales(without)
+        strip_intermediate_shapes(without)  # as the result is written
+        save_model(without, folder / "dropped.onnx")
+        del without
+        before = _kernel_count(src, folder / "input.ort.onnx")
+        after = _kernel_count(folder / "dropped.onnx", folder / "dropped.ort.onnx")
+    if before is not None and after is not None and after > before:
+        result.log.notes.append(
+            f"kept {scales} normalization scale(s) of ones: without them onnxruntime would run "
+            f"{after} kernels for the result against {before} for the input"
+        )
+        return result
+    drop_scales(result.model)
+    return OptimizeResult(model=result.model, log=result.log, modified=True)

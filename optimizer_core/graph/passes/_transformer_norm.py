@@ -199,6 +199,40 @@ def runtime_fused_scale(x: ir.Value, scale: ir.Value, opset: int) -> bool:
     return False
 
 
+def fused_scales(model: ir.Model) -> list[tuple[ir.Node, ir.Value]]:
+    """The ``Mul`` nodes by all ones that ``algebraic`` keeps as the scale of a written-out
+    normalization (:func:`runtime_fused_scale`), each with the value it scales."""
+    found = []
+    for graph in u.all_graphs(model):
+        for node in graph:
+            if not u.is_op(node, "Mul") or len(node.inputs) != 2:
+                continue
+            for k in (0, 1):
+                x, c = node.inputs[1 - k], node.inputs[k]
+                if x is None or c is None or not u.is_all(c, 1):
+                    continue
+                if runtime_fused_scale(x, c, u.node_opset(node, model)):
+                    found.append((node, x))
+                    break
+    return found
+
+
+def drop_scales(model: ir.Model) -> int:
+    """Remove the scales :func:`fused_scales` finds (they multiply by one), and their constants
+    where nothing else reads them; the count removed."""
+    dropped = 0
+    for node, x in fused_scales(model):
+        graph = node.graph
+        ones = next(v for v in node.inputs if v is not x)
+        if graph is None or ones is None or not u.replace_value(node.outputs[0], x):
+            continue
+        graph.remove(node, safe=True)
+        dropped += 1
+        if ones.is_initializer() and not ones.uses() and not ones.is_graph_input():
+            graph.initializers.pop(ones.name or "")
+    return dropped
+
+
 def check_layernorm(node: ir.Node, ctx: RuleContext) -> Norm | str:
     found = match_norm(node, ctx)
     if isinstance(found, Norm) and found.kind != "layernorm":

@@ -291,6 +291,51 @@ def test_the_scale_of_ones_goes_where_no_fusion_needs_it(opset, square):
     assert_equivalent(_fresh_layernorm(opset, square), out, dim_values={"batch": 2})
 
 
+def _with_expands(proto: onnx.ModelProto, count: int = 4) -> onnx.ModelProto:
+    """``proto`` with its output run through ``count`` rounds of ``Relu(Expand(v, Shape(v)))``:
+    an Expand to the value's own shape, which onnxruntime runs and graphtrim removes."""
+    out = onnx.ModelProto()
+    out.CopyFrom(proto)
+    v = out.graph.output[0].name
+    for i in range(count):
+        out.graph.node.extend(
+            [
+                onnx.helper.make_node("Shape", [v], [f"s{i}"]),
+                onnx.helper.make_node("Expand", [v, f"s{i}"], [f"e{i}"]),
+                onnx.helper.make_node("Relu", [f"e{i}"], [f"r{i}"]),
+            ]
+        )
+        v = f"r{i}"
+    out.graph.output[0].name = v
+    onnx.checker.check_model(out, full_check=True)
+    return out
+
+
+@pytest.mark.parametrize("with_savings", [False, True], ids=["alone", "with-other-savings"])
+def test_the_file_keeps_the_scales_only_where_onnxruntime_would_run_more_kernels(
+    tmp_path, with_savings
+):
+    """``graphtrim optimize`` drops the kept scales of ones unless onnxruntime, without them,
+    would run more kernels for the result than for the input: a normalization alone would go
+    from one kernel to seven; beside Expands graphtrim removes, it pays for itself."""
+    from graphtrim.optimize_file import optimize_file
+
+    proto = _fresh_layernorm(13)
+    if with_savings:
+        proto = _with_expands(proto)
+    src, dst = tmp_path / "in.onnx", tmp_path / "out.onnx"
+    onnx.save(proto, src)
+    report = optimize_file(src, dst, check=True, dim_values={"batch": 2})
+    out = onnx.load(str(dst))
+    kept = [n for n in report.log.notes if "scale" in n]
+    if with_savings:
+        assert "Mul" not in op_types(out) and not kept
+    else:
+        assert op_types(out).count("Mul") == 1
+        assert kept and "7 kernels for the result against 1 for the input" in kept[0]
+    assert_equivalent(proto, out, dim_values={"batch": 2})
+
+
 def test_overridable_zero_initializer_is_not_a_constant():
     # an initializer listed as a graph input may be fed another value at run time
     proto = parse(
