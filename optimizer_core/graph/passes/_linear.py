@@ -18,6 +18,12 @@ class _Named(Protocol):
     def namer(self, model: ir.Model) -> u.NameGenerator: ...
 
 
+class _NamedByGraph(Protocol):
+    """The pass (``AffineFusion``): its run's name generator for the rule's graph."""
+
+    def namer(self, ctx: RuleContext) -> u.NameGenerator: ...
+
+
 # element types every runtime's Gemm takes (onnxruntime's CPU Gemm has no float16 kernel)
 GEMM_TYPES = frozenset({ir.DataType.FLOAT, ir.DataType.DOUBLE})
 
@@ -225,4 +231,186 @@ def scale_weight(
         1, u.add_initializer(ctx.graph, new_w, _namer(ctx)(f"{w_val.name}_fused"))
     )
     replace(node.outputs[0], x, node.op_type)
+    u.remove_nodes(ctx.graph, [node])
+
+
+# ---------------------------------------------------------------- a scalar back into a projection
+
+# ops a scalar factor passes through unchanged (they move or regroup elements, never mix them)
+_CARRIERS = frozenset({"Transpose", "Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity"})
+
+
+@dataclasses.dataclass
+class Projection:
+    x: ir.Value  # the scaled operand: the scale's output becomes it
+    matmul: ir.Node  # MatMul(A, W), W constant
+    bias: ir.Node | None  # an Add of a constant per-column bias on the MatMul's output
+    columns: tuple[int, int] | None  # the columns of W (and the bias) that reach x; None: all
+    k: float
+
+
+def _scalar_factor(node: ir.Node) -> tuple[ir.Value, float] | str:
+    """``(x, k)`` of ``x * c`` (either order) or ``x / c`` with a one-element float constant."""
+    a, b = (node.inputs[0], node.inputs[1]) if len(node.inputs) == 2 else (None, None)
+    if a is None or b is None:
+        return "not two inputs"
+    for x, c in ((a, b),) if node.op_type == "Div" else ((a, b), (b, a)):
+        arr = u.const_array(c)
+        if arr is None or arr.size != 1 or arr.dtype.kind != "f" or u.is_constant(x):
+            continue
+        rc, rx = u.rank(c), u.rank(x)
+        if rc is not None and (rx is None or rc > rx):
+            continue  # the constant would add dims
+        dtype = elem_type(x)
+        if dtype != elem_type(node.outputs[0]) or dtype != ir.DataType.from_numpy(arr.dtype):
+            continue
+        value = float(arr.reshape(-1)[0])
+        if node.op_type == "Div":
+            if value == 0.0:
+                return "a division by zero"
+            value = 1.0 / value
+        return x, value
+    return "no one-element float constant of the operand's type"
+
+
+def _split_columns(gather: ir.Node, data: ir.Value) -> tuple[ir.Value, tuple[int, int]] | None:
+    """``Gather(Reshape(P, s), i, axis)`` where the Reshape splits P's last dim into the dims
+    from ``axis`` on and keeps the leading ones, and every reader of the Reshape is such a Gather
+    of another index: ``(P, columns of P's last dim that the Gather takes)``."""
+    reshape = data.producer()
+    idx = u.const_ints(gather.inputs[1]) if len(gather.inputs) == 2 else None
+    if reshape is None or not u.is_op(reshape, "Reshape") or idx is None or len(idx) != 1:
+        return None
+    if u.rank(gather.inputs[1]) != 0:
+        return None
+    p = reshape.inputs[0]
+    shape = u.const_ints(reshape.inputs[1]) if len(reshape.inputs) > 1 else None
+    p_dims = u.dims(p) if p is not None else None
+    if p is None or shape is None or not p_dims or p_dims[-1] is None:
+        return None
+    axis = gather.attributes.get_int("axis", 0)
+    axis = axis + len(shape) if axis < 0 else axis
+    tail = shape[axis:]
+    if axis != len(p_dims) - 1 or not tail or any(d < 1 for d in tail):
+        return None  # the leading dims are P's (copied or read), the rest split its last dim
+    if reshape.attributes.get_int("allowzero", 0) or int(np.prod(tail)) != p_dims[-1]:
+        return None
+    i = idx[0] + tail[0] if idx[0] < 0 else idx[0]
+    if not 0 <= i < tail[0]:
+        return None
+    if not u.single_consumer(p) or data.is_graph_output():
+        return None
+    for user, _ in data.uses():
+        other = u.const_ints(user.inputs[1]) if u.is_op(user, "Gather") else None
+        if user is gather:
+            continue
+        if (
+            other is None
+            or len(other) != 1
+            or user.attributes.get_int("axis", 0) % len(shape) != axis
+            or (other[0] + tail[0] if other[0] < 0 else other[0]) == i
+        ):
+            return None  # a reader of the same columns, or of columns nobody tracks
+    width = p_dims[-1] // tail[0]
+    return p, (i * width, (i + 1) * width)
+
+
+def find_projection(x: ir.Value, k: float, depth: int = 0) -> Projection | None:
+    """The projection ``MatMul(A, W)`` (+ a constant bias) whose output reaches ``x`` through ops
+    that carry a scalar factor (layout ops, the unbind of a fused projection into pieces, either
+    operand of a MatMul of two computed values), each value on the way read once."""
+    v, columns, bias = x, None, None
+    for _ in range(32):
+        node = v.producer()
+        if node is None or not u.single_consumer(v):
+            return None
+        if u.is_op(node, "MatMul") and len(node.inputs) == 2:
+            w = node.inputs[1]
+            arr = u.const_array(w)
+            if w is not None and arr is not None and arr.ndim == 2 and arr.dtype.kind == "f":
+                if _tied(w, node) or (columns is not None and not _per_column(bias, arr)):
+                    return None
+                return Projection(x, node, bias, columns, k)
+            if bias is not None or columns is not None or depth > 2:
+                return None
+            for operand in node.inputs:  # the factor goes to either side of the product
+                if operand is not None and not u.is_constant(operand):
+                    found = find_projection(operand, k, depth + 1)
+                    if found is not None:
+                        return dataclasses.replace(found, x=x)
+            return None
+        if u.is_op(node, "Add") and bias is None and len(node.inputs) == 2:
+            a, b = node.inputs
+            if a is not None and u.is_op(a.producer(), "MatMul") and u.is_constant(b):
+                bias, v = node, a
+                continue
+            if b is not None and u.is_op(b.producer(), "MatMul") and u.is_constant(a):
+                bias, v = node, b
+                continue
+            return None
+        if node.op_type in _CARRIERS and bias is None and node.inputs[0] is not None:
+            v = node.inputs[0]
+            continue
+        if u.is_op(node, "Gather") and columns is None and bias is None and node.inputs[0]:
+            split = _split_columns(node, node.inputs[0])
+            if split is None:
+                return None
+            v, columns = split
+            continue
+        return None
+    return None
+
+
+def _bias_value(add: ir.Node) -> ir.Value:
+    a, b = add.inputs
+    assert a is not None and b is not None
+    return b if u.is_constant(b) else a
+
+
+def _per_column(bias: ir.Node | None, w: np.ndarray) -> bool:
+    """No bias, or a bias of one value per column of ``w`` (``[N]`` or ``[1, .., 1, N]``)."""
+    if bias is None:
+        return True
+    arr = u.const_array(_bias_value(bias))
+    return arr is not None and arr.shape[-1:] == (w.shape[1],) and arr.size == w.shape[1]
+
+
+def check_projection_scale(node: ir.Node, ctx: RuleContext) -> Projection | str:
+    found = _scalar_factor(node)
+    if isinstance(found, str):
+        return found
+    x, k = found
+    projection = find_projection(x, k)
+    if projection is None:
+        return (
+            "no projection by a constant weight reaches the operand through single-read layout ops"
+        )
+    return projection
+
+
+def scale_projection(node: ir.Node, m: Projection, ctx: RuleContext) -> None:
+    w_val = m.matmul.inputs[1]
+    w = u.const_array(w_val)
+    assert w_val is not None and w is not None
+    lo, hi = m.columns if m.columns is not None else (0, w.shape[1])
+    new_w = w.astype(np.float64)
+    new_w[:, lo:hi] *= m.k
+    namer = cast(_NamedByGraph, ctx.pass_).namer(ctx)
+    m.matmul.replace_input_with(
+        1, u.add_initializer(ctx.graph, new_w.astype(w.dtype), namer(f"{w_val.name}_scaled"))
+    )
+    if m.bias is not None:
+        b_val = _bias_value(m.bias)
+        b = u.const_array(b_val)
+        assert b is not None
+        new_b = b.astype(np.float64).copy()
+        if m.columns is None:
+            new_b *= m.k
+        else:
+            new_b.reshape(-1)[lo:hi] *= m.k
+        index = list(m.bias.inputs).index(b_val)
+        m.bias.replace_input_with(
+            index, u.add_initializer(ctx.graph, new_b.astype(b.dtype), namer("bias_scaled"))
+        )
+    replace(node.outputs[0], m.x, node.op_type)
     u.remove_nodes(ctx.graph, [node])

@@ -14,6 +14,14 @@ With ``k = gamma / sqrt(var + eps)`` per output channel:
   (rule ``mul-conv``): output channel ``o`` of group ``g = o // (C_out / group)`` reads input
   channel ``g * (C_in / group) + j`` through ``W[o, j]``, so ``W'[o, j] = W[o, j] *
   c[g * (C_in / group) + j]``; the zero padding stays zero (``0 * c = 0``)
+- ``x * c`` (or ``x / c``) for a one-element constant ``c``, where ``x`` comes from a projection
+  ``MatMul(A, W)`` (+ a constant bias) through values read once (rules ``projection-mul`` /
+  ``-div``): the factor passes unchanged through layout ops, either side of a MatMul of two
+  computed values and the unbind of a fused projection (``Gather`` of one piece of a Reshape
+  that splits the last dim), so ``W`` and the bias are scaled in the columns that reach ``x``.
+  These are the attention scales of exported transformers: the scores' ``/ sqrt(d)`` (BERT),
+  or ``q * s`` and ``k * s`` on the pieces of one q/k/v projection (scaled dot-product
+  attention, TorchScript). A key joined with a cache first keeps its scale.
 
 The new constants are computed in float64 and rounded once to the weight's dtype, so results
 differ from the unfused model by rounding only (relative error around 1e-7 in float32); the pass
@@ -45,6 +53,7 @@ from graphtrim.graph.passes._affine import (
     tie_agrees,
     weight_scale,
 )
+from graphtrim.graph.passes._linear import check_projection_scale, scale_projection
 from graphtrim.graph.passes._parallel_conv import ParallelMatch, check_sum
 from graphtrim.graph.rules import Rule, RuleContext, RulePass, replace
 
@@ -382,6 +391,15 @@ def _conv_rules(op: str, weight: str) -> tuple[Rule, ...]:
     )
 
 
+_PROJECTION = (
+    "x {op} c for a one-element constant c, where x comes from a projection MatMul(A, W) (+ a "
+    "constant bias b) through values read once, by layout ops (Transpose, Reshape, Squeeze, "
+    "Unsqueeze, Flatten), the unbind of a fused projection (a Gather of one piece of a Reshape "
+    "that splits the last dim, every reader another piece) or either side of a MatMul of two "
+    "computed values -> x, with W and b scaled ({op} c) in the columns that reach x: the "
+    "attention scale of a query (and key) projection"
+)
+
 RULES: tuple[Rule, ...] = (
     *_conv_rules("Conv", "[C_out, C_in / group, k...]: W[o] scales by k[o]"),
     *_conv_rules(
@@ -437,6 +455,20 @@ RULES: tuple[Rule, ...] = (
         fold_into_bn,
     ),
     Rule(
+        "projection-mul",
+        _PROJECTION.format(op="*"),
+        ("Mul",),
+        check_projection_scale,
+        scale_projection,
+    ),
+    Rule(
+        "projection-div",
+        _PROJECTION.format(op="/") + " (c not zero)",
+        ("Div",),
+        check_projection_scale,
+        scale_projection,
+    ),
+    Rule(
         "bn-add",
         "BatchNormalization(x, gamma, beta, ...) + c -> BatchNormalization(x, gamma, beta + c, "
         "...) for a per-channel constant c (inference mode)",
@@ -454,7 +486,8 @@ class AffineFusion(RulePass):
         "fold BatchNormalization and per-channel Mul/Add into Conv and ConvTranspose; "
         "Mul/Add into BatchNormalization; a per-input-channel Mul in front of a Conv into its "
         "weight; a sum or difference of Convs of one input, with the input or its "
-        "BatchNormalization, into one Conv"
+        "BatchNormalization, into one Conv; a scalar scale of a projection's output (an "
+        "attention scale) into its weight"
     )
     rules = RULES
 

@@ -649,3 +649,161 @@ def test_a_normalization_with_other_readers_stays_for_them():
     assert op_types(out) == ["Conv"]
     assert rules_fired(result)["conv-sum-bn"] == 2
     assert_equivalent(proto, out, rtol=1e-5, atol=1e-5)
+
+
+# ---------------------------------------------------------------- attention scales into projections
+
+
+def _fused_qkv_attention(
+    *, bias: bool = True, scale_op: str = "Mul", extra: str = "", past: bool = False
+) -> onnx.ModelProto:
+    """Attention over one fused q/k/v projection (``x @ W + b``, split into 3 x 2 heads of 4,
+    unbound by Gathers), q and k each scaled by ``scale_op`` with a scalar, as TorchScript
+    exports of scaled dot-product attention write it. ``extra``: "q-read" (the scaled q is
+    also an output), "twice" (another reader takes q's piece again), "tied" (W also feeds a
+    second MatMul). ``past``: k is concatenated with a cache input before its scale."""
+    rng = np.random.default_rng(7)
+    inits = [
+        _init("W", rng.standard_normal((8, 24)) / 3),
+        _init("s", np.float32(0.5) if scale_op == "Mul" else np.float32(2.0)),
+        numpy_helper.from_array(np.array([0, 0, 3, 2, 4], np.int64), "shape"),
+        numpy_helper.from_array(np.array(0, np.int64), "i0"),
+        numpy_helper.from_array(np.array(1, np.int64), "i1"),
+        numpy_helper.from_array(np.array(2, np.int64), "i2"),
+    ]
+    nodes = [helper.make_node("MatMul", ["x", "W"], ["p0"])]
+    if bias:
+        inits.append(_init("b", rng.standard_normal(24)))
+        nodes.append(helper.make_node("Add", ["p0", "b"], ["p"]))
+    else:
+        nodes.append(helper.make_node("Identity", ["p0"], ["p"]))
+    nodes += [
+        helper.make_node("Reshape", ["p", "shape"], ["r"]),
+        helper.make_node("Gather", ["r", "i0"], ["q0"], axis=2),
+        helper.make_node("Gather", ["r", "i1"], ["k0"], axis=2),
+        helper.make_node("Gather", ["r", "i2"], ["v0"], axis=2),
+        helper.make_node("Transpose", ["q0"], ["q1"], perm=[0, 2, 1, 3]),
+        helper.make_node("Transpose", ["k0"], ["k1"], perm=[0, 2, 3, 1]),
+        helper.make_node("Transpose", ["v0"], ["v1"], perm=[0, 2, 1, 3]),
+    ]
+    k = "k1"
+    inputs = [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["N", 5, 8])]
+    outputs = [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, ["N", 2, 5, 4])]
+    if past:
+        inputs.append(helper.make_tensor_value_info("past", onnx.TensorProto.FLOAT, ["N", 2, 4, 3]))
+        nodes.append(helper.make_node("Concat", ["past", "k1"], ["kc"], axis=3))
+        k = "kc"
+        inits.append(_init("vpast", rng.standard_normal((1, 2, 3, 4))))
+        nodes += [
+            helper.make_node("Shape", ["x"], ["xs"]),
+            helper.make_node("Gather", ["xs", "i0"], ["n0"]),
+            helper.make_node("Unsqueeze", ["n0", "ax0"], ["n1"]),
+            helper.make_node("Concat", ["n1", "vtail"], ["vshape"], axis=0),
+            helper.make_node("Expand", ["vpast", "vshape"], ["vp"]),
+            helper.make_node("Concat", ["vp", "v1"], ["vc"], axis=2),
+        ]
+        inits += [
+            numpy_helper.from_array(np.array([0], np.int64), "ax0"),
+            numpy_helper.from_array(np.array([2, 3, 4], np.int64), "vtail"),
+        ]
+    v = "vc" if past else "v1"
+    nodes += [
+        helper.make_node(scale_op, ["q1", "s"], ["qs"]),
+        helper.make_node(scale_op, [k, "s"], ["ks"]),
+        helper.make_node("MatMul", ["qs", "ks"], ["a"]),
+        helper.make_node("Softmax", ["a"], ["w"], axis=-1),
+        helper.make_node("MatMul", ["w", v], ["y"]),
+    ]
+    if extra == "q-read":
+        outputs.append(helper.make_tensor_value_info("q1", onnx.TensorProto.FLOAT, ["N", 2, 5, 4]))
+    elif extra == "twice":
+        nodes.append(helper.make_node("Gather", ["r", "i0"], ["q_again"], axis=2))
+        outputs.append(
+            helper.make_tensor_value_info("q_again", onnx.TensorProto.FLOAT, ["N", 5, 2, 4])
+        )
+    elif extra == "tied":
+        nodes.append(helper.make_node("MatMul", ["x", "W"], ["tied"]))
+        outputs.append(helper.make_tensor_value_info("tied", onnx.TensorProto.FLOAT, ["N", 5, 24]))
+    graph = helper.make_graph(nodes, "g", inputs, outputs, inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    onnx.checker.check_model(model, full_check=True)
+    return model
+
+
+def _separate_qk_attention(scale_op: str = "Div") -> onnx.ModelProto:
+    """BERT's layout: q and k from projections of their own (with biases), the scores divided
+    by a scalar after their MatMul."""
+    rng = np.random.default_rng(8)
+    inits = [
+        _init("Wq", rng.standard_normal((8, 8)) / 3),
+        _init("bq", rng.standard_normal(8)),
+        _init("Wk", rng.standard_normal((8, 8)) / 3),
+        _init("c", np.float32(2.0)),
+        numpy_helper.from_array(np.array([0, 0, 2, 4], np.int64), "heads"),
+    ]
+    nodes = [
+        helper.make_node("MatMul", ["x", "Wq"], ["q0"]),
+        helper.make_node("Add", ["bq", "q0"], ["q1"]),
+        helper.make_node("Reshape", ["q1", "heads"], ["q2"]),
+        helper.make_node("Transpose", ["q2"], ["q"], perm=[0, 2, 1, 3]),
+        helper.make_node("MatMul", ["x", "Wk"], ["k0"]),
+        helper.make_node("Reshape", ["k0", "heads"], ["k1"]),
+        helper.make_node("Transpose", ["k1"], ["k"], perm=[0, 2, 3, 1]),
+        helper.make_node("MatMul", ["q", "k"], ["a"]),
+        helper.make_node(scale_op, ["a", "c"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["N", 5, 8])],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, ["N", 2, 5, 5])],
+        inits,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    onnx.checker.check_model(model, full_check=True)
+    return model
+
+
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("scale_op", ["Mul", "Div"])
+def test_the_scales_of_q_and_k_go_into_their_columns_of_a_fused_projection(bias, scale_op):
+    proto = _fused_qkv_attention(bias=bias, scale_op=scale_op)
+    out, result = run_passes(proto, ["fuse-affine", "dead-code"])
+    rule = "projection-mul" if scale_op == "Mul" else "projection-div"
+    assert rules_fired(result)[rule] == 2
+    assert scale_op not in op_types(out)
+    assert_equivalent(proto, out, rtol=1e-5, atol=1e-5, dim_values={"N": 2})
+    # v's columns are untouched: only q's and k's changed
+    w = next(numpy_helper.to_array(i) for i in out.graph.initializer if i.dims == [8, 24])
+    w0 = numpy_helper.to_array(next(i for i in proto.graph.initializer if i.name == "W"))
+    np.testing.assert_allclose(w[:, :16], w0[:, :16] * 0.5, rtol=1e-6)  # * 0.5, or / 2
+    np.testing.assert_array_equal(w[:, 16:], w0[:, 16:])
+
+
+@pytest.mark.parametrize("scale_op", ["Div", "Mul"])
+def test_a_scale_after_the_scores_goes_into_the_query_projection(scale_op):
+    proto = _separate_qk_attention(scale_op)
+    out, result = run_passes(proto, ["fuse-affine", "dead-code"])
+    assert rules_fired(result)[f"projection-{scale_op.lower()}"] == 1
+    assert scale_op not in op_types(out)
+    assert_equivalent(proto, out, rtol=1e-5, atol=1e-5, dim_values={"N": 2})
+
+
+@pytest.mark.parametrize("extra", ["q-read", "twice", "tied"])
+def test_a_scale_stays_where_unscaled_values_are_read_too(extra):
+    proto = _fused_qkv_attention(extra=extra)
+    out, result = run_passes(proto, ["fuse-affine", "dead-code"])
+    fired = rules_fired(result).get("projection-mul", 0)
+    # q's scale stays; k's goes unless W is read elsewhere
+    assert fired == (0 if extra == "tied" else 1)
+    assert op_types(out).count("Mul") == 2 - fired
+    assert_equivalent(proto, out, rtol=1e-5, atol=1e-5, dim_values={"N": 2})
+
+
+def test_a_key_joined_with_its_cache_keeps_its_scale():
+    # the cached keys were not scaled: the factor cannot move into the projection of the new ones
+    proto = _fused_qkv_attention(past=True)
+    out, result = run_passes(proto, ["fuse-affine", "dead-code"])
+    assert rules_fired(result)["projection-mul"] == 1
+    assert op_types(out).count("Mul") == 1
+    assert_equivalent(proto, out, rtol=1e-5, atol=1e-5, dim_values={"N": 2})

@@ -11,8 +11,10 @@ from tests.optimizer_core.graph.test_fusion import (
     _branches_model,
     _conv_model,
     _conv_transpose_model,
+    _fused_qkv_attention,
     _init,
     _scaled_input_conv,
+    _separate_qk_attention,
 )
 
 # new weights are computed in float64 and rounded once to float32
@@ -72,4 +74,6 @@ EXAMPLES = {
     ),
     ("fuse-affine", "bn-mul"): Example(model=_bn_then("Mul"), **_TOL),
     ("fuse-affine", "bn-add"): Example(model=_bn_then("Add"), **_TOL),
+    ("fuse-affine", "projection-mul"): Example(model=_fused_qkv_attention, **_TOL),
+    ("fuse-affine", "projection-div"): Example(model=lambda: _separate_qk_attention("Div"), **_TOL),
 }
