@@ -302,6 +302,10 @@ def _kernel_count(path: Path, out: Path) -> int | None:
         return None
 
 
+# weights up to this many bytes are loaded into onnxruntime to count its kernels
+SCALES_COUNT_LIMIT = 1 << 30
+
+
 def settle_norm_scales(src: Path, result: OptimizeResult) -> OptimizeResult:
     """Drop the scales of ones that ``algebraic`` keeps on written-out normalizations (see
     :func:`~graphtrim.graph.passes._transformer_norm.runtime_fused_scale`) unless onnxruntime
@@ -309,16 +313,21 @@ def settle_norm_scales(src: Path, result: OptimizeResult) -> OptimizeResult:
     without them, onnxruntime would run more kernels for the result than for the input ``src``
     (a model whose other savings do not make up for normalizations run op by op); the change
     log's notes say which way it went. The onnxruntime targets keep them (their fusions are
-    measured)."""
+    measured). Weights over :data:`SCALES_COUNT_LIMIT` bytes are not loaded into onnxruntime
+    twice for the count: the scales go (a large model's normalizations weigh little beside its
+    matrix products)."""
     from graphtrim.graph.metadata import strip_intermediate_shapes
     from graphtrim.graph.passes._transformer_norm import drop_scales, fused_scales
-    from graphtrim.modelio import load_model, save_model
+    from graphtrim.modelio import initializer_bytes, load_model, save_model
 
     if result.log.target.get("target") in ORT_TARGETS:
         return result
     scales = len(fused_scales(result.model))
     if not scales:
         return result
+    if initializer_bytes(result.model) > SCALES_COUNT_LIMIT:
+        drop_scales(result.model)
+        return OptimizeResult(model=result.model, log=result.log, modified=True)
     with tempfile.TemporaryDirectory(prefix="graphtrim-scales-") as tmp:
         folder = Path(tmp)
         kept = folder / "kept.onnx"

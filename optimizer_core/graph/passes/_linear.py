@@ -380,6 +380,10 @@ def check_projection_scale(node: ir.Node, ctx: RuleContext) -> Projection | str:
     if isinstance(found, str):
         return found
     x, k = found
+    if not 0.0 < abs(k) <= 1.0:
+        # a factor that shrinks the weights only: a later float16 conversion never meets a
+        # weight larger than the model's own (the model computed the product in its own type)
+        return "the factor is zero or larger than one in magnitude"
     projection = find_projection(x, k)
     if projection is None:
         return (

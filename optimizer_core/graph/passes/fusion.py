@@ -18,7 +18,8 @@ With ``k = gamma / sqrt(var + eps)`` per output channel:
   ``MatMul(A, W)`` (+ a constant bias) through values read once (rules ``projection-mul`` /
   ``-div``): the factor passes unchanged through layout ops, either side of a MatMul of two
   computed values and the unbind of a fused projection (``Gather`` of one piece of a Reshape
-  that splits the last dim), so ``W`` and the bias are scaled in the columns that reach ``x``.
+  that splits the last dim), so ``W`` and the bias are scaled in the columns that reach ``x``;
+  only by a factor of magnitude at most 1, which never grows a weight.
   These are the attention scales of exported transformers: the scores' ``/ sqrt(d)`` (BERT),
   or ``q * s`` and ``k * s`` on the pieces of one q/k/v projection (scaled dot-product
   attention, TorchScript). A key joined with a cache first keeps its scale.
@@ -396,8 +397,9 @@ _PROJECTION = (
     "constant bias b) through values read once, by layout ops (Transpose, Reshape, Squeeze, "
     "Unsqueeze, Flatten), the unbind of a fused projection (a Gather of one piece of a Reshape "
     "that splits the last dim, every reader another piece) or either side of a MatMul of two "
-    "computed values -> x, with W and b scaled ({op} c) in the columns that reach x: the "
-    "attention scale of a query (and key) projection"
+    "computed values -> x, with W and b scaled ({op} c) in the columns that reach x, when the "
+    "factor is at most 1 in magnitude (it never grows a weight): the attention scale of a "
+    "query (and key) projection"
 )
 
 RULES: tuple[Rule, ...] = (

@@ -730,15 +730,15 @@ def _fused_qkv_attention(
     return model
 
 
-def _separate_qk_attention(scale_op: str = "Div") -> onnx.ModelProto:
+def _separate_qk_attention(scale_op: str = "Div", c: float = 2.0) -> onnx.ModelProto:
     """BERT's layout: q and k from projections of their own (with biases), the scores divided
-    by a scalar after their MatMul."""
+    (or multiplied) by the scalar ``c`` after their MatMul."""
     rng = np.random.default_rng(8)
     inits = [
         _init("Wq", rng.standard_normal((8, 8)) / 3),
         _init("bq", rng.standard_normal(8)),
         _init("Wk", rng.standard_normal((8, 8)) / 3),
-        _init("c", np.float32(2.0)),
+        _init("c", np.float32(c)),
         numpy_helper.from_array(np.array([0, 0, 2, 4], np.int64), "heads"),
     ]
     nodes = [
@@ -780,13 +780,22 @@ def test_the_scales_of_q_and_k_go_into_their_columns_of_a_fused_projection(bias,
     np.testing.assert_array_equal(w[:, 16:], w0[:, 16:])
 
 
-@pytest.mark.parametrize("scale_op", ["Div", "Mul"])
-def test_a_scale_after_the_scores_goes_into_the_query_projection(scale_op):
-    proto = _separate_qk_attention(scale_op)
+@pytest.mark.parametrize(("scale_op", "c"), [("Div", 2.0), ("Mul", 0.5)])
+def test_a_scale_after_the_scores_goes_into_the_query_projection(scale_op, c):
+    proto = _separate_qk_attention(scale_op, c)
     out, result = run_passes(proto, ["fuse-affine", "dead-code"])
     assert rules_fired(result)[f"projection-{scale_op.lower()}"] == 1
     assert scale_op not in op_types(out)
     assert_equivalent(proto, out, rtol=1e-5, atol=1e-5, dim_values={"N": 2})
+
+
+@pytest.mark.parametrize(("scale_op", "c"), [("Mul", 2.0), ("Div", 0.5), ("Mul", 0.0)])
+def test_a_factor_that_would_grow_the_weight_stays(scale_op, c):
+    # a weight scaled up could leave a later float16 conversion's range; zero is no scale
+    proto = _separate_qk_attention(scale_op, c)
+    out, result = run_passes(proto, ["fuse-affine", "dead-code"])
+    assert not {"projection-mul", "projection-div"} & set(rules_fired(result))
+    assert scale_op in op_types(out)
 
 
 @pytest.mark.parametrize("extra", ["q-read", "twice", "tied"])
