@@ -246,31 +246,33 @@ class Projection:
     matmul: ir.Node  # MatMul(A, W), W constant
     bias: ir.Node | None  # an Add of a constant per-column bias on the MatMul's output
     columns: tuple[int, int] | None  # the columns of W (and the bias) that reach x; None: all
-    k: float
+    k: np.ndarray  # the factor: shape () or one per column of W
 
 
-def _scalar_factor(node: ir.Node) -> tuple[ir.Value, float] | str:
-    """``(x, k)`` of ``x * c`` (either order) or ``x / c`` with a one-element float constant."""
+def _factor(node: ir.Node) -> tuple[ir.Value, np.ndarray] | str:
+    """``(x, k)`` of ``x * c`` (either order) or ``x / c`` (``k = 1 / c``) with a float constant
+    ``c`` of ``x``'s type that broadcasts along the last axis only: ``k`` has shape ``()`` for
+    one element, ``(n,)`` for a vector of the last axis."""
     a, b = (node.inputs[0], node.inputs[1]) if len(node.inputs) == 2 else (None, None)
     if a is None or b is None:
         return "not two inputs"
     for x, c in ((a, b),) if node.op_type == "Div" else ((a, b), (b, a)):
         arr = u.const_array(c)
-        if arr is None or arr.size != 1 or arr.dtype.kind != "f" or u.is_constant(x):
+        if arr is None or arr.dtype.kind != "f" or u.is_constant(x):
             continue
-        rc, rx = u.rank(c), u.rank(x)
-        if rc is not None and (rx is None or rc > rx):
-            continue  # the constant would add dims
+        rx = u.rank(x)
+        if arr.ndim and (rx is None or arr.ndim > rx or any(d != 1 for d in arr.shape[:-1])):
+            continue  # the constant would add dims, or scale more than the last axis
         dtype = elem_type(x)
         if dtype != elem_type(node.outputs[0]) or dtype != ir.DataType.from_numpy(arr.dtype):
             continue
-        value = float(arr.reshape(-1)[0])
+        k = arr.astype(np.float64).reshape(-1) if arr.size > 1 else np.float64(arr.reshape(-1)[0])
         if node.op_type == "Div":
-            if value == 0.0:
+            if np.any(k == 0.0):
                 return "a division by zero"
-            value = 1.0 / value
-        return x, value
-    return "no one-element float constant of the operand's type"
+            k = 1.0 / k
+        return x, np.asarray(k)
+    return "no float constant of the operand's type along its last axis"
 
 
 def _split_columns(gather: ir.Node, data: ir.Value) -> tuple[ir.Value, tuple[int, int]] | None:
@@ -315,10 +317,12 @@ def _split_columns(gather: ir.Node, data: ir.Value) -> tuple[ir.Value, tuple[int
     return p, (i * width, (i + 1) * width)
 
 
-def find_projection(x: ir.Value, k: float, depth: int = 0) -> Projection | None:
+def find_projection(x: ir.Value, k: np.ndarray, depth: int = 0) -> Projection | None:
     """The projection ``MatMul(A, W)`` (+ a constant bias) whose output reaches ``x`` through ops
     that carry a scalar factor (layout ops, the unbind of a fused projection into pieces, either
-    operand of a MatMul of two computed values), each value on the way read once."""
+    operand of a MatMul of two computed values), each value on the way read once. A factor per
+    column (``k`` a vector) reaches the projection's output directly or through its bias only."""
+    per_column = k.ndim == 1
     v, columns, bias = x, None, None
     for _ in range(32):
         node = v.producer()
@@ -330,8 +334,10 @@ def find_projection(x: ir.Value, k: float, depth: int = 0) -> Projection | None:
             if w is not None and arr is not None and arr.ndim == 2 and arr.dtype.kind == "f":
                 if _tied(w, node) or (columns is not None and not _per_column(bias, arr)):
                     return None
+                if per_column and (k.shape[0] != arr.shape[1] or not _per_column(bias, arr, 1)):
+                    return None
                 return Projection(x, node, bias, columns, k)
-            if bias is not None or columns is not None or depth > 2:
+            if bias is not None or columns is not None or depth > 2 or per_column:
                 return None
             for operand in node.inputs:  # the factor goes to either side of the product
                 if operand is not None and not u.is_constant(operand):
@@ -347,6 +353,8 @@ def find_projection(x: ir.Value, k: float, depth: int = 0) -> Projection | None:
             if b is not None and u.is_op(b.producer(), "MatMul") and u.is_constant(a):
                 bias, v = node, b
                 continue
+            return None
+        if per_column:
             return None
         if node.op_type in _CARRIERS and bias is None and node.inputs[0] is not None:
             v = node.inputs[0]
@@ -367,20 +375,23 @@ def _bias_value(add: ir.Node) -> ir.Value:
     return b if u.is_constant(b) else a
 
 
-def _per_column(bias: ir.Node | None, w: np.ndarray) -> bool:
-    """No bias, or a bias of one value per column of ``w`` (``[N]`` or ``[1, .., 1, N]``)."""
+def _per_column(bias: ir.Node | None, w: np.ndarray, rows: int | None = None) -> bool:
+    """No bias, or a bias of one value per column of ``w`` (``[N]`` or ``[1, .., 1, N]``); with
+    ``rows``, a bias of any rows (a vector factor scales each of them) whose last dim is N."""
     if bias is None:
         return True
     arr = u.const_array(_bias_value(bias))
-    return arr is not None and arr.shape[-1:] == (w.shape[1],) and arr.size == w.shape[1]
+    if arr is None or arr.shape[-1:] != (w.shape[1],):
+        return False
+    return rows is not None or arr.size == w.shape[1]
 
 
 def check_projection_scale(node: ir.Node, ctx: RuleContext) -> Projection | str:
-    found = _scalar_factor(node)
+    found = _factor(node)
     if isinstance(found, str):
         return found
     x, k = found
-    if not 0.0 < abs(k) <= 1.0:
+    if not np.all((np.abs(k) > 0.0) & (np.abs(k) <= 1.0)):
         # a factor that shrinks the weights only: a later float16 conversion never meets a
         # weight larger than the model's own (the model computed the product in its own type)
         return "the factor is zero or larger than one in magnitude"
@@ -409,7 +420,7 @@ def scale_projection(node: ir.Node, m: Projection, ctx: RuleContext) -> None:
         assert b is not None
         new_b = b.astype(np.float64).copy()
         if m.columns is None:
-            new_b *= m.k
+            new_b = new_b * m.k
         else:
             new_b.reshape(-1)[lo:hi] *= m.k
         index = list(m.bias.inputs).index(b_val)

@@ -22,7 +22,9 @@ With ``k = gamma / sqrt(var + eps)`` per output channel:
   only by a factor of magnitude at most 1, which never grows a weight.
   These are the attention scales of exported transformers: the scores' ``/ sqrt(d)`` (BERT),
   or ``q * s`` and ``k * s`` on the pieces of one q/k/v projection (scaled dot-product
-  attention, TorchScript). A key joined with a cache first keeps its scale.
+  attention, TorchScript). A key joined with a cache first keeps its scale. A constant of one
+  factor per column (a layer scale: CaiT, ConvNeXt, EfficientFormer) folds when it reads the
+  projection's output directly or through its bias.
 
 The new constants are computed in float64 and rounded once to the weight's dtype, so results
 differ from the unfused model by rounding only (relative error around 1e-7 in float32); the pass
@@ -393,7 +395,8 @@ def _conv_rules(op: str, weight: str) -> tuple[Rule, ...]:
 
 
 _PROJECTION = (
-    "x {op} c for a one-element constant c, where x comes from a projection MatMul(A, W) (+ a "
+    "x {op} c for a one-element constant c (or one per column, on the projection's output or "
+    "its bias directly), where x comes from a projection MatMul(A, W) (+ a "
     "constant bias b) through values read once, by layout ops (Transpose, Reshape, Squeeze, "
     "Unsqueeze, Flatten), the unbind of a fused projection (a Gather of one piece of a Reshape "
     "that splits the last dim, every reader another piece) or either side of a MatMul of two "

@@ -816,3 +816,51 @@ def test_a_key_joined_with_its_cache_keeps_its_scale():
     assert rules_fired(result)["projection-mul"] == 1
     assert op_types(out).count("Mul") == 1
     assert_equivalent(proto, out, rtol=1e-5, atol=1e-5, dim_values={"N": 2})
+
+
+def _layer_scale(gamma: np.ndarray, *, through: str = "") -> onnx.ModelProto:
+    """A projection with a bias, then a per-channel ``gamma`` (a layer scale: CaiT, ConvNeXt,
+    EfficientFormer); ``through`` = "Transpose" puts a Transpose between them."""
+    rng = np.random.default_rng(9)
+    inits = [
+        _init("W", rng.standard_normal((8, 6)) / 3),
+        _init("b", rng.standard_normal(6)),
+        _init("gamma", gamma),
+    ]
+    nodes = [
+        helper.make_node("MatMul", ["x", "W"], ["m"]),
+        helper.make_node("Add", ["m", "b"], ["p"]),
+    ]
+    shape = ["N", 5, 6]
+    if through:
+        nodes.append(helper.make_node("Transpose", ["p"], ["t"], perm=[1, 0, 2]))
+        shape = [5, "N", 6]
+    nodes.append(helper.make_node("Mul", ["t" if through else "p", "gamma"], ["y"]))
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["N", 5, 8])],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, shape)],
+        inits,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    onnx.checker.check_model(model, full_check=True)
+    return model
+
+
+@pytest.mark.parametrize(
+    ("gamma", "through", "folds"),
+    [
+        (np.full(6, 1e-5), "", True),  # a fresh layer scale
+        (np.linspace(0.1, 1.0, 6), "", True),
+        (np.linspace(0.5, 1.5, 6), "", False),  # it would grow some columns
+        (np.full(6, 0.5), "Transpose", False),  # per column: on the projection's output only
+    ],
+    ids=["fresh", "trained", "growing", "moved"],
+)
+def test_a_layer_scale_goes_into_the_projection_before_it(gamma, through, folds):
+    proto = _layer_scale(gamma, through=through)
+    out, result = run_passes(proto, ["fuse-affine", "dead-code"])
+    assert (rules_fired(result).get("projection-mul", 0) == 1) is folds
+    assert ("Mul" in op_types(out)) is not folds
+    assert_equivalent(proto, out, rtol=1e-5, atol=1e-5, dim_values={"N": 2})
