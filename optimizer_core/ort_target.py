@@ -159,12 +159,13 @@ def _flipped_residuals(path: Path) -> tuple[ir.Model | None, str]:
     return None, ""
 
 
-def _fuse(src: Path, dst: Path, provider: str, target: str) -> None:
-    """onnxruntime's offline fusions (extended level) of the model at ``src`` into ``dst``."""
+def _writing_options(dst: Path, level: Any) -> Any:
+    """Session options that optimize at ``level`` and write the optimized model to ``dst``
+    (weights over 1 KiB beside it in ``<name>.data``)."""
     import onnxruntime as ort
 
     so = ort.SessionOptions()
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+    so.graph_optimization_level = level
     so.optimized_model_filepath = str(dst)
     so.log_severity_level = 3
     so.add_session_config_entry(
@@ -173,6 +174,14 @@ def _fuse(src: Path, dst: Path, provider: str, target: str) -> None:
     so.add_session_config_entry(
         "session.optimized_model_external_initializers_min_size_in_bytes", "1024"
     )
+    return so
+
+
+def _fuse(src: Path, dst: Path, provider: str, target: str) -> None:
+    """onnxruntime's offline fusions (extended level) of the model at ``src`` into ``dst``."""
+    import onnxruntime as ort
+
+    so = _writing_options(dst, ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED)
     try:
         ort.InferenceSession(str(src), so, providers=[provider])
     except Exception as exc:
@@ -284,17 +293,8 @@ def _kernel_count(path: Path, out: Path) -> int | None:
     import onnx
     import onnxruntime as ort
 
-    so = ort.SessionOptions()
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    so.optimized_model_filepath = str(out)
-    so.log_severity_level = 4
+    so = _writing_options(out, ort.GraphOptimizationLevel.ORT_ENABLE_ALL)
     so.intra_op_num_threads = 1
-    so.add_session_config_entry(
-        "session.optimized_model_external_initializers_file_name", out.name + ".data"
-    )
-    so.add_session_config_entry(
-        "session.optimized_model_external_initializers_min_size_in_bytes", "1024"
-    )
     try:
         ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
         return len(onnx.load(str(out), load_external_data=False).graph.node)
