@@ -332,7 +332,9 @@ def find_projection(x: ir.Value, k: np.ndarray, depth: int = 0) -> Projection | 
             w = node.inputs[1]
             arr = u.const_array(w)
             if w is not None and arr is not None and arr.ndim == 2 and arr.dtype.kind == "f":
-                if _tied(w, node) or (columns is not None and not _per_column(bias, arr)):
+                if _tied(w, node) or node.inputs[0] is w:
+                    return None  # another reader, or W on both sides of the product
+                if columns is not None and not _per_column(bias, arr):
                     return None
                 if per_column and (k.shape[0] != arr.shape[1] or not _per_column(bias, arr, 1)):
                     return None
