@@ -1353,3 +1353,85 @@ def test_an_unbind_that_is_not_proved_stays(case, reason):
     assert "transpose-unbind" not in algebraic.rule_counts
     declines = {why for (rule, why) in algebraic.declines if rule == "transpose-unbind"}
     assert any(why.startswith(reason) for why in declines), declines
+
+
+# ---------------------------------------------------------------- Where under a known condition
+
+_EXPAND = """
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[N, 3] x, float[1, 1, 3] cls) => (float[N, 1, 3] y)
+      <int64[2] m = {-1, -1}, int64 neg = {-1}, int64[3] ones = {1, 1, 1}, int64[1] ax = {0},
+       int64 zero = {0}> {
+        sh = Shape(x)
+        b = Gather<axis = 0>(sh, zero)
+        bu = Unsqueeze(b, ax)
+        s = Concat<axis = 0>(bu, m)
+        e = Equal(s, neg)
+        w = Where(e, ones, s)
+        y = Expand(cls, w)
+    }
+"""
+
+
+def test_torchscripts_expand_shape_under_a_known_condition_becomes_a_concat():
+    # `cls.expand(B, -1, -1)` as TorchScript writes it: Equal(s, -1) is known (a dim is never
+    # -1), and the Where picks B from s and 1 for each -1
+    proto = parse(_EXPAND)
+    out, result = run_passes(proto)
+    assert rules_fired(result)["where-constant-select"] == 1
+    assert "Where" not in op_types(out) and "Equal" not in op_types(out)
+    assert op_types(out).count("Concat") == 1
+    assert_equivalent(proto, out, dim_values={"N": 3})
+
+
+def test_a_where_that_picks_one_whole_side_is_that_side():
+    proto = parse(
+        """
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[N, 3] x) => (float[N, 3] y) <bool[2] c = {0, 0}, int64[2] ones = {1, 1}> {
+            s = Shape(x)
+            w = Where(c, ones, s)
+            z = ConstantOfShape<value = float[1] {0.5}>(w)
+            y = Add(x, z)
+        }
+        """
+    )
+    out, result = run_passes(proto, ALGEBRAIC)
+    assert fired(result)["where-constant-select"] == 1
+    assert "Where" not in op_types(out)
+    assert_equivalent(proto, out, dim_values={"N": 2})
+
+
+@pytest.mark.parametrize(
+    ("case", "reason"),
+    [
+        ("split", "a computed piece is not picked whole and in order"),
+        ("shared", "no Concat of a side goes dead"),
+        ("computed", "the condition is not a constant boolean vector"),
+    ],
+)
+def test_a_where_that_saves_no_node_or_splits_a_piece_stays(case, reason):
+    cond = {"split": "{0, 1, 1}", "shared": "{0, 1, 1}", "computed": "{0, 0, 0}"}[case]
+    # "split": the two dims read together, then only the first taken; "shared": s is read
+    # again, so a new Concat would replace the Where alone
+    piece, rest = ("Shape<end = 2>(x)", "one") if case == "split" else ("Shape<end = 1>(x)", "m")
+    proto = onnx.shape_inference.infer_shapes(
+        parse(
+            f"""
+            <ir_version: 8, opset_import: ["" : 17]>
+            g (float[N, 3, 5] x, bool[3] k) => (int64[3] y, int64[3] z)
+              <int64[2] m = {{-1, -1}}, int64[1] one = {{-1}}, int64[3] ones = {{1, 1, 1}},
+               bool[3] c = {cond}> {{
+                p = {piece}
+                s = Concat<axis = 0>(p, {rest})
+                y = Where({"k" if case == "computed" else "c"}, ones, s)
+                z = {"Neg(s)" if case == "shared" else "Neg(ones)"}
+            }}
+            """
+        )
+    )
+    algebraic = AlgebraicSimplification()
+    algebraic.apply(ir.serde.deserialize_model(proto))
+    assert "where-constant-select" not in algebraic.rule_counts
+    declines = {why for (rule, why) in algebraic.declines if rule == "where-constant-select"}
+    assert any(why.startswith(reason) for why in declines), declines

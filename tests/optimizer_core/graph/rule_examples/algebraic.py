@@ -203,3 +203,13 @@ EXAMPLES[("algebraic", "transpose-unbind-slices")] = Example(
         sig="(float[2, 5, 3, 2, 4] xin) => (float[2, 2, 5, 4] y)",
     )
 )
+
+# TorchScript's `cls.expand(B, -1, -1)`: the -1 entries become 1 under a known condition
+EXAMPLES[("algebraic", "where-constant-select")] = Example(
+    model=model(
+        "b = Shape<end = 1>(xin)\n s = Concat<axis = 0>(b, m)\n w = Where(c, ones, s)\n"
+        " y = Expand(cls, w)",
+        inits="int64[1] m = {-1}, bool[2] c = {0, 1}, int64[2] ones = {1, 1}",
+        sig="(float[N, 4] xin, float[1, 4] cls) => (float[N, 4] y)",
+    )
+)
