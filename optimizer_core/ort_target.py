@@ -304,8 +304,9 @@ def _kernel_count(path: Path, out: Path) -> int | None:
 
 
 # multiply-adds that take onnxruntime's CPU provider (one thread) about as long as starting one
-# kernel: a 64-wide, two-layer encoder block (1.3 M multiply-adds in 53 kernels) ran 6-9% slower
-# for 4 kernels more, a ConvNeXt-Tiny (4.5 G in 326 kernels) 5-17% faster for 28 more
+# kernel: a 64-wide, two-layer encoder block (1.3 M multiply-adds at 2 x 16 tokens, 53 kernels)
+# ran 6-9% slower for 4 kernels more, a ConvNeXt-Tiny (4.5 G an image, 326 kernels) 5-17%
+# faster for 28 more
 KERNEL_MACS = 300_000
 
 
