@@ -338,6 +338,10 @@ def _matrix_macs(model: ir.Model, dim: int = 2) -> int:
     return total
 
 
+# the most kernels a scale of ones can save: onnxruntime runs a normalization written out
+# without it as seven kernels, where it fuses the input's into one
+_SCALE_KERNELS = 6
+
 # weights up to this many bytes are loaded into onnxruntime to count its kernels
 SCALES_COUNT_LIMIT = 1 << 30
 
@@ -352,7 +356,8 @@ def settle_norm_scales(src: Path, result: OptimizeResult) -> OptimizeResult:
     go. Where it runs more, what they add is weighed against the input's time, in kernels: its
     own kernels plus its matrix products' multiply-adds at :data:`KERNEL_MACS` per kernel (six
     small kernels weigh little beside a convolution's work). The scales stay only where the
-    kernels added come to more than :data:`NOISE_MARGIN` of it. The decision is the same on
+    kernels added come to more than :data:`NOISE_MARGIN` of it; where even six kernels per
+    scale (the most one saves) would not, they go without counting. The decision is the same on
     every run, and the change log's notes say which way it went and why. The onnxruntime
     targets keep the scales (their fusions are measured). Weights over
     :data:`SCALES_COUNT_LIMIT` bytes are not loaded into onnxruntime twice: the scales go (a
@@ -369,6 +374,17 @@ def settle_norm_scales(src: Path, result: OptimizeResult) -> OptimizeResult:
     if initializer_bytes(result.model) > SCALES_COUNT_LIMIT:
         drop_scales(result.model)
         return OptimizeResult(model=result.model, log=result.log, modified=True)
+    # the input's time in kernels, from its matrix products' work alone (a lower bound)
+    work = _matrix_macs(result.model) / KERNEL_MACS
+    if _SCALE_KERNELS * scales <= NOISE_MARGIN * work:
+        # not worth counting: even at the most they save, the scales are within the margin
+        result.log.notes.append(
+            f"dropped {scales} normalization scale(s) of ones: at most {_SCALE_KERNELS} "
+            f"kernels each, under {_SCALE_KERNELS * scales / work:.1%} of the input's time "
+            f"(its multiply-adds, one kernel taken as {KERNEL_MACS:,})"
+        )
+        drop_scales(result.model)
+        return OptimizeResult(model=result.model, log=result.log, modified=True)
     with tempfile.TemporaryDirectory(prefix="graphtrim-scales-") as tmp:
         folder = Path(tmp)
         kept = folder / "kept.onnx"
@@ -383,7 +399,7 @@ def settle_norm_scales(src: Path, result: OptimizeResult) -> OptimizeResult:
     if before is not None and after is not None and after > before:
         # the kernels the result adds, against the input's time in kernels: its own kernels
         # and its matrix products' work
-        share = (after - before) / (before + _matrix_macs(result.model) / KERNEL_MACS)
+        share = (after - before) / (before + work)
         counts = (
             f"{after} kernels for the result against {before} for the input (about {share:.1%} "
             f"of the input's time, one kernel taken as {KERNEL_MACS:,} multiply-adds)"
