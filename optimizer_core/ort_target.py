@@ -356,14 +356,20 @@ def settle_norm_scales(src: Path, result: OptimizeResult) -> OptimizeResult:
     go. Where it runs more, what they add is weighed against the input's time, in kernels: its
     own kernels plus its matrix products' multiply-adds at :data:`KERNEL_MACS` per kernel (six
     small kernels weigh little beside a convolution's work). The scales stay only where the
-    kernels added come to more than :data:`NOISE_MARGIN` of it; where even six kernels per
-    scale (the most one saves) would not, they go without counting. The decision is the same on
+    kernels added come to more than :data:`NOISE_MARGIN` of it, and a centered
+    normalization's scale then gets a shift of zeros after it (:func:`add_zero_shifts`: one
+    fused kernel where the scale alone leaves three); where even six kernels per scale (the
+    most one saves) would not, they go without counting. The decision is the same on
     every run, and the change log's notes say which way it went and why. The onnxruntime
     targets keep the scales (their fusions are measured). Weights over
     :data:`SCALES_COUNT_LIMIT` bytes are not loaded into onnxruntime twice: the scales go (a
     large model's normalizations weigh little beside its matrix products)."""
     from graphtrim.graph.metadata import strip_intermediate_shapes
-    from graphtrim.graph.passes._transformer_norm import drop_scales, fused_scales
+    from graphtrim.graph.passes._transformer_norm import (
+        add_zero_shifts,
+        drop_scales,
+        fused_scales,
+    )
     from graphtrim.modelio import initializer_bytes, load_model, save_model
 
     if result.log.target.get("target") in ORT_TARGETS:
@@ -405,11 +411,18 @@ def settle_norm_scales(src: Path, result: OptimizeResult) -> OptimizeResult:
             f"of the input's time, one kernel taken as {KERNEL_MACS:,} multiply-adds)"
         )
         if share > NOISE_MARGIN:
+            shifts = add_zero_shifts(result.model)
+            whole = (
+                f"; with a shift of zeros after {shifts} of them, so that onnxruntime fuses "
+                "each LayerNormalization whole"
+                if shifts
+                else ""
+            )
             result.log.notes.append(
                 f"kept {scales} normalization scale(s) of ones: without them onnxruntime would "
-                f"run {counts}"
+                f"run {counts}{whole}"
             )
-            return result
+            return OptimizeResult(model=result.model, log=result.log, modified=True)
         result.log.notes.append(
             f"dropped {scales} normalization scale(s) of ones: onnxruntime runs {counts}"
         )

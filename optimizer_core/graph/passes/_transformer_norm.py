@@ -178,25 +178,32 @@ def runtime_fused_scale(x: ir.Value, scale: ir.Value, opset: int) -> bool:
     opset has no op for it. onnxruntime's fusions (LayerNormalization, and the
     SimplifiedLayerNormalization of the mean of squares) end at that ``Mul``: without it the
     pattern runs op by op, even where the scale is all ones."""
+    return _scaled_norm(x, scale, opset) is not None
+
+
+def _scaled_norm(x: ir.Value, scale: ir.Value, opset: int) -> str | None:
+    """The kind of the normalization :func:`runtime_fused_scale` finds (``"layernorm"`` or
+    ``"rmsnorm"``), or ``None``."""
     div = producer(x, "Div")
     sqrt = producer(div.inputs[1], "Sqrt") if div is not None and len(div.inputs) == 2 else None
     add = producer(sqrt.inputs[0], "Add") if sqrt is not None else None
     if add is None:
-        return False
+        return None
     for operand in add.inputs:
         mean2 = producer(operand, "ReduceMean")
         if mean2 is None:
             continue
         norm = match_decomposed(mean2)
         square = square_of(mean2.inputs[0])
-        return (
+        fused = (
             isinstance(norm, Norm)
             and norm.gamma is scale
             and square is not None
             and square[1].op_type == "Pow"
             and opset < NORM_OPSET[norm.kind]
         )
-    return False
+        return norm.kind if fused and isinstance(norm, Norm) else None
+    return None
 
 
 def fused_scales(model: ir.Model) -> list[tuple[ir.Node, ir.Value]]:
@@ -231,6 +238,50 @@ def drop_scales(model: ir.Model) -> int:
         if ones.is_initializer() and not ones.uses() and not ones.is_graph_input():
             graph.initializers.pop(ones.name or "")
     return dropped
+
+
+def add_zero_shifts(model: ir.Model) -> int:
+    """Give each centered normalization whose scale :func:`fused_scales` finds a shift of zeros
+    after it, where nothing shifts its output yet: onnxruntime's LayerNormFusion ends at the
+    shift's ``Add``, and fuses the pattern whole (one kernel) only with it; without it, the
+    centering stays two kernels beside SimplifiedLayerNormalization. The count added."""
+    added = 0
+    namer: u.NameGenerator | None = None
+    for node, x in fused_scales(model):
+        graph, out = node.graph, node.outputs[0]
+        scale = next(v for v in node.inputs if v is not x)
+        if graph is None or scale is None or scale.dtype is None:
+            continue
+        shape = u.static_shape(scale)
+        if shape is None:
+            continue
+        if _scaled_norm(x, scale, u.node_opset(node, model)) != "layernorm":
+            continue  # the mean of squares has no shift: its fusion ends at the scale
+        users = list(out.uses())
+        if any(
+            u.is_op(user, "Add") and u.const_array(user.inputs[1 - idx]) is not None
+            for user, idx in users
+            if len(user.inputs) == 2
+        ):
+            continue  # already shifted
+        namer = namer or u.NameGenerator(model)
+        zeros = np.zeros(shape, dtype=scale.dtype.numpy())
+        shift = u.add_initializer(graph, zeros, namer(f"{scale.name or 'scale'}_zero_shift"))
+        add = ir.Node("", "Add", [out, shift], name=namer(f"{node.name or 'Mul'}_shift"))
+        graph.insert_after(node, add)
+        shifted = add.outputs[0]
+        shifted.type, shifted.shape = out.type, out.shape
+        shifted.name = namer(f"{out.name or 'scaled'}_shifted")
+        for user, idx in users:
+            user.replace_input_with(idx, shifted)
+        if out.is_graph_output():
+            i = next(k for k, v in enumerate(graph.outputs) if v is out)
+            name = out.name
+            out.name = namer(f"{name}_scaled")
+            shifted.name = name
+            graph.outputs[i] = shifted
+        added += 1
+    return added
 
 
 def check_layernorm(node: ir.Node, ctx: RuleContext) -> Norm | str:

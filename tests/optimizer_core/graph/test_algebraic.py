@@ -336,7 +336,8 @@ def _with_work(proto: onnx.ModelProto, layers: int) -> onnx.ModelProto:
 def test_the_file_keeps_the_scales_only_where_onnxruntime_would_run_more_kernels(tmp_path, case):
     """``graphtrim optimize`` drops the kept scales of ones unless onnxruntime, without them,
     would run more kernels for the result than for the input, and those kernels weigh in the
-    input's time. A normalization alone would go from one kernel to seven: it stays. Beside
+    input's time. A normalization alone would go from one kernel to seven: it stays, with a
+    shift of zeros, and onnxruntime runs it as one LayerNormalization, as the input. Beside
     four Expands graphtrim removes, it pays for itself. Before 102 M multiply-adds (340
     kernels' worth at 300,000 each), even six kernels more are under 2% of the time: not
     counted. Beside an Expand and 68 M multiply-adds, the four kernels it adds are 1.7%."""
@@ -355,9 +356,12 @@ def test_the_file_keeps_the_scales_only_where_onnxruntime_would_run_more_kernels
     out = onnx.load(str(dst))
     notes = [n for n in report.log.notes if "scale" in n]
     if case == "alone":
-        assert op_types(out).count("Mul") == 1
+        # the scale stays, with a shift of zeros: onnxruntime fuses the whole LayerNormalization
+        assert op_types(out).count("Mul") == 1 and op_types(out).count("Add") == 2
         assert notes and notes[0].startswith("kept 1 normalization scale(s) of ones")
         assert "7 kernels for the result against 1 for the input" in notes[0]
+        assert "with a shift of zeros after 1 of them" in notes[0]
+        assert ort_kernels(dst) == ["LayerNormalization"]
     else:
         assert "Mul" not in op_types(out)
     if case == "with-savings":
@@ -369,6 +373,40 @@ def test_the_file_keeps_the_scales_only_where_onnxruntime_would_run_more_kernels
         assert notes and notes[0].startswith("dropped 1 normalization scale(s) of ones")
         assert "11 kernels for the result against 7 for the input (about 1.7%" in notes[0]
     assert_equivalent(proto, out, dim_values={"batch": 2}, rtol=0 if case == "alone" else 1e-5)
+
+
+def test_a_kept_rms_scale_gets_no_shift(tmp_path):
+    """The mean-of-squares form has no shift: onnxruntime's SimplifiedLayerNormFusion ends at
+    the scale, so the file keeps the scale alone and onnxruntime runs one kernel."""
+    from graphtrim.optimize_file import optimize_file
+
+    proto = onnx.parser.parse_model(
+        """<ir_version: 8, opset_import: ["" : 13]>
+        g (float[batch, 16, 32] x) => (float[batch, 16, 32] y) {
+            sq = Pow(x, two)
+            v = ReduceMean<axes = [-1]>(sq)
+            ve = Add(v, eps)
+            sd = Sqrt(ve)
+            n = Div(x, sd)
+            y = Mul(n, g)
+        }"""
+    )
+    consts = {
+        "g": np.ones(32, np.float32),
+        "two": np.array(2.0, np.float32),
+        "eps": np.array(1e-6, np.float32),
+    }
+    proto.graph.initializer.extend(onnx.numpy_helper.from_array(a, k) for k, a in consts.items())
+    src, dst = tmp_path / "in.onnx", tmp_path / "out.onnx"
+    onnx.save(proto, src)
+    report = optimize_file(src, dst, check=True, dim_values={"batch": 2})
+    notes = [n for n in report.log.notes if "scale" in n]
+    assert notes and notes[0].startswith("kept 1 normalization scale(s) of ones")
+    assert "shift" not in notes[0]
+    out = onnx.load(str(dst))
+    assert op_types(out).count("Mul") == 1 and op_types(out).count("Add") == 1
+    assert ort_kernels(dst) == ["SimplifiedLayerNormalization"]
+    assert_equivalent(proto, out, dim_values={"batch": 2})
 
 
 def test_overridable_zero_initializer_is_not_a_constant():
