@@ -702,10 +702,8 @@ def _element_sources(value: ir.Value | None, n: int) -> list[_Source] | None:
     return out if len(out) == n else None
 
 
-@dataclasses.dataclass
-class _Selection:
-    pieces: list[ir.Value | np.ndarray]  # the output in order: computed pieces, constant runs
-    dtype: np.dtype
+# the output of a Where in order: computed pieces and constant runs
+_Selection = list[ir.Value | np.ndarray]
 
 
 def _where_select(node: ir.Node, ctx: RuleContext) -> _Selection | str:
@@ -731,7 +729,7 @@ def _where_select(node: ir.Node, ctx: RuleContext) -> _Selection | str:
     dtype = np.dtype(node.outputs[0].dtype.numpy()) if node.outputs[0].dtype else None
     if dtype is None:
         return "the output's type is unknown"
-    pieces: list[ir.Value | np.ndarray] = []
+    pieces: _Selection = []
     run: list[np.generic] = []
     i = 0
     while i < n:
@@ -759,7 +757,7 @@ def _where_select(node: ir.Node, ctx: RuleContext) -> _Selection | str:
         return "every entry is constant (constant folding's case)"
     if len(pieces) == 1:
         refusal = reroute_refusal(node.outputs[0], pieces[0])  # type: ignore[arg-type]
-        return refusal or _Selection(pieces, dtype)
+        return refusal or pieces
     freed = {
         id(side.producer())
         for side in node.inputs[1:]
@@ -770,17 +768,17 @@ def _where_select(node: ir.Node, ctx: RuleContext) -> _Selection | str:
     }
     if not freed:
         return "no Concat of a side goes dead, so the new Concat would replace only the Where"
-    return _Selection(pieces, dtype)
+    return pieces
 
 
-def _write_selection(node: ir.Node, sel: _Selection, ctx: RuleContext) -> None:
-    if len(sel.pieces) == 1:
-        replace_output(node, sel.pieces[0], ctx)  # type: ignore[arg-type]
+def _write_selection(node: ir.Node, pieces: _Selection, ctx: RuleContext) -> None:
+    if len(pieces) == 1:
+        replace_output(node, pieces[0], ctx)  # type: ignore[arg-type]
         return
     names = ctx.pass_.names(ctx.model)  # type: ignore[attr-defined]
     inputs = [
         u.add_initializer(ctx.graph, p, names("selected")) if isinstance(p, np.ndarray) else p
-        for p in sel.pieces
+        for p in pieces
     ]
     concat = ir.Node(
         "", "Concat", inputs, [ir.AttrInt64("axis", 0)], name=names(f"{node.name or 'Where'}_cat")
