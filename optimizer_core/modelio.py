@@ -34,6 +34,7 @@ import onnx
 import onnx_ir as ir
 from google.protobuf.message import DecodeError
 
+from graphtrim import dtypes
 from graphtrim.errors import GraphtrimError, InvalidModelError, first_line
 
 # set in ``model.meta`` when the loader ran onnx shape inference on the model
@@ -768,7 +769,7 @@ def has_external_data(model: ir.Model) -> bool:
 
 def initializer_bytes(model: ir.Model) -> int:
     return sum(
-        int(v.const_value.nbytes)
+        dtypes.tensor_nbytes(v.const_value)
         for g in model.graphs()
         for v in g.initializers.values()
         if v.const_value is not None
@@ -920,7 +921,7 @@ def _save_inline(model: ir.Model, path: Path) -> None:
         for _, v in kept
         if v.const_value is not None
         and v.const_value.dtype != ir.DataType.STRING
-        and v.const_value.nbytes > _STREAMED_BYTES
+        and dtypes.tensor_nbytes(v.const_value) > _STREAMED_BYTES
         and not isinstance(v.const_value, ir.ExternalTensor)
     ]
     if not big:

@@ -9,6 +9,7 @@ from typing import Any
 
 import onnx_ir as ir
 
+from graphtrim import dtypes
 from graphtrim.graph import _ir_utils as u
 
 
@@ -23,7 +24,7 @@ class ModelStats:
     @classmethod
     def of(cls, model: ir.Model, files: Sequence[Path] = ()) -> ModelStats:
         inits = [v for g in u.all_graphs(model) for v in g.initializers.values()]
-        size = sum(int(v.const_value.nbytes) for v in inits if v.const_value is not None)
+        size = sum(dtypes.tensor_nbytes(v.const_value) for v in inits if v.const_value is not None)
         file_bytes = sum(p.stat().st_size for p in files if p.exists()) if files else None
         return cls(u.count_nodes(model), u.op_counts(model), len(inits), size, file_bytes)
 

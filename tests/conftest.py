@@ -4,6 +4,7 @@ import os
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -89,3 +90,37 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     the workers take tests in this order, so the long ones overlap the rest of the run instead
     of leaving one worker busy at its end. The order is otherwise the collection's."""
     items.sort(key=lambda item: item.get_closest_marker("early") is None)
+
+
+# counts that tests append here (one JSON object a line, under .test-artifacts/), printed as
+# tables at the end of the run: ``{file name: title}``
+SUMMARIES = {"element-types.jsonl": "element types checked by test_element_types"}
+
+
+def _summary_path(config: pytest.Config, name: str) -> Path:
+    return Path(config.rootpath) / ".test-artifacts" / name
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    if not hasattr(session.config, "workerinput"):  # the controller (or a run without xdist)
+        for name in SUMMARIES:
+            _summary_path(session.config, name).unlink(missing_ok=True)
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    import json
+
+    for name, title in SUMMARIES.items():
+        path = _summary_path(config, name)
+        if not path.exists():
+            continue
+        rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        if not rows:
+            continue
+        keys = [k for k in rows[0] if k != "type"]
+        terminalreporter.section(title)
+        terminalreporter.write_line(f"{'type':<16}" + "".join(f"{k:>10}" for k in keys))
+        for row in sorted(rows, key=lambda r: r["type"]):
+            terminalreporter.write_line(
+                f"{row['type']:<16}" + "".join(f"{row[k]:>10}" for k in keys)
+            )

@@ -13,6 +13,8 @@ from collections.abc import Iterable, Iterator, Sequence
 import numpy as np
 import onnx_ir as ir
 
+from graphtrim import dtypes
+
 STANDARD_DOMAINS = frozenset({"", "ai.onnx"})
 
 # Ops whose result is not a function of their inputs: never folded, merged or deduplicated.
@@ -119,10 +121,12 @@ def is_constant(value: ir.Value | None) -> bool:
 
 def const_nbytes(value: ir.Value) -> int:
     # from the value's own shape and type when known: asking a lazily parsed tensor is slower
-    if value.dtype is not None and value.shape is not None and value.shape.is_static():
-        return math.ceil(math.prod(value.shape.numpy()) * value.dtype.itemsize)
+    if value.shape is not None and value.shape.is_static():
+        size = dtypes.nbytes(value.dtype, value.shape.numpy())
+        if size is not None:
+            return size
     if value.const_value is not None:
-        return int(value.const_value.nbytes)
+        return dtypes.tensor_nbytes(value.const_value)
     arr = const_array(value)
     return 0 if arr is None else int(arr.nbytes)
 
@@ -333,8 +337,7 @@ class NameGenerator:
 def add_initializer(
     graph: ir.Graph, array: np.ndarray, name: str, like: ir.Value | None = None
 ) -> ir.Value:
-    # np.ascontiguousarray would turn a 0-d array into 1-d
-    tensor = ir.Tensor(np.require(array, requirements="C"), name=name)
+    tensor = dtypes.tensor(array, name)
     value = ir.Value(
         name=name, const_value=tensor, shape=ir.Shape(array.shape), type=ir.TensorType(tensor.dtype)
     )

@@ -13,6 +13,7 @@ import logging
 import onnx
 import onnx_ir as ir
 
+from graphtrim import dtypes
 from graphtrim.graph import _ir_utils as u
 from graphtrim.modelio import SHAPES_INFERRED, merged_shape, unknown_dim
 
@@ -31,7 +32,7 @@ def _serialize_without_weights(model: ir.Model) -> onnx.ModelProto:
     try:
         for value in list(graph.initializers.values()):
             tensor = value.const_value
-            if tensor is None or tensor.nbytes <= _INLINE_LIMIT:
+            if tensor is None or dtypes.tensor_nbytes(tensor) <= _INLINE_LIMIT:
                 continue
             if value.shape is None:
                 value.shape = ir.Shape(tensor.shape.numpy())

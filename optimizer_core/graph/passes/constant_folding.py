@@ -26,13 +26,13 @@ dtype numpy cannot hold.
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Sequence
 from typing import cast
 
 import numpy as np
 import onnx_ir as ir
 
+from graphtrim import dtypes
 from graphtrim.graph import _ir_utils as u
 from graphtrim.graph.passes._fold_eval import Plan, run_numpy, run_onnxruntime
 from graphtrim.graph.passes._shape_values import (
@@ -76,9 +76,9 @@ _FILL_PROBE_BYTES = 16 * 1024 * 1024
 
 def _static_nbytes(value: ir.Value) -> int | None:
     shape = u.static_shape(value)
-    if shape is None or value.dtype is None or value.dtype not in _NUMPY_DTYPES:
+    if shape is None or value.dtype not in _NUMPY_DTYPES:
         return None
-    return int(math.prod(shape) * value.dtype.itemsize)
+    return dtypes.nbytes(value.dtype, shape)
 
 
 def _materialize(node: ir.Node, value: np.ndarray, ctx: RuleContext) -> None:
@@ -359,7 +359,7 @@ class ConstantFolding(RulePass):
             return False
         assert value.dtype is not None and shape is not None
         dims = u.add_initializer(graph, np.array(shape, dtype=np.int64), namer("fill_shape"))
-        element = ir.Tensor(flat[:1].astype(value.dtype.numpy(), copy=True))
+        element = dtypes.tensor(flat[:1].astype(value.dtype.numpy(), copy=True))
         node = ir.Node(
             "",
             "ConstantOfShape",

@@ -10,6 +10,7 @@ from typing import Any
 
 import onnx_ir as ir
 
+from graphtrim import dtypes
 from graphtrim.graph import _ir_utils as u
 from graphtrim.graph.rules import Rule, RuleContext, RulePass
 
@@ -30,7 +31,7 @@ def _liftable(node: ir.Node, ctx: RuleContext) -> Any:
         if tensor.dtype == ir.DataType.STRING:
             return "a string tensor"
         return tensor
-    return ir.tensor(array)
+    return dtypes.tensor(array)
 
 
 def _lift(node: ir.Node, tensor: Any, ctx: RuleContext) -> None:

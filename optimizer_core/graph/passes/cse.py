@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 
+from graphtrim import dtypes
 from graphtrim.graph import _ir_utils as u
 from graphtrim.graph.framework import GraphtrimPass, OptimizeOptions
 from graphtrim.graph.rules import Rule
@@ -152,7 +153,7 @@ class CommonSubexpressionElimination(GraphtrimPass):
             tensor = value.const_value
             if tensor is None or value.is_graph_input() or value.is_graph_output():
                 continue
-            if tensor.nbytes > self.options.dedup_max_bytes:
+            if dtypes.tensor_nbytes(tensor) > self.options.dedup_max_bytes:
                 continue
             groups[(int(tensor.dtype), tuple(tensor.shape.numpy()))].append(value)
         changed = False
