@@ -60,3 +60,16 @@ def tensor(array: np.ndarray, name: str | None = None) -> ir.TensorProtocol:
         return ir.StringTensor(strings, shape=ir.Shape(array.shape), name=name)
     # np.ascontiguousarray would turn a 0-d array into 1-d
     return ir.Tensor(np.require(array, requirements="C"), name=name)
+
+
+def proto_nbytes(data_type: int, dims: Iterable[int]) -> int | None:
+    """:func:`nbytes` for a ``TensorProto``'s ``data_type`` and ``dims``: None for a string, a
+    negative dim or a number that names no element type."""
+    dims = list(dims)
+    if any(d < 0 for d in dims):
+        return None
+    try:
+        dtype = ir.DataType(data_type)
+    except ValueError:
+        return None
+    return nbytes(dtype, dims)

@@ -742,7 +742,7 @@ def test_a_cycle_is_still_refused(tmp_path, capsys):
 def test_inference_at_load_leaves_weights_out_and_finds_the_same_types(tmp_path):
     # a 16 KiB weight and a 2 KiB int64 index table: inference needs the weight's type only,
     # the index table's values too (it fixes the Gather's output shape)
-    from graphtrim.modelio import _without_weights
+    from graphtrim.modelio.load import _without_weights
 
     rng = np.random.default_rng(0)
     graph = oh.make_graph(
