@@ -465,6 +465,19 @@ def _nested_count(node: ir.Node) -> int:
     return 1 + sum(_nested_count(inner) for g in subgraphs_of(node) for inner in g)
 
 
+def perm_of(node: ir.Node, r: int | None) -> list[int] | None:
+    """A Transpose's permutation: its ``perm``, or the reversed axes when it has none and the
+    rank ``r`` is known. None when unknown, or when ``perm`` is no permutation of its length
+    (or, with ``r`` known, not of ``r`` axes): a rule then declines."""
+    attr = node.attributes.get_ints("perm", None)
+    if attr is None:
+        return None if r is None else list(reversed(range(r)))
+    perm = [int(p) for p in attr]
+    if sorted(perm) != list(range(len(perm))) or (r is not None and len(perm) != r):
+        return None
+    return perm
+
+
 def normalize_axes(axes: Sequence[int], r: int) -> list[int] | None:
     out = []
     for a in axes:

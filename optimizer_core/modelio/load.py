@@ -21,6 +21,7 @@ from google.protobuf.message import DecodeError
 
 from graphtrim import dtypes
 from graphtrim.errors import InvalidModelError, first_line
+from graphtrim.modelio.attributes import check_attributes
 from graphtrim.modelio.external import _check_external_data, _external_tensors
 from graphtrim.modelio.guards import _check_runtime_ops, _check_types, _sort_nodes
 
@@ -240,6 +241,7 @@ def load_model(path: str | os.PathLike[str], validated: Validated | None = None)
     model = deserialize(proto)
     _apply_inferred_types(model.graph, inferred)
     _apply_ml_types(model.graph)
+    check_attributes(model, path)
     if ran and not _has_subgraphs(proto.graph):
         # what inference could not find now it will not find before a pass changes the graph
         model.meta[SHAPES_INFERRED] = True

@@ -6,12 +6,14 @@ Conv with BatchNormalization, Reshape, Transpose, Identity, Cast round trips, ``
 ``x * 1``, Constant, If; random initializers, sometimes in an external data file), often turned
 into a near-valid one (a flipped byte, a truncated file, a bad attribute or Cast enum, a dangling
 input, an external data location that leaves the folder or names no file, a data file shorter
-than it claims, a NUL in a name, duplicate node or value names, a custom-domain op, a string
-input, an unknown opset ...), written to a random output path (new nested folders, spaces and
-non-ASCII names, the input itself, a name whose ``.data`` file is the input's data file, a path
-under a file, an existing folder, a read-only folder). The command is ``optimize --verify``,
-``quantize --variant int8-dynamic --no-tune`` (sometimes with a random ``--data`` file) or
-``verify A B``.
+than it claims, a NUL in a name, duplicate node or value names, a custom-domain op, a value of
+an element type drawn from every ONNX type, an attribute value drawn against its input's rank
+(out of range, an axis twice, one entry more or less), an unknown opset ...), written to a
+random output path (new nested folders, spaces and non-ASCII names, the input itself, a name
+whose ``.data`` file is the input's data file, a path under a file, an existing folder, a
+read-only folder). A model changed by a value mutation is valid when onnxruntime runs it. The
+command is ``optimize --verify``, ``quantize --variant int8-dynamic --no-tune`` (sometimes with
+a random ``--data`` file) or ``verify A B``.
 
 Whatever the case, the CLI must keep its contract:
 
@@ -53,6 +55,11 @@ import onnx.numpy_helper as onh
 import pytest
 
 from tests.conftest import REPO
+from tests.optimizer_core.fuzz_values import (
+    add_typed_value,
+    mutate_attribute_value,
+    runs_in_onnxruntime,
+)
 
 SEED = int(os.environ.get("GRAPHTRIM_FUZZ_SEED", "20261202"))
 CASES = int(os.environ.get("GRAPHTRIM_FUZZ_CASES", "200"))
@@ -82,7 +89,9 @@ MUTATIONS = [
     "duplicate_node_names",
     "duplicate_outputs",
     "custom_domain",
-    "string_input",
+    "typed_value",
+    "attribute_value",
+    "attribute_value",
     "unknown_opset",
     "input_is_folder",
     "input_missing",
@@ -120,6 +129,8 @@ GOOD_FLAGS = 5
 # the mutation after which the model is still a valid one (no refusal is expected of it;
 # onnxruntime refuses duplicate node names, which the ONNX checker lets pass)
 STILL_VALID = {"none", "random_op"}
+# mutations after which the model is valid when onnxruntime runs it (fuzz_values)
+VALID_IF_IT_RUNS = {"typed_value", "attribute_value"}
 # output paths a command must refuse or cannot write (root writes into a read-only folder)
 BAD_OUTPUTS = {
     "same_as_input",
@@ -491,10 +502,10 @@ def mutate_proto(model: onnx.ModelProto, mutation: str, rng: random.Random) -> o
         g.node.append(oh.make_node("Frobnicate", [out], ["custom_out"], domain="com.example"))
         g.output[0].name = "custom_out"
         model.opset_import.append(oh.make_opsetid("com.example", 1))
-    elif mutation == "string_input":
-        g.input.append(oh.make_tensor_value_info("S", onnx.TensorProto.STRING, [2]))
-        g.node.append(oh.make_node("Identity", ["S"], ["S_out"], name="strings"))
-        g.output.append(oh.make_tensor_value_info("S_out", onnx.TensorProto.STRING, [2]))
+    elif mutation == "typed_value":
+        add_typed_value(model, rng)
+    elif mutation == "attribute_value":
+        mutate_attribute_value(model, rng)
     elif mutation == "random_op":  # a second output drawn at random: compared by shape only
         g.node.append(oh.make_node("RandomNormalLike", [g.output[0].name], ["noise"], name="rnd"))
         noise = g.output.add()
@@ -653,6 +664,9 @@ def build(p: Plan, root: Path) -> Case:
     case = root / f"case {p.index:03d}"
     model = valid_model(p, rng)
     model = mutate_proto(model, p.mutation, rng)
+    still_valid = p.mutation in STILL_VALID or (
+        p.mutation in VALID_IF_IT_RUNS and runs_in_onnxruntime(model)
+    )
     folder = case / rng.choice(["in", "in put", "ïn"])
     model_path = folder / rng.choice(["model.onnx", "m o d e l.onnx", "模型.onnx"])
     location = (
@@ -672,7 +686,7 @@ def build(p: Plan, root: Path) -> Case:
             other = src
         elif src.is_file():
             shutil.copy(src, other)
-            if kind == "changed" and p.mutation in STILL_VALID:  # its first output + 1
+            if kind == "changed" and still_valid:  # its first output + 1
                 proto = onnx.load(str(other), load_external_data=False)
                 g = proto.graph
                 name = g.output[0].name  # kept: only the values differ
@@ -682,14 +696,14 @@ def build(p: Plan, root: Path) -> Case:
                 g.initializer.append(onh.from_array(np.array(1.0, np.float32), "plus_one"))
                 g.node.append(oh.make_node("Add", ["unchanged", "plus_one"], [name]))
                 other.write_bytes(proto.SerializeToString())
-        if p.mutation not in STILL_VALID:
+        if not still_valid:
             return Case(p, case, ["verify", str(src), str(other)], None, valid=False)
         # a valid model: equal to itself or its copy (exit 0), a verified difference from
         # the changed copy (exit 1)
         expect = 1 if kind == "changed" else 0
         return Case(p, case, ["verify", str(src), str(other)], None, True, expect)
     out = output_path(case, model_path, p, rng)
-    valid = p.mutation in STILL_VALID and p.output not in BAD_OUTPUTS
+    valid = still_valid and p.output not in BAD_OUTPUTS
     if p.command == "optimize":
         args = ["optimize", str(src), "-o", str(out), "--verify", *FLAGS[p.flags]]
         valid = valid and p.flags < GOOD_FLAGS

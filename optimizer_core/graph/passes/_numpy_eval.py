@@ -123,7 +123,9 @@ _OPS: dict[str, Callable[[ir.Node, Arrays], np.ndarray | None]] = {
         else np.concatenate(list(x), axis=node.attributes.get_int("axis", 0))  # type: ignore[arg-type]
     ),
     "Transpose": lambda node, x: (
-        None if x[0] is None else np.transpose(x[0], node.attributes.get_ints("perm", None))
+        None
+        if x[0] is None or (perm := u.perm_of(node, x[0].ndim)) is None
+        else np.transpose(x[0], perm)
     ),
     "Add": _int_binary(np.add),
     "Sub": _int_binary(np.subtract),

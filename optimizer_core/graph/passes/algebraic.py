@@ -109,16 +109,12 @@ def _transpose_pair(node: ir.Node) -> tuple[ir.Value, list[int]] | str:
     if inner is None or not u.is_op(inner, "Transpose") or inner.inputs[0] is None:
         return "the input is not produced by Transpose"
     r = u.rank(x)
-    p = inner.attributes.get_ints("perm", None)
-    q = node.attributes.get_ints("perm", None)
+    p, q = u.perm_of(inner, r), u.perm_of(node, r)
     if p is None or q is None:
-        if r is None:
-            return "a default permutation of unknown rank"
-        p = list(p) if p is not None else list(reversed(range(r)))
-        q = list(q) if q is not None else list(reversed(range(r)))
+        return "a permutation that is invalid, or the default one of unknown rank"
     if len(p) != len(q):
         return "permutations of different lengths"
-    return inner.inputs[0], [int(p[i]) for i in q]
+    return inner.inputs[0], [p[i] for i in q]
 
 
 def _transpose_cancel(node: ir.Node, ctx: RuleContext) -> ir.Value | str:
@@ -167,13 +163,10 @@ def _transposes_around_unsqueeze(node: ir.Node, ctx: RuleContext) -> _AroundUnsq
     a = u.const_ints(unsq.inputs[1])
     if x is None or r is None or a is None:
         return "the rank or the axes are unknown"
-    p = inner.attributes.get_ints("perm", None)
-    p = list(p) if p is not None else list(reversed(range(r)))
+    p, q = u.perm_of(inner, r), u.perm_of(node, r + len(a))
     axes = u.normalize_axes(a, r + len(a))
-    q = node.attributes.get_ints("perm", None)
-    q = list(q) if q is not None else list(reversed(range(r + len(a))))
-    if axes is None or len(set(axes)) != len(axes) or len(p) != r or len(q) != r + len(a):
-        return "axes out of range or permutations of other lengths"
+    if axes is None or len(set(axes)) != len(axes) or p is None or q is None:
+        return "axes out of range or permutations that are invalid for the ranks"
     # what each position of the Unsqueeze's output holds: None for a unit dim, else x's axis
     rest = iter(p)
     held: list[int | None] = [None if t in axes else int(next(rest)) for t in range(r + len(a))]
@@ -325,10 +318,9 @@ def _unit_transpose(node: ir.Node, ctx: RuleContext) -> list[int] | str:
     dims = u.symbolic_dims(x) if x is not None else None
     if x is None or dims is None:
         return "the rank is unknown"
-    perm = node.attributes.get_ints("perm", None)
-    perm = list(perm) if perm is not None else list(reversed(range(len(dims))))
-    if len(perm) != len(dims):
-        return "the permutation's length is not the rank"
+    perm = u.perm_of(node, len(dims))
+    if perm is None:
+        return "the permutation is invalid for the rank"
     moved = [axis for axis in perm if dims[axis] != 1]
     if moved != sorted(moved):
         return "the Transpose reorders dims that may not be 1"
@@ -417,11 +409,8 @@ def _transpose_split_transpose(
     if xs is None or ys is None or zs is None or 0 in xs or 0 in zs:
         return "the shapes are not static (or hold a zero)"
     r = len(xs)
-    p1 = first.attributes.get_ints("perm", None)
-    p1 = list(p1) if p1 is not None else list(reversed(range(r)))
-    p2 = node.attributes.get_ints("perm", None)
-    p2 = list(p2) if p2 is not None else list(reversed(range(len(zs))))
-    if sorted(p1) != list(range(r)) or sorted(p2) != list(range(len(zs))):
+    p1, p2 = u.perm_of(first, r), u.perm_of(node, len(zs))
+    if p1 is None or p2 is None:
         return "a permutation is invalid"
     groups = _split_groups(list(ys), list(zs))
     if groups is None:
@@ -598,8 +587,9 @@ def _transpose_reshape(node: ir.Node, ctx: RuleContext) -> ir.Value | str:
     dims = u.symbolic_dims(src)
     if dims is None:
         return "the transposed tensor's rank is unknown"
-    perm = list(inner.attributes["perm"].as_ints()) if "perm" in inner.attributes else None
-    perm = list(reversed(range(len(dims)))) if perm is None else perm
+    perm = u.perm_of(inner, len(dims))
+    if perm is None:
+        return "the permutation is invalid for the rank"
     moved = [axis for axis in perm if dims[axis] != 1]
     if moved != sorted(moved):
         return "the Transpose reorders dims that may not be 1"
@@ -808,12 +798,9 @@ def _transposed(t_out: ir.Value | None) -> tuple[ir.Value, list[int]] | str:
     r = u.rank(t_out)
     if r is None:
         r = u.rank(x)
-    p = t.attributes.get_ints("perm", None)
-    if p is None and r is None:
-        return "a default permutation of unknown rank"
-    p = [int(v) for v in p] if p is not None else list(reversed(range(r or 0)))
-    if sorted(p) != list(range(len(p))) or (r is not None and r != len(p)):
-        return "the permutation is invalid"
+    p = u.perm_of(t, r)
+    if p is None:
+        return "the permutation is invalid, or the default one of unknown rank"
     return x, p
 
 

@@ -128,13 +128,13 @@ def _reshape_noop(node: ir.Node, ctx: RuleContext) -> Match:
 
 
 def _transpose_noop(node: ir.Node, ctx: RuleContext) -> Match:
-    perm = node.attributes.get_ints("perm", None)
     r = u.rank(node.inputs[0])
-    if perm is None:
-        if r is not None and r <= 1:
-            return _to(node, node.inputs[0])
+    if node.attributes.get_ints("perm", None) is None and (r is None or r > 1):
         return "reverses the axes of a tensor of rank > 1 or unknown"
-    if list(perm) == list(range(len(perm))):
+    perm = u.perm_of(node, r)
+    if perm is None:
+        return "perm is no permutation of the input's axes"
+    if perm == list(range(len(perm))):
         return _to(node, node.inputs[0])
     return "perm is not the identity"
 

@@ -583,8 +583,10 @@ class SymbolicShapes(GraphtrimPass):
             return False
         e1 = shape_entries(r1.inputs[1])
         e2 = shape_entries(r2.inputs[1])
-        perm = t.attributes.get_ints("perm", None)
-        if e1 is None or e2 is None or perm is None or len(perm) != len(e1):
+        if e1 is None or e2 is None or "perm" not in t.attributes:
+            return False
+        perm = u.perm_of(t, len(e1))
+        if perm is None:
             return False
         k = len(xd) - len(e1) + 1
         if k < 2 or e1[0] != -1 or perm[0] != 0 or len(e2) != k + len(e1) - 1:
