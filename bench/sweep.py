@@ -40,7 +40,7 @@ import numpy as np
 
 from bench.__main__ import count_nodes, latency, model_bytes, parity
 from bench.corpus import DEFAULT_DIR, Manifest
-from graphtrim.verify.compare import NOISE_FACTOR
+from graphtrim.verify.records import NOISE_FACTOR
 
 ROOT = Path(__file__).resolve().parent
 REPO = ROOT.parent

@@ -66,7 +66,7 @@ def _p50s(
     import onnxruntime as ort
 
     from graphtrim.runtime import session_options
-    from graphtrim.verify.compare import make_inputs
+    from graphtrim.verify.inputs import make_inputs
 
     sessions, loads = [], []
     for path in paths:

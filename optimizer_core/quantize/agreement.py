@@ -175,7 +175,7 @@ def measure_agreement(
     """Run ``reference`` (the float model) and ``candidate`` (a variant of it) on the same
     inputs and compare every output. Never raises for a model that cannot be measured: the
     result then says why."""
-    from graphtrim.verify.compare import make_inputs
+    from graphtrim.verify.inputs import make_inputs
 
     batches = list(calibration)[:MAX_BATCHES]
     inputs = (

@@ -24,11 +24,8 @@ made unique in the copy handed to onnxruntime.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import math
 import os
 import re
-import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -38,157 +35,19 @@ import onnx
 import onnx_ir as ir
 
 from graphtrim.isolation import step
-
-ModelLike = str | os.PathLike[str] | onnx.ModelProto | ir.Model
-
-_ORT_TYPES = {
-    "tensor(float)": np.float32,
-    "tensor(double)": np.float64,
-    "tensor(float16)": np.float16,
-    "tensor(int8)": np.int8,
-    "tensor(int16)": np.int16,
-    "tensor(int32)": np.int32,
-    "tensor(int64)": np.int64,
-    "tensor(uint8)": np.uint8,
-    "tensor(uint16)": np.uint16,
-    "tensor(uint32)": np.uint32,
-    "tensor(uint64)": np.uint64,
-    "tensor(bool)": np.bool_,
-    "tensor(string)": np.str_,
-}
-# what random string inputs are drawn from: short words, an empty string and an unusual one
-STRING_VALUES = ("a", "b", "high", "low", "", "zz-unseen")
-
-
-@dataclasses.dataclass(frozen=True)
-class Tolerance:
-    rtol: float = 1e-4
-    atol: float = 1e-5
-    min_cosine: float = 0.9999
-
-
-@dataclasses.dataclass
-class OutputComparison:
-    name: str
-    ok: bool
-    max_abs_diff: float
-    max_rel_diff: float
-    cosine: float | None
-    reason: str = ""
-    # how far onnxruntime's own graph optimizations move the reference's output (max abs), when
-    # the tolerance alone failed it; accepted within NOISE_FACTOR of it
-    input_noise: float | None = None
-
-
-# a difference that rounding alone explains: no larger than this many times the reference's own
-# movement under onnxruntime's graph optimizations. That movement is one sample of the rounding
-# noise and varies itself: 2.68e8 and 3.69e8 on the dynamo and TorchScript exports of one
-# random-initialized MobileOne (logits near 1e15), whose re-parameterized form differs from both
-# by 4.03e8; a change of one BatchNormalization scale by 1e-4 of itself moves the test model
-# of this rule 167 times its noise
-NOISE_FACTOR = 2.0
-
-# how the reason of a float output that failed on its values alone begins (see compare_outputs)
-_NUMERIC_MISMATCH = "max abs diff"
-
-
-EQUAL, MISMATCH, UNVERIFIABLE = "equal", "mismatch", "unverifiable"
-
-
-@dataclasses.dataclass
-class VerificationRecord:
-    """Outcome of :func:`verify`; ``ok`` only when every output of every trial matched.
-
-    ``unverifiable`` says nothing was compared because the reference cannot be run (``error``
-    says why): not ``ok``, and not a difference either. ``shape_only`` maps each output computed
-    from a random op to that op's type; those were compared by shape and dtype only.
-    """
-
-    ok: bool
-    trials: int
-    outputs: list[OutputComparison]
-    tolerance: Tolerance
-    input_shapes: dict[str, list[int]]
-    error: str = ""
-    unverifiable: bool = False
-    shape_only: dict[str, str] = dataclasses.field(default_factory=dict)
-
-    @classmethod
-    def cannot_verify(cls, tolerance: Tolerance, reason: str) -> VerificationRecord:
-        return cls(False, 0, [], tolerance, {}, error=reason, unverifiable=True)
-
-    @property
-    def status(self) -> str:
-        if self.unverifiable:
-            return UNVERIFIABLE
-        return EQUAL if self.ok else MISMATCH
-
-    @property
-    def max_rel_diff(self) -> float:
-        return max((o.max_rel_diff for o in self.outputs), default=0.0)
-
-    @property
-    def max_abs_diff(self) -> float:
-        return max((o.max_abs_diff for o in self.outputs), default=0.0)
-
-    def first_failure(self) -> OutputComparison | None:
-        return next((o for o in self.outputs if not o.ok), None)
-
-    def summary(self) -> str:
-        if self.unverifiable:
-            return f"cannot verify: {self.error}"
-        if self.error:
-            return f"MISMATCH: {self.error}"
-        status = "equal" if self.ok else "MISMATCH"
-        if self.ok and self.shape_only and len(self.shape_only) == len(self.outputs):
-            status = "equal (shape and dtype only)"
-        text = (
-            f"{status} on {self.trials} input set(s): max abs diff {self.max_abs_diff:.3g}, "
-            f"max rel diff {self.max_rel_diff:.3g} (rtol {self.tolerance.rtol:g}, atol {self.tolerance.atol:g})"
-        )
-        bad = self.first_failure()
-        if bad is not None:
-            text += f"; first mismatch: output '{bad.name}' ({bad.reason})"
-        for o in self.outputs:
-            if o.ok and o.input_noise is not None:
-                text += (
-                    f"; output '{o.name}' differs by {o.max_abs_diff:.3g}, within the input's "
-                    f"own rounding noise (onnxruntime's graph optimizations move it by "
-                    f"{o.input_noise:.3g}: the output is ill-conditioned)"
-                )
-        text += "".join(f"; {note}" for note in shape_only_notes(self.shape_only))
-        return text
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "ok": self.ok,
-            "trials": self.trials,
-            "max_abs_diff": _json_number(self.max_abs_diff),
-            "max_rel_diff": _json_number(self.max_rel_diff),
-            "tolerance": dataclasses.asdict(self.tolerance),
-            "input_shapes": self.input_shapes,
-            "outputs": [
-                {k: _json_number(v) for k, v in dataclasses.asdict(o).items()} for o in self.outputs
-            ],
-            "error": self.error,
-            "status": self.status,
-            "shape_only": dict(self.shape_only),
-        }
-
-
-def _json_number(value: Any) -> Any:
-    """JSON has no infinity or NaN: a difference that is not a number (a shape or dtype
-    mismatch, NaN positions that differ) is written as null; the reason says why."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    return value
-
-
-def shape_only_notes(shape_only: Mapping[str, str]) -> list[str]:
-    return [
-        f"output '{name}' depends on random op {op}: compared by shape and dtype only"
-        for name, op in shape_only.items()
-    ]
+from graphtrim.verify.inputs import (
+    _dims_hint,
+    declared_input_specs,
+    make_inputs,
+)
+from graphtrim.verify.records import (
+    _NUMERIC_MISMATCH,
+    NOISE_FACTOR,
+    OutputComparison,
+    Tolerance,
+    VerificationRecord,
+)
+from graphtrim.verify.session import ModelLike, Session
 
 
 def random_outputs_of(model: ModelLike) -> dict[str, str]:
@@ -204,209 +63,6 @@ def random_outputs_of(model: ModelLike) -> dict[str, str]:
         return random_outputs(model)
     except Exception:
         return {}
-
-
-class Session:
-    """An onnxruntime session over a path, a ModelProto or an ``onnx_ir`` model.
-
-    Large in-memory models are written to a temporary folder first (protobuf's 2 GB limit; the
-    external data of a loaded model is relative to its own folder).
-    """
-
-    def __init__(
-        self,
-        model: ModelLike,
-        *,
-        threads: int = 1,
-        providers: Sequence[str] = ("CPUExecutionProvider",),
-        graph_optimizations: bool = False,
-    ):
-        import onnxruntime as ort
-
-        so = ort.SessionOptions()
-        so.graph_optimization_level = (
-            ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-            if graph_optimizations
-            else ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-        )
-        # without the arena, what a run allocates goes back when the run ends: a model whose
-        # weights are dequantized in the graph (weight-only int4) would otherwise hold a float
-        # copy of them per run in the arena, growing run by run
-        so.enable_cpu_mem_arena = False
-        so.add_session_config_entry("session.disable_prepacking", "1")  # weights read in place
-        so.intra_op_num_threads = threads
-        so.inter_op_num_threads = 1
-        so.log_severity_level = 3
-        self._tmp: tempfile.TemporaryDirectory[str] | None = None
-        source: str | bytes
-        if isinstance(model, str | os.PathLike):
-            source = str(model)
-        elif isinstance(model, onnx.ModelProto):
-            source = model.SerializeToString()
-        else:
-            source = self._from_ir(model)
-        try:
-            try:
-                self.session = ort.InferenceSession(source, so, providers=list(providers))
-            except Exception as exc:
-                # node names mean nothing to the computation, but onnxruntime refuses repeats
-                renamed = _unique_node_names(source) if "same node name" in str(exc) else None
-                if renamed is None:
-                    raise
-                self.session = ort.InferenceSession(renamed, so, providers=list(providers))
-        except BaseException:
-            self.close()
-            raise
-        # kept past close(): a closed session still says what it took and gave
-        self._specs = [(i.name, i.type, list(i.shape)) for i in self.session.get_inputs()]
-        self._outputs = [o.name for o in self.session.get_outputs()]
-
-    def _from_ir(self, model: ir.Model) -> str | bytes:
-        from graphtrim.modelio import (
-            PROTO_LIMIT_BYTES,
-            has_external_data,
-            initializer_bytes,
-            save_model,
-        )
-
-        if not has_external_data(model) and initializer_bytes(model) < PROTO_LIMIT_BYTES:
-            return ir.serde.serialize_model(model).SerializeToString()
-        self._tmp = tempfile.TemporaryDirectory(prefix="graphtrim-verify-")
-        path = Path(self._tmp.name) / "model.onnx"
-        save_model(model, path, external_data=True)
-        return str(path)
-
-    def input_specs(self) -> list[tuple[str, Any, list[int | str | None]]]:
-        return [(n, t, list(s)) for n, t, s in self._specs]
-
-    def output_names(self) -> list[str]:
-        return list(self._outputs)
-
-    def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        if self.session is None:
-            raise RuntimeError("the session is closed")
-        names = self.output_names()
-        return dict(zip(names, self.session.run(names, dict(feeds)), strict=True))
-
-    def close(self) -> None:
-        """Let the session and its weights go (idempotent)."""
-        self.session = None
-        if self._tmp is not None:
-            self._tmp.cleanup()
-            self._tmp = None
-
-
-def _unique_node_names(source: str | bytes) -> bytes | None:
-    """The model with repeated node names made unique (``name__2``, ...), serialized; ``None``
-    where it cannot be held in one protobuf."""
-    from graphtrim.modelio import PROTO_LIMIT_BYTES
-
-    try:
-        if isinstance(source, bytes):
-            proto = onnx.load_from_string(source)
-        else:  # external data follows, relative to the model's own folder
-            proto = onnx.load(source)
-    except Exception:  # onnxruntime's own refusal says more
-        return None
-    seen: set[str] = set()
-
-    def walk(graph: onnx.GraphProto) -> None:
-        for node in graph.node:
-            if node.name:
-                name, k = node.name, 1
-                while name in seen:
-                    k += 1
-                    name = f"{node.name}__{k}"
-                node.name = name
-                seen.add(name)
-            for attr in node.attribute:
-                if attr.type == onnx.AttributeProto.GRAPH:
-                    walk(attr.g)
-                for sub in attr.graphs:
-                    walk(sub)
-
-    walk(proto.graph)
-    if proto.ByteSize() >= PROTO_LIMIT_BYTES:
-        return None
-    return proto.SerializeToString()
-
-
-def make_inputs(
-    specs: Sequence[tuple[str, Any, Sequence[int | str | None]]],
-    *,
-    seed: int,
-    dim_values: Mapping[str, int] | None = None,
-    default_dim: int = 2,
-) -> dict[str, np.ndarray]:
-    """Seeded random feeds; a named symbolic dim gets the same size everywhere it appears.
-
-    A decoder with a KV cache (inputs named ``past...``, as transformers, Optimum and
-    onnxruntime-genai write them) is fed as it runs: the attention mask covers the cached and
-    the new tokens (its length is the sum when it has a dim of its own), every position
-    attends (ones), position ids count on from the cache's length, and the batch is one
-    sequence (unless ``dim_values`` says otherwise)."""
-    rng = np.random.default_rng(seed)
-    bound: dict[str, int] = dict(dim_values or {})
-    from graphtrim.runtime import decoder_dims
-
-    decoder = decoder_dims(specs, bound, default_dim)
-    feeds: dict[str, np.ndarray] = {}
-    for name, type_str, shape in specs:
-        dtype = _ORT_TYPES.get(type_str)
-        if dtype is None:
-            raise ValueError(
-                f"input '{name}' has type {type_str}, which random inputs cannot fill; pass inputs"
-            )
-        dims: list[int] = []
-        for d in shape:
-            if isinstance(d, int) and d >= 0:
-                dims.append(d)
-            elif isinstance(d, str) and d:
-                dims.append(bound.setdefault(d, default_dim))
-            else:
-                dims.append(default_dim)
-        arr: np.ndarray
-        if decoder is not None and name == "attention_mask" and np.issubdtype(dtype, np.integer):
-            arr = np.ones(dims, dtype=dtype)
-        elif decoder is not None and name == "position_ids" and np.issubdtype(dtype, np.integer):
-            past = decoder
-            arr = np.broadcast_to(np.arange(past, past + dims[-1], dtype=dtype), dims).copy()
-        elif dtype == np.str_:
-            arr = np.array(STRING_VALUES, dtype=object)[
-                rng.integers(0, len(STRING_VALUES), size=dims)
-            ]
-        elif dtype == np.bool_:
-            arr = rng.integers(0, 2, size=dims).astype(np.bool_)
-        elif np.issubdtype(dtype, np.integer):
-            arr = rng.integers(0, 8, size=dims).astype(dtype)
-        else:
-            arr = rng.standard_normal(size=dims).astype(dtype)
-        feeds[name] = arr
-    return feeds
-
-
-def _dims_hint(
-    specs: Sequence[tuple[str, Any, Sequence[int | str | None]]],
-    dim_values: Mapping[str, int] | None,
-    default_dim: int = 2,
-) -> str:
-    """Where random inputs sized the model's symbolic dims: which sizes they took, and how to
-    set them (a model that cannot run at the default size is not a changed result)."""
-    given = dict(dim_values or {})
-    from graphtrim.runtime import decoder_dims
-
-    decoder_dims(specs, given, default_dim)  # the sizes make_inputs derives for decoders
-    named = {d for _, _, shape in specs for d in shape if isinstance(d, str) and d}
-    unnamed = any(d is None or (isinstance(d, int) and d < 0) for _, _, s in specs for d in s)
-    if not named and not unnamed:
-        return ""
-    sizes = ", ".join(f"{d}={given.get(d, default_dim)}" for d in sorted(named))
-    if unnamed:
-        sizes += (", " if sizes else "") + f"unnamed dims={default_dim}"
-    return (
-        f" (symbolic dims sized {sizes}; set them with --dim NAME=SIZE, or compare on inputs "
-        "of your own with --inputs FEEDS.npz)"
-    )
 
 
 def _leaves(x: Any) -> tuple[Any, list[np.ndarray]]:
@@ -696,27 +352,6 @@ def _own_noise(
 def _verify_paths(paths: tuple[str, str], **kwargs: Any) -> VerificationRecord:
     """:func:`verify` of two model files (the child's side of :func:`verify_isolated`)."""
     return verify(paths[0], paths[1], **kwargs)
-
-
-def declared_input_specs(
-    path: str | os.PathLike[str],
-) -> list[tuple[str, Any, list[int | str | None]]]:
-    """The model's inputs as :func:`graphtrim.data.input_specs` gives them, read from the graph
-    without loading it into a runtime (nor its weights): where loading is what may fail."""
-    proto = onnx.load(str(path), load_external_data=False)
-    weights = {t.name for t in proto.graph.initializer}
-    specs: list[tuple[str, Any, list[int | str | None]]] = []
-    for vi in proto.graph.input:
-        if vi.name in weights or not vi.type.HasField("tensor_type"):
-            continue
-        tensor = vi.type.tensor_type
-        kind = onnx.TensorProto.DataType.Name(tensor.elem_type).lower()
-        dims: list[int | str | None] = [
-            d.dim_value if d.HasField("dim_value") else (d.dim_param or None)
-            for d in tensor.shape.dim
-        ]
-        specs.append((vi.name, f"tensor({kind})", dims))
-    return specs
 
 
 def verify_isolated(

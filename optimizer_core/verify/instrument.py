@@ -15,15 +15,10 @@ import onnx_ir as ir
 
 from graphtrim.errors import VerificationError, VerificationUnavailable
 from graphtrim.graph.framework import PassRecord
-from graphtrim.verify.compare import (
-    Session,
-    Tolerance,
-    compare_outputs,
-    make_inputs,
-    random_outputs_of,
-    reason_of,
-    shape_only_notes,
-)
+from graphtrim.verify.compare import compare_outputs, random_outputs_of, reason_of
+from graphtrim.verify.inputs import make_inputs
+from graphtrim.verify.records import Tolerance, shape_only_notes
+from graphtrim.verify.session import Session
 
 logger = logging.getLogger("graphtrim")
 

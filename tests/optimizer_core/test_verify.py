@@ -471,7 +471,7 @@ def test_result_runs_use_no_memory_arena(tmp_path: Path) -> None:
     410 MB int4 model of a 1.5 GB decoder: 1.4 GiB after one run, 2.3 GiB after two). Timed
     sessions keep the arena."""
     from graphtrim.runtime import session_options
-    from graphtrim.verify.compare import Session
+    from graphtrim.verify.session import Session
 
     plain = session_options(1, optimize=False)
     assert plain.enable_cpu_mem_arena is False

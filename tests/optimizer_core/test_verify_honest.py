@@ -25,7 +25,7 @@ from graphtrim.cli import main
 from graphtrim.errors import VerificationError
 from graphtrim.graph.optimizer import optimize_model
 from graphtrim.verify import VerifyEachPass, compare_outputs, verify
-from graphtrim.verify.compare import Tolerance, VerificationRecord
+from graphtrim.verify.records import Tolerance, VerificationRecord
 
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 
