@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from graphtrim.errors import GraphtrimError
+from graphtrim.npz import NPY_MAGIC, READ_ERRORS, ZIP_MAGIC, format_shape, read_header
 
 logger = logging.getLogger("graphtrim.data")
 
@@ -152,23 +153,6 @@ def specs_from_signature(mlmodel: Mapping[str, Any]) -> list[InputSpec] | None:
     return specs
 
 
-# a member of an archive may decompress to at most this much, and to at most this many times
-# the archive's size once over the floor (real data compresses a few times, not hundreds)
-MAX_MEMBER_BYTES = 8 * 1024**3
-MAX_MEMBER_RATIO = 200
-RATIO_FLOOR_BYTES = 64 * 1024**2
-
-_ZIP_MAGIC = (b"PK\x03\x04", b"PK\x05\x06")
-_NPY_MAGIC = b"\x93NUMPY"
-# what reading a damaged, encrypted or oddly compressed member raises
-_READ_ERRORS = (
-    ValueError,
-    EOFError,
-    OSError,
-    RuntimeError,
-    NotImplementedError,
-    zipfile.BadZipFile,
-)
 _HOW = "write it with numpy.savez(path, <input name>=array, ...)"
 
 
@@ -199,61 +183,11 @@ class _Checked:
         }
 
 
-def _fmt_shape(shape: Sequence[Any]) -> str:
-    return "[" + ", ".join("?" if d is None else str(d) for d in shape) + "]"
-
-
-def _fmt_bytes(n: int) -> str:
-    for unit, size in (("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
-        if n >= size:
-            return f"{n / size:.1f} {unit}"
-    return f"{n} bytes"
-
-
 def _fixed_batch(specs: Sequence[InputSpec], fail: Callable[[str], DataError]) -> int | None:
     fixed = {d for d in (_batch_dim(s) for s in specs) if d is not None}
     if len(fixed) > 1:
         raise fail(f"the model's inputs have different fixed batch sizes {sorted(fixed)}")
     return next(iter(fixed), None)
-
-
-def _read_header(
-    zf: zipfile.ZipFile, info: zipfile.ZipInfo, archive_bytes: int, fail: Callable[[str], DataError]
-) -> tuple[tuple[int, ...], np.dtype[Any]]:
-    """Shape and dtype of the .npy member ``info``, from its header alone."""
-    size = int(info.file_size)
-    if size > MAX_MEMBER_BYTES or (
-        size > RATIO_FLOOR_BYTES and size > MAX_MEMBER_RATIO * max(1, archive_bytes)
-    ):
-        raise fail(
-            f"member '{info.filename}' would decompress to {_fmt_bytes(size)} "
-            f"({size / max(1, archive_bytes):.0f}x the archive's {_fmt_bytes(archive_bytes)}): "
-            "refusing it"
-        )
-    try:
-        with zf.open(info) as fh:
-            if fh.read(len(_NPY_MAGIC)) != _NPY_MAGIC:
-                raise fail(f"member '{info.filename}' is not a .npy array")
-            major, minor = fh.read(2)
-            reader = (
-                np.lib.format.read_array_header_1_0
-                if major == 1
-                else np.lib.format.read_array_header_2_0
-            )
-            if major not in (1, 2, 3):
-                raise ValueError(f"unknown .npy format version {major}.{minor}")
-            shape, _, dtype = reader(fh)
-    except _READ_ERRORS as exc:
-        text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise fail(f"member '{info.filename}' is not a readable .npy array ({text})") from exc
-    if dtype.hasobject:
-        raise fail(
-            f"member '{info.filename}' holds Python objects, not numbers: "
-            "only numeric arrays are read"
-        )
-    if int(np.prod(shape, dtype=np.int64)) * dtype.itemsize > size:
-        raise fail(f"member '{info.filename}' declares more data than it holds (truncated)")
-    return tuple(int(d) for d in shape), dtype
 
 
 def _check(
@@ -278,12 +212,12 @@ def _check(
     try:
         archive_bytes = p.stat().st_size
         with open(p, "rb") as fh:
-            head = fh.read(len(_NPY_MAGIC))
+            head = fh.read(len(NPY_MAGIC))
     except OSError as exc:
         raise fail(f"cannot read the file: {exc.strerror or exc}") from exc
-    if head.startswith(_NPY_MAGIC):
+    if head.startswith(NPY_MAGIC):
         raise fail(f"a single .npy array, not an .npz archive of named arrays ({_HOW})")
-    if not head.startswith(_ZIP_MAGIC):
+    if not head.startswith(ZIP_MAGIC):
         raise fail(f"not an .npz archive of arrays ({_HOW})")
     names = [s[0] for s in specs]
     batch = _fixed_batch(specs, fail)
@@ -325,7 +259,7 @@ def _check(
         dtypes: dict[str, np.dtype[Any]] = {}
         for key in needed:
             entry = members[source.get(key, key) + ".npy"]
-            shapes[key], dtypes[key] = _read_header(zf, entry, archive_bytes, fail)
+            shapes[key], dtypes[key] = read_header(zf, entry, archive_bytes, fail)
     for key in needed:
         if not shapes[key]:
             what = f"'{key}'" if key == labels else f"array '{key}'"
@@ -335,14 +269,14 @@ def _check(
         name, shape, dims = spec[0], shapes[spec[0]], list(spec[2])
         if dims and len(shape) != len(dims):
             raise fail(
-                f"array '{name}' has shape {_fmt_shape(shape)} ({len(shape)} axes); model input "
-                f"'{name}' takes {len(dims)} axes {_fmt_shape(dims)} with samples on the first"
+                f"array '{name}' has shape {format_shape(shape)} ({len(shape)} axes); model input "
+                f"'{name}' takes {len(dims)} axes {format_shape(dims)} with samples on the first"
             )
         for axis, (got, want) in enumerate(zip(shape, dims, strict=False)):
             if axis and isinstance(want, int) and want >= 0 and got != want:
                 raise fail(
-                    f"array '{name}' has shape {_fmt_shape(shape)}: axis {axis} is {got}, model "
-                    f"input '{name}' {_fmt_shape(dims)} wants {want}"
+                    f"array '{name}' has shape {format_shape(shape)}: axis {axis} is {got}, model "
+                    f"input '{name}' {format_shape(dims)} wants {want}"
                 )
         if shape[0] != n:
             raise fail(
@@ -366,7 +300,7 @@ def _check(
             with np.load(p, allow_pickle=False) as npz:
                 for key in wanted:
                     arrays[key] = npz[source.get(key, key)]
-        except _READ_ERRORS as exc:
+        except READ_ERRORS as exc:
             text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise fail(f"cannot read the archive's arrays ({text})") from exc
     for name in floats:
@@ -492,7 +426,7 @@ def _as_fed(path: Path, specs: Sequence[InputSpec]) -> Feeds:
     try:
         with np.load(path, allow_pickle=False) as npz:
             arrays = {s[0]: npz[s[0]] for s in specs if s[0] in npz.files}
-    except _READ_ERRORS as exc:
+    except READ_ERRORS as exc:
         raise DataError(f"cannot read the archive's arrays ({type(exc).__name__})") from exc
     for name, type_str, dims in specs:
         if name not in arrays:

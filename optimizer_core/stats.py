@@ -32,7 +32,7 @@ class ModelStats:
         return dataclasses.asdict(self)
 
 
-def _fmt_bytes(n: int | None) -> str:
+def format_bytes(n: int | None) -> str:
     if n is None:
         return "-"
     value = float(n)
@@ -64,11 +64,11 @@ def before_after_table(before: ModelStats, after: ModelStats, seconds: float | N
         f"{'initializers':<{width}}  {before.initializers:>8}  {after.initializers:>8}  {after.initializers - before.initializers:>+8}"
     )
     lines.append(
-        f"{'weights':<{width}}  {_fmt_bytes(before.initializer_bytes):>8}  {_fmt_bytes(after.initializer_bytes):>8}"
+        f"{'weights':<{width}}  {format_bytes(before.initializer_bytes):>8}  {format_bytes(after.initializer_bytes):>8}"
     )
     if before.file_bytes is not None or after.file_bytes is not None:
         lines.append(
-            f"{'file size':<{width}}  {_fmt_bytes(before.file_bytes):>8}  {_fmt_bytes(after.file_bytes):>8}"
+            f"{'file size':<{width}}  {format_bytes(before.file_bytes):>8}  {format_bytes(after.file_bytes):>8}"
         )
     if seconds is not None:
         lines.append(f"{'optimize time':<{width}}  {'':>8}  {seconds:>7.2f}s")

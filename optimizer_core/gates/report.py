@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from graphtrim.stats import _fmt_bytes
+from graphtrim.stats import format_bytes
 
 _STATUS_MARK = {"pass": "PASS", "fail": "FAIL", "undecided": "UNDECIDED", "error": "ERROR"}
 
@@ -29,7 +29,7 @@ def _fmt(v: Any, spec: str = ".4g") -> str:
     return str(v)
 
 
-_bytes = _fmt_bytes
+_bytes = format_bytes
 
 
 def _gate(variant: Mapping[str, Any], name: str) -> Mapping[str, Any] | None:

@@ -168,7 +168,7 @@ def describe(
     alone without them), its key numbers and where the comparison report is (``report_link``:
     its page in MLflow's UI, when there is one)."""
     from graphtrim.gates.report import gate_numbers
-    from graphtrim.stats import _fmt_bytes
+    from graphtrim.stats import format_bytes
 
     m = summary.get("metrics") or {}
     lines = [
@@ -187,7 +187,7 @@ def describe(
         if m.get("p50_ms") and m.get("reference_p50_ms"):
             facts.append(f"p50 {m['p50_ms']:.3f} ms against {m['reference_p50_ms']:.3f} ms")
     if m.get("bytes"):
-        size = _fmt_bytes(m["bytes"])
+        size = format_bytes(m["bytes"])
         facts.append(f"{size} ({m['size_ratio']:.2f}x the source)" if m.get("size_ratio") else size)
     if m.get("nodes"):
         facts.append(f"{m['nodes']} nodes")

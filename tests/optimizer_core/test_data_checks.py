@@ -19,7 +19,7 @@ import onnx.numpy_helper as onh
 import onnxruntime as ort
 import pytest
 
-from graphtrim import data as data_mod
+from graphtrim import npz
 from graphtrim.data import (
     CalibrationReader,
     DataError,
@@ -293,7 +293,7 @@ def test_member_that_would_decompress_absurdly_is_refused_unread(
     tmp_path: Path, two_inputs: list[InputSpec], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # 4 MiB of zeros compress about a thousandfold; the floor is lowered to keep the file small
-    monkeypatch.setattr(data_mod, "RATIO_FLOOR_BYTES", 1024**2)
+    monkeypatch.setattr(npz, "RATIO_FLOOR_BYTES", 1024**2)
     path = tmp_path / "bomb.npz"
     np.savez_compressed(path, x=np.zeros((8192, 4, 32), np.float32), lengths=np.arange(8192))
     assert path.stat().st_size * 200 < 4 * 1024**2
@@ -308,7 +308,7 @@ def test_member_that_would_decompress_absurdly_is_refused_unread(
 def test_member_over_the_absolute_limit_is_refused(
     tmp_path: Path, two_inputs: list[InputSpec], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(data_mod, "MAX_MEMBER_BYTES", 1000)
+    monkeypatch.setattr(npz, "MAX_MEMBER_BYTES", 1000)
     path = _npz(tmp_path / "d.npz", _good(8))  # x: 8*4*5 float32 = 640 bytes + header
     assert check_data(path, two_inputs, role="evaluation")["samples"] == 8
     path = _npz(tmp_path / "e.npz", _good(16))  # x: 1280 bytes + header, uncompressed
