@@ -1186,7 +1186,7 @@ def test_a_reshape_that_merges_axes_between_transposes_stays():
     ],
 )
 def test_split_groups(y, z, groups):
-    from graphtrim.graph.passes.algebraic import _split_groups
+    from graphtrim.graph.passes._algebra_transpose import _split_groups
 
     assert _split_groups(y, z) == groups
 
