@@ -101,15 +101,33 @@ def machine() -> dict[str, Any]:
     }
 
 
-def provenance() -> dict[str, Any]:
-    """Machine, date and commit of a measurement taken now."""
+def _now() -> str:
+    return dt.datetime.now(dt.timezone.utc).replace(microsecond=0).isoformat()
+
+
+def _source() -> dict[str, Any]:
+    """The commit checked out and whether the measured code differs from it."""
     commit = _git("rev-parse", "HEAD")
     status = _git("status", "--porcelain", "--untracked-files=no", "--", *MEASURED)
     return {
-        "machine": machine(),
-        "date": dt.datetime.now(dt.timezone.utc).replace(microsecond=0).isoformat(),
+        "date": _now(),
         "commit": commit,
         "dirty": bool(status) if status is not None else None,
+    }
+
+
+# taken when a benchmark starts (it imports this module first): the code that ran is the code
+# checked out then, whatever is committed while it runs
+_STARTED = _source()
+
+
+def provenance() -> dict[str, Any]:
+    """Machine, date and commit of the measurement this process is taking: the date and commit
+    as they were when it started, and when it finished."""
+    return {
+        "machine": machine(),
+        **_STARTED,
+        "finished": _now(),
         "command": " ".join(["python -m " + _module_name(), *sys.argv[1:]]),
     }
 
