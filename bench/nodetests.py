@@ -258,7 +258,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             "records": records,
         }
         out = Path(args.json) if args.json else ROOT / "results-nodetests" / "results.json"
-        publish.write(out, "nodetests", payload, args, publish=args.publish)
+        summary_only = {k: v for k, v in payload.items() if k != "records"}
+        publish.write(out, "nodetests", payload, args, publish=args.publish, public=summary_only)
     bad = sum(summary[k] for k in OUTCOMES if k != "ok")
     return 0 if bad == 0 else 1
 

@@ -156,21 +156,25 @@ def write(
     args: argparse.Namespace | None = None,
     *,
     publish: bool = False,
+    public: Any = None,
 ) -> dict[str, Any]:
     """Write ``results`` as an envelope to ``path`` (and with ``publish`` to the documentation's
-    data folder as ``NAME.json``), each file written whole or not at all."""
+    data folder as ``NAME.json``: ``public`` there where given, a summary of what a page shows
+    in place of every record), each file written whole or not at all."""
     doc = envelope(name, results, args)
-    targets = [Path(path)]
+    _write_json(Path(path), doc)
     if publish:
-        targets.append(DATA / f"{name}.json")
-    for target in targets:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(doc, indent=1, default=str) + "\n")
-        os.replace(tmp, target)
-    if publish:
+        shown = doc if public is None else {**doc, "results": public}
+        _write_json(DATA / f"{name}.json", shown)
         print(f"published: {DATA / f'{name}.json'}", file=sys.stderr)
     return doc
+
+
+def _write_json(target: Path, doc: dict[str, Any]) -> None:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(doc, indent=1, default=str) + "\n")
+    os.replace(tmp, target)
 
 
 def read(path: Path) -> dict[str, Any]:
