@@ -108,6 +108,19 @@ def render(results: dict[str, Any]) -> str:
         lines.append(
             f"| {stage} | {step['seconds']} | {rss / 2**30:.2f} | {rss / weights:.2f} | {step['rc']} |"
         )
+    if results.get("optimizers"):
+        lines += [
+            "",
+            "The exported file optimized as a user runs each tool:",
+            "",
+            "| tool | wall s | peak RSS GiB | nodes | exit |",
+            "|---|---:|---:|---:|---:|",
+        ]
+        for tool, step in results["optimizers"].items():
+            lines.append(
+                f"| {tool} | {step['seconds']} | {step['peak_rss_bytes'] / 2**30:.2f} "
+                f"| {step.get('nodes', '-')} | {step['rc']} |"
+            )
     return "\n".join(lines)
 
 
