@@ -59,8 +59,21 @@ def commands(
                 yield from commands(sub, (*path, name))
 
 
+_SPECIAL = re.compile(r"([\\\[\]*_|])")
+
+
 def _cell(text: str) -> str:
-    return " ".join(text.split()).replace("|", "\\|")
+    """Free text (help, math, comments) as one table cell: one line, and Markdown's special
+    characters escaped outside code spans, so ``x[i]*2`` or ``<name>`` show as written."""
+    parts = " ".join(text.split()).split("`")
+    for i in range(0, len(parts), 2):  # the even parts lie outside code spans
+        parts[i] = _SPECIAL.sub(r"\\\1", parts[i]).replace("<", "&lt;")
+    return "`".join(parts)
+
+
+def _code(text: str) -> str:
+    """Text as one inline code span in a table cell."""
+    return "`" + " ".join(text.split()).replace("`", "'") + "`"
 
 
 def _option_row(parser: argparse.ArgumentParser, action: argparse.Action) -> str:
@@ -74,7 +87,7 @@ def _option_row(parser: argparse.ArgumentParser, action: argparse.Action) -> str
     help_text = formatter._expand_help(action) if action.help else ""
     if action.choices and action.metavar is not None:  # else the usage lists them
         help_text += " (choices: " + ", ".join(f"`{c}`" for c in action.choices) + ")"
-    return f"| `{_cell(names)}` | {_cell(help_text)} |"
+    return f"| {_code(names)} | {_cell(help_text)} |"
 
 
 def cli_reference() -> str:
@@ -187,7 +200,7 @@ def run_parameters() -> str:
         "|---|---|---|---|",
     ]
     out += [
-        f"| `{p['name']}` | `{_cell(p['type'])}` | `{_cell(p['default'])}` | {_cell(p['description'])} |"
+        f"| `{p['name']}` | {_code(p['type'])} | {_code(p['default'])} | {_cell(p['description'])} |"
         for p in dag
     ]
     out += [
@@ -201,7 +214,7 @@ def run_parameters() -> str:
         "|---|---|---|",
     ]
     out += [
-        f"| `{p['name']}` | `{p['flag']}` | {'`' + _cell(p['default']) + '`' if p['default'] else 'required'} |"
+        f"| `{p['name']}` | `{p['flag']}` | {_code(p['default']) if p['default'] else 'required'} |"
         for p in kfp
     ]
     dag_names = {p["name"] for p in dag}
@@ -285,7 +298,7 @@ def helm_values() -> str:
             if comment:
                 out.append(f"| `{dotted}` | object | | {_cell(comment)} |")
             continue
-        shown = f"`{_cell(value)}`" if value else ""
+        shown = _code(value) if value else ""
         out.append(f"| `{dotted}` | {kind} | {shown} | {_cell(comment)} |")
     policy = _block(lines, "gatePolicy")
     out += [
@@ -362,7 +375,7 @@ def variants() -> str:
         out.append(
             f"| `{k.name}` | {_cell(k.help)} | {'yes' if k.needs_calibration else ''} "
             f"| {'yes' if k.default else ''} "
-            f"| {'never' if k.promotion is None else k.promotion} | {_cell(gates)} |"
+            f"| {'never' if k.promotion is None else k.promotion} | {_code(gates) if gates else ''} |"
         )
     return "\n".join(out)
 
