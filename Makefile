@@ -42,11 +42,11 @@ browser:
 # the documentation site (mkdocs.yml): strict, so a broken link, a page missing from the nav or
 # a stale API reference fails; the CLI, run-parameter, Helm and benchmark sections are generated
 docs: $(STAMP)
-	MLFLOW_DISABLE_TELEMETRY=true $(PY) -m mkdocs build --strict --quiet
+	MLFLOW_DISABLE_TELEMETRY=true NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --quiet
 
 # the site on http://127.0.0.1:8000, rebuilt on every change
 docs-serve: $(STAMP)
-	MLFLOW_DISABLE_TELEMETRY=true $(PY) -m mkdocs serve --dev-addr 127.0.0.1:8000
+	MLFLOW_DISABLE_TELEMETRY=true NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs serve --dev-addr 127.0.0.1:8000
 
 test: $(STAMP) lint typecheck docs browser
 	$(PY) -m pytest -q -n 2 --dist loadgroup
