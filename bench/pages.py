@@ -135,6 +135,12 @@ def provenance_block(doc: dict[str, Any]) -> str:
         f" ({m['cpu_usable']} usable)" if m.get("cpu_usable") != m["cpu_count"] else ""
     )
     memory = f", {m['memory_gib']} GiB memory" if m.get("memory_gib") else ""
+    load = prov.get("load")
+    busy = (
+        f"; load average {load[0]:g} at the start (1 minute, on {m['cpu_count']} CPUs)"
+        if load
+        else ""
+    )
     commit = prov.get("commit") or "unknown"
     dirty = " with uncommitted changes" if prov.get("dirty") else ""
     return "\n".join(
@@ -142,7 +148,7 @@ def provenance_block(doc: dict[str, Any]) -> str:
             '!!! info "Measured"',
             f"    - **Machine:** {m['cpu_model']}, {cpus}{memory}; {m['system']}, "
             f"Python {m['python']}; {versions}",
-            f"    - **Date:** {prov['date'].replace('T', ' ').replace('+00:00', ' UTC')}",
+            f"    - **Date:** {prov['date'].replace('T', ' ').replace('+00:00', ' UTC')}{busy}",
             f"    - **Commit:** `{commit[:12]}`{dirty}",
             f"    - **Command:** `{prov['command']}`",
         ]

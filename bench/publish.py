@@ -113,7 +113,16 @@ def _source() -> dict[str, Any]:
         "date": _now(),
         "commit": commit,
         "dirty": bool(status) if status is not None else None,
+        "load": _load(),
     }
+
+
+def _load() -> list[float] | None:
+    """The machine's load averages (1, 5, 15 minutes): how busy it was besides the benchmark."""
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return None
 
 
 # taken when a benchmark starts (it imports this module first): the code that ran is the code
@@ -128,6 +137,7 @@ def provenance() -> dict[str, Any]:
         "machine": machine(),
         **_STARTED,
         "finished": _now(),
+        "load_at_finish": _load(),
         "command": " ".join(["python -m " + _module_name(), *sys.argv[1:]]),
     }
 
