@@ -191,6 +191,11 @@ def kfp_params() -> list[dict[str, str]]:
 def run_parameters() -> str:
     """The run parameters of each surface, and which surface lacks which."""
     dag, kfp = dag_params(), kfp_params()
+    if not dag:  # the DAG's Params are written another way now: this page must follow
+        raise RuntimeError(
+            "no Param(...) found in _params() of dags/graphtrim_optimize_model.py: "
+            "point docs/hooks.py run_parameters() at where the run parameters are listed"
+        )
     out = [
         "### The optimize DAGs' Params",
         "",
