@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -177,6 +178,8 @@ def section(name: str, data: Path = DATA) -> str:
         return pending(name)
     doc = read(path)
     body = _call(BENCHES[name].render, doc["results"], doc.get("args") or {})
+    # the tables' own headings sit one level below the page's section
+    body = re.sub(r"(?m)^(#{1,5}) ", r"#\1 ", body)
     return provenance_block(doc) + "\n\n" + body.strip() + "\n"
 
 
