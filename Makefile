@@ -6,14 +6,14 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.graphtrim-installed
 TORCH_PIN := torch==2.13.0
 
-.PHONY: install demo test browser lint typecheck bench bench-variants bench-tune bench-tune-pool bench-llm bench-llm-graph bench-llm-pipeline bench-scale bench-nodetests corpus sweep deployment clean
+.PHONY: install demo test browser lint typecheck docs docs-serve bench bench-variants bench-tune bench-tune-pool bench-llm bench-llm-graph bench-llm-pipeline bench-scale bench-nodetests corpus sweep deployment clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	# torch first: the CPU wheel is pinned so that later ranges resolve to it
 	$(PY) -m pip install --quiet $(TORCH_PIN)
-	$(PY) -m pip install --quiet -c constraints.txt -e '.[cpu,reports,dev,bench,pipeline,airflow,kubeflow,distributed]'
+	$(PY) -m pip install --quiet -c constraints.txt -e '.[cpu,reports,dev,docs,bench,pipeline,airflow,kubeflow,distributed]'
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -22,8 +22,8 @@ demo: $(STAMP)
 	$(PY) -m graphtrim.airflow.demo
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check optimizer_core operators dags tests bench
-	$(VENV)/bin/ruff format --check optimizer_core operators dags tests bench
+	$(VENV)/bin/ruff check optimizer_core operators dags tests bench docs
+	$(VENV)/bin/ruff format --check optimizer_core operators dags tests bench docs
 
 # mypy reads the package as it installs (graphtrim/, see pyproject.toml), linked under build/
 typecheck: $(STAMP)
@@ -39,7 +39,16 @@ browser:
 	        DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null 2>&1; }; }; } || \
 	  echo "no chromium and none installed: the browser tests will fail (apt-get install chromium)"
 
-test: $(STAMP) lint typecheck browser
+# the documentation site (mkdocs.yml): strict, so a broken link, a page missing from the nav or
+# a stale API reference fails; the CLI, run-parameter, Helm and benchmark sections are generated
+docs: $(STAMP)
+	MLFLOW_DISABLE_TELEMETRY=true NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --quiet
+
+# the site on http://127.0.0.1:8000, rebuilt on every change
+docs-serve: $(STAMP)
+	MLFLOW_DISABLE_TELEMETRY=true NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs serve --dev-addr 127.0.0.1:8000
+
+test: $(STAMP) lint typecheck docs browser
 	$(PY) -m pytest -q -n 2 --dist loadgroup
 
 bench: $(STAMP)

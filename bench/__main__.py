@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 import onnx
 
+from bench import publish
 from bench.suite import build_suite
 from bench.worker import TOOLS
 
@@ -203,6 +204,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--no-latency", action="store_true")
     ap.add_argument("--timeout", type=int, default=600, help="seconds per tool and model")
+    publish.add_publish_argument(ap)
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="bench: %(message)s")
     logging.getLogger("torch").setLevel(logging.ERROR)
@@ -251,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
                             f"latency_ratio_{'ort_on' if enabled else 'ort_off'}"
                         ] = p50[tool] / base
         rows.append(row)
-    (args.out / "results.json").write_text(json.dumps(rows, indent=2))
+    publish.write(args.out / "results.json", "suite", rows, args, publish=args.publish)
     print(render(rows, args.tools))
     return 0
 

@@ -30,7 +30,6 @@ Results go to ``bench/results-llm/llm.json`` and a Markdown table on stdout.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import statistics
@@ -41,6 +40,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from bench import publish
 
 ROOT = Path(__file__).resolve().parent
 GENAI = ROOT / ".genai"
@@ -211,6 +212,38 @@ def _ratios(base: list[float], other: list[float]) -> tuple[float, float, float]
     return run.speedup("other"), min(blocks), max(blocks)
 
 
+def render(results: dict[str, Any]) -> str:
+    """The Markdown table of a run, then graphtrim's int4 decode speed over the builder's."""
+    lines = [
+        f"{results['model']}, {results['params'] / 1e6:.0f} M parameters, decode with "
+        f"{results['past']} cached tokens, prefill {results['prompt']} tokens",
+        "",
+        "| model | MB | threads | decode tok/s | vs fp32 | prefill ms | top-1 agreement | cosine |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for threads, row in results["threads"].items():
+        for n, r in row.items():
+            lines.append(
+                f"| {n} | {results['sizes'][n] / 1e6:.1f} | {threads} | {r['tokens_per_s']:.1f} | "
+                f"{r['decode_speedup']:.2f} | {r['prefill_ms']:.1f} | {r['top1_agreement']:.3f} | "
+                f"{r['last_cosine']:.4f} |"
+            )
+    lines += [
+        "",
+        "graphtrim's int4 decode speed over the builder's int4 (all runs; range over blocks):",
+        "",
+    ]
+    for threads, row in results["threads"].items():
+        for n, r in row.items():
+            v = r.get("decode_vs_genai_int4")
+            if v:
+                lines.append(
+                    f"- {n}, {threads} thread(s): {v['ratio']:.3f}x "
+                    f"({v['block_min']:.3f}-{v['block_max']:.3f} over {BLOCKS} blocks)"
+                )
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -223,6 +256,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--runs", type=int, default=40)
     ap.add_argument("--threads", default="1,2")
     ap.add_argument("--out", default=str(ROOT / "results-llm"))
+    publish.add_publish_argument(ap)
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     from graphtrim.quantize import QuantizeConfig, build_variant
@@ -300,33 +334,8 @@ def main(argv: list[str] | None = None) -> int:
                 row[n]["decode_vs_genai_int4"] = {"ratio": whole, "block_min": lo, "block_max": hi}
         results["threads"][threads] = row
         del decoders
-    (out / "llm.json").write_text(json.dumps(results, indent=2))
-    print(
-        f"\n{tag}, {params / 1e6:.0f} M parameters, decode with {args.past} cached tokens, "
-        f"prefill {args.prompt} tokens\n"
-    )
-    print(
-        "| model | MB | threads | decode tok/s | vs fp32 | prefill ms | top-1 agreement | cosine |"
-    )
-    print("|---|---:|---:|---:|---:|---:|---:|---:|")
-    for threads, row in results["threads"].items():
-        for n, r in row.items():
-            print(
-                f"| {n} | {results['sizes'][n] / 1e6:.1f} | {threads} | {r['tokens_per_s']:.1f} | "
-                f"{r['decode_speedup']:.2f} | {r['prefill_ms']:.1f} | {r['top1_agreement']:.3f} | "
-                f"{r['last_cosine']:.4f} |"
-            )
-    print(
-        "\ngraphtrim's int4 decode speed over the builder's int4 (all runs; range over blocks):\n"
-    )
-    for threads, row in results["threads"].items():
-        for n, r in row.items():
-            v = r.get("decode_vs_genai_int4")
-            if v:
-                print(
-                    f"- {n}, {threads} thread(s): {v['ratio']:.3f}x "
-                    f"({v['block_min']:.3f}-{v['block_max']:.3f} over {BLOCKS} blocks)"
-                )
+    publish.write(out / "llm.json", "llm", results, args, publish=args.publish)
+    print(render(results))
     return 0
 
 

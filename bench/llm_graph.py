@@ -26,7 +26,6 @@ that attend to nothing included) and on a prefill. Results go to
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import sys
 import time
@@ -35,6 +34,7 @@ from typing import Any
 
 import numpy as np
 
+from bench import publish
 from bench.llm import ROOT, Decoder, _build, _llama, _time
 
 log = logging.getLogger("bench.llm_graph")
@@ -112,6 +112,27 @@ def _padded(decoder: Decoder, rng: np.random.Generator) -> dict[str, Any]:
     return feeds
 
 
+def render(results: dict[str, Any]) -> str:
+    """The Markdown table of a run."""
+    lines = [
+        f"{results.get('model', 'Llama-like decoder')}, decode with {results['past']} cached "
+        f"tokens, prefill {results['prompt']} tokens",
+        "",
+        "| model | nodes | threads | decode tok/s | decode vs export | prefill ms | "
+        "prefill vs export | max abs diff |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for threads, row in results["threads"].items():
+        for n, r in row.items():
+            diff = results["parity"].get(n)
+            lines.append(
+                f"| {n} | {results['nodes'][n]} | {threads} | {r['tokens_per_s']:.1f} | "
+                f"{r['decode_speedup']:.3f} | {r['prefill_ms']:.1f} | "
+                f"{r['prefill_speedup']:.3f} | {'-' if diff is None else f'{diff:.1e}'} |"
+            )
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -126,6 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-genai", action="store_true", help="leave the model builder out")
     ap.add_argument("--no-anchors", action="store_true", help="leave onnxslim and onnxsim out")
     ap.add_argument("--out", default=str(ROOT / "results-llm"))
+    publish.add_publish_argument(ap)
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
 
@@ -195,24 +217,11 @@ def main(argv: list[str] | None = None) -> int:
             for n in decoders
         }
         del decoders
-    (Path(args.out) / "llm_graph.json").write_text(json.dumps(results, indent=2))
-    print(
-        f"\nLlama-like {args.hidden}x{args.layers}, decode with {args.past} cached tokens, "
-        f"prefill {args.prompt} tokens\n"
+    results["model"] = f"Llama-like {args.hidden}x{args.layers}"
+    publish.write(
+        Path(args.out) / "llm_graph.json", "llm-graph", results, args, publish=args.publish
     )
-    print(
-        "| model | nodes | threads | decode tok/s | decode vs export | prefill ms | "
-        "prefill vs export | max abs diff |"
-    )
-    print("|---|---:|---:|---:|---:|---:|---:|---:|")
-    for threads, row in results["threads"].items():
-        for n, r in row.items():
-            diff = results["parity"].get(n)
-            print(
-                f"| {n} | {results['nodes'][n]} | {threads} | {r['tokens_per_s']:.1f} | "
-                f"{r['decode_speedup']:.3f} | {r['prefill_ms']:.1f} | "
-                f"{r['prefill_speedup']:.3f} | {'-' if diff is None else f'{diff:.1e}'} |"
-            )
+    print(render(results))
     return 0
 
 

@@ -29,6 +29,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench import publish
+
 ROOT = Path(__file__).resolve().parent
 STAGES = ("export", "optimize", "quantize", "validate", "register", "promote")
 NEEDS = {
@@ -92,6 +94,36 @@ print(json.dumps({"generated": tokens}))
 """
 
 
+def render(results: dict[str, Any]) -> str:
+    """The Markdown table of a run: wall time and peak RSS per stage."""
+    weights = results["fp32_weight_bytes"]
+    lines = [
+        f"{results['model']}: fp32 weights {weights / 2**30:.2f} GiB",
+        "",
+        "| stage | wall s | peak RSS GiB | x fp32 weights | exit |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for stage, step in results["stages"].items():
+        rss = step["peak_rss_bytes"]
+        lines.append(
+            f"| {stage} | {step['seconds']} | {rss / 2**30:.2f} | {rss / weights:.2f} | {step['rc']} |"
+        )
+    if results.get("optimizers"):
+        lines += [
+            "",
+            "The exported file optimized as a user runs each tool:",
+            "",
+            "| tool | wall s | peak RSS GiB | nodes | exit |",
+            "|---|---:|---:|---:|---:|",
+        ]
+        for tool, step in results["optimizers"].items():
+            lines.append(
+                f"| {tool} | {step['seconds']} | {step['peak_rss_bytes'] / 2**30:.2f} "
+                f"| {step.get('nodes', '-')} | {step['rc']} |"
+            )
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -103,6 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--intermediate", type=int, default=5632)
     ap.add_argument("--variants", default="graph,int4-weight,int8-dynamic")
     ap.add_argument("--out", default=str(ROOT / "results-llm-pipeline"))
+    publish.add_publish_argument(ap)
     args = ap.parse_args(argv)
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
@@ -267,15 +300,8 @@ def main(argv: list[str] | None = None) -> int:
             env,
         )
         results["stages"][f"pyfunc load + generate ({pick})"] = step
-    (out / "pipeline.json").write_text(json.dumps(results, indent=2))
-    print(f"\n{name}: fp32 weights {weights / 2**30:.2f} GiB\n")
-    print("| stage | wall s | peak RSS GiB | x fp32 weights | exit |")
-    print("|---|---:|---:|---:|---:|")
-    for stage, step in results["stages"].items():
-        rss = step["peak_rss_bytes"]
-        print(
-            f"| {stage} | {step['seconds']} | {rss / 2**30:.2f} | {rss / weights:.2f} | {step['rc']} |"
-        )
+    publish.write(out / "pipeline.json", "llm-pipeline", results, args, publish=args.publish)
+    print(render(results))
     return 0
 
 

@@ -22,7 +22,6 @@ test, not the sweep; ``--jobs`` children work through shards side by side.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import re
 import sys
@@ -35,6 +34,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from bench import publish
+
+ROOT = Path(__file__).resolve().parent
 log = logging.getLogger("bench.nodetests")
 
 OUTCOMES = ("ok", "changed", "refused", "unloadable", "crashed")
@@ -233,6 +235,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--timeout", type=float, default=300.0, help="seconds per test before it counts as crashed"
     )
+    publish.add_publish_argument(parser)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     start = time.perf_counter()
@@ -245,7 +248,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     seconds = time.perf_counter() - start
     summary = summarize(records)
     print(table(summary, seconds))
-    if args.json:
+    if args.json or args.publish:
         payload = {
             "onnx": _version("onnx"),
             "onnxruntime": _version("onnxruntime"),
@@ -254,7 +257,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             **summary,
             "records": records,
         }
-        Path(args.json).write_text(json.dumps(payload, indent=2))
+        out = Path(args.json) if args.json else ROOT / "results-nodetests" / "results.json"
+        summary_only = {k: v for k, v in payload.items() if k != "records"}
+        publish.write(out, "nodetests", payload, args, publish=args.publish, public=summary_only)
     bad = sum(summary[k] for k in OUTCOMES if k != "ok")
     return 0 if bad == 0 else 1
 

@@ -31,6 +31,8 @@ from typing import Any
 
 import requests
 
+from bench import publish
+
 
 def _ts(value: str | None) -> float | None:
     if not value:
@@ -208,6 +210,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--versions", type=int, default=20, help="registered versions (tiny models)")
     p.add_argument("--executor", choices=("celery", "local", "both"), default="both")
     p.add_argument("--out", default="bench/results-scale", help="folder for the JSON results")
+    publish.add_publish_argument(p)
     args = p.parse_args(argv)
     os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
     # SIGTERM unwinds like Ctrl-C: the deployment's processes stopped, its databases dropped
@@ -222,11 +225,34 @@ def main(argv: list[str] | None = None) -> int:
         res = run_once(executor, args.versions, task.model, work / executor)
         print(json.dumps(res, indent=2))
         results.append(res)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    (out / f"scale-{stamp}.json").write_text(json.dumps(results, indent=2))
+    publish.write(
+        Path(args.out) / f"scale-{stamp}.json", "scale", results, args, publish=args.publish
+    )
+    print(render(results))
     return 0
+
+
+def _pair(stats: dict[str, Any]) -> str:
+    median, p90 = stats.get("median"), stats.get("p90")
+    return "-" if median is None else f"{median:.2f} / {p90:.2f}"
+
+
+def render(results: list[dict[str, Any]]) -> str:
+    """The Markdown table of a run, one row per executor (seconds: median / p90)."""
+    lines = [
+        "| executor | versions | duplicates | versions/h | ready -> scheduled "
+        "| scheduled -> queued | queued -> started | task wall | added in a stage's task |",
+        "|---|---:|---:|---:|---|---|---|---|---|",
+    ]
+    lines += [
+        f"| {r['executor']} | {r['versions']} | {r['duplicates']} | {r['versions_per_hour']} "
+        f"| {_pair(r['ready_to_scheduled_s'])} | {_pair(r['scheduled_to_queued_s'])} "
+        f"| {_pair(r['queued_to_start_s'])} | {_pair(r['task_wall_s'])} "
+        f"| {_pair(r['stage_task_added_s'])} |"
+        for r in results
+    ]
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

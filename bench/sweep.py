@@ -38,6 +38,7 @@ from typing import Any
 
 import numpy as np
 
+from bench import publish
 from bench.__main__ import count_nodes, latency, model_bytes, parity
 from bench.corpus import DEFAULT_DIR, Manifest
 from graphtrim.verify.records import NOISE_FACTOR
@@ -624,6 +625,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--render", action="store_true", help="only render the tables from kept results"
     )
+    publish.add_publish_argument(ap)
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="sweep: %(message)s")
     # the tools run in a scratch directory: every path handed to them is absolute
@@ -741,6 +743,7 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(_SCRATCH, ignore_errors=True)
     text = render(results)
     (args.out / "sweep.md").write_text(text + "\n")
+    publish.write(args.out / "sweep.json", "sweep", results, args, publish=args.publish)
     print(text)
     return 0
 

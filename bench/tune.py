@@ -32,6 +32,8 @@ from typing import Any
 
 import numpy as np
 
+from bench import publish
+
 ROOT = Path(__file__).resolve().parent
 log = logging.getLogger("bench.tune")
 
@@ -682,6 +684,23 @@ def render(results: list[dict[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def render_budget(checks: list[dict[str, Any]]) -> str:
+    """The table of the budget checks (``--budget-check``); empty without them."""
+    if not checks:
+        return ""
+    lines = [
+        "",
+        "| model | budget s | wall s | past the budget s | longest build s | trials | stopped |",
+        "|---|---:|---:|---:|---:|---:|---|",
+    ]
+    lines += [
+        f"| {c['model']} | {c['budget_s']:.0f} | {c['wall_s']:.1f} | {c['over_s']:+.1f} "
+        f"| {c['longest_build_s']:.1f} | {c['trials']} | {c['stopped']} |"
+        for c in checks
+    ]
+    return "\n".join(lines) + "\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         prog="python -m bench.tune",
@@ -708,6 +727,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--olive-timeout", type=float, default=900.0)
     ap.add_argument("--cache", type=Path, default=ROOT / "models" / "tune")
     ap.add_argument("--out", type=Path, default=ROOT / "results-tune")
+    publish.add_publish_argument(ap)
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="bench: %(message)s")
     for noisy in ("torch", "torch.onnx", "onnxruntime", "graphtrim"):
@@ -729,31 +749,27 @@ def main(argv: list[str] | None = None) -> int:
             )
             if row is not None:
                 rows.append(row)
-            (args.out / "olive.json").write_text(json.dumps(rows, indent=2))
+            publish.write(args.out / "olive.json", "olive", rows, args)
             (args.out / "olive.md").write_text(render_olive(rows))
+        if args.publish:
+            publish.write(args.out / "olive.json", "olive", rows, args, publish=True)
         print(render_olive(rows))
         return 0
     results = []
     for name in args.models:
         results.append(run_model(MODELS[name], args.cache, args.out, args.budget))
-        (args.out / "results.json").write_text(json.dumps({"models": results}, indent=2))
+        publish.write(args.out / "results.json", "tune", {"models": results}, args)
         (args.out / "results.md").write_text(render(results))
     checks: list[dict[str, Any]] = []
     if args.budget_check:
         checks = budget_check(MODELS["mobilenet-v2"], args.cache, args.out, args.budget_check)
-        lines = [
-            "",
-            "| model | budget s | wall s | past the budget s | longest build s | trials | stopped |",
-            "|---|---:|---:|---:|---:|---:|---|",
-        ]
-        lines += [
-            f"| {c['model']} | {c['budget_s']:.0f} | {c['wall_s']:.1f} | {c['over_s']:+.1f} "
-            f"| {c['longest_build_s']:.1f} | {c['trials']} | {c['stopped']} |"
-            for c in checks
-        ]
-        (args.out / "results.md").write_text(render(results) + "\n".join(lines) + "\n")
-    (args.out / "results.json").write_text(
-        json.dumps({"models": results, "budget": checks}, indent=2)
+        (args.out / "results.md").write_text(render(results) + render_budget(checks))
+    publish.write(
+        args.out / "results.json",
+        "tune",
+        {"models": results, "budget": checks},
+        args,
+        publish=args.publish,
     )
     print((args.out / "results.md").read_text())
     return 0

@@ -28,6 +28,8 @@ from typing import Any
 
 import requests
 
+from bench import publish
+
 
 def _ts(value: str | None) -> float | None:
     return dt.datetime.fromisoformat(value).timestamp() if value else None
@@ -110,6 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.tune_pool", description=__doc__)
     p.add_argument("--budget", default="10m", help="each search's budget (default 10m)")
     p.add_argument("--out", default="bench/results-tune-pool", help="folder for the JSON results")
+    publish.add_publish_argument(p)
     args = p.parse_args(argv)
     os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
@@ -141,20 +144,24 @@ def main(argv: list[str] | None = None) -> int:
                 row = {"workers": workers, **_run(d, f"pool-{i}", task, args.budget)}
                 print(json.dumps(row), file=sys.stderr, flush=True)
                 rows.append(row)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "results.json").write_text(json.dumps(rows, indent=2))
-    print(
-        "| workers (pool slots) | search s | trials | trials / s | trial task s (sum) "
-        "| most at once | run s |"
-    )
-    print("|---:|---:|---:|---:|---:|---:|---:|")
-    for r in rows:
-        print(
-            f"| {r['workers']} | {r['search_s']} | {r['trials']} | {r['trials_per_s']} "
-            f"| {r['trial_task_s']} | {r['most_at_once']} | {r['run_s']} |"
-        )
+    publish.write(Path(args.out) / "results.json", "tune-pool", rows, args, publish=args.publish)
+    print(render(rows))
     return 0
+
+
+def render(rows: list[dict[str, Any]]) -> str:
+    """The Markdown table of the runs, one row per pool size."""
+    lines = [
+        "| workers (pool slots) | search s | trials | trials / s | trial task s (sum) "
+        "| most at once | run s |",
+        "|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    lines += [
+        f"| {r['workers']} | {r['search_s']} | {r['trials']} | {r['trials_per_s']} "
+        f"| {r['trial_task_s']} | {r['most_at_once']} | {r['run_s']} |"
+        for r in rows
+    ]
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -13,7 +13,6 @@ verdicts come from graphtrim's built-in policy.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import sys
 import time
@@ -22,6 +21,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from bench import publish
 
 ROOT = Path(__file__).resolve().parent
 log = logging.getLogger("bench.variants")
@@ -212,6 +213,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--cache", type=Path, default=ROOT / "models")
     ap.add_argument("--out", type=Path, default=ROOT / "results-variants")
+    publish.add_publish_argument(ap)
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="bench: %(message)s")
     for noisy in ("torch", "torch.onnx", "onnxruntime"):
@@ -221,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
         run_model(m, args.cache, args.out, args.variants, args.runs, args.threads)
         for m in args.models
     ]
-    (args.out / "results.json").write_text(json.dumps(results, indent=2))
+    publish.write(args.out / "results.json", "variants", results, args, publish=args.publish)
     print(render(results))
     return 0
 

@@ -186,7 +186,7 @@ def strip_intermediate_shapes(model: ir.Model) -> int:
     Graph inputs and outputs (of the main graph, subgraphs and functions) keep theirs, and so
     does every value made by an op outside the standard domains. Runtimes and onnx's shape
     inference recover the rest; left in, the annotations steer onnxruntime's graph
-    transformers, and over the bench corpus the outputs ran faster without them (README)."""
+    transformers, and over the bench corpus the outputs ran faster without them (docs/getting-started/cli.md)."""
     removed = _strip_shapes(model.graph)
     for function in model.functions.values():
         removed += _strip_shapes(function)

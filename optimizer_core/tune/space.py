@@ -239,7 +239,7 @@ def check_kinds(kinds: Sequence[str]) -> None:
 
 
 def describe() -> list[str]:
-    """One line per knob, for ``graphtrim tune --help`` and the README."""
+    """One line per knob, for ``graphtrim tune --help`` and the documentation."""
     lines = []
     for kind, knobs in SPACE.items():
         for k in knobs:

@@ -422,12 +422,14 @@ def test_dockerfile_install_steps_resolve_with_the_constraints(runtime: str) -> 
     assert "Would install" not in proc.stdout or "torch" not in proc.stdout
 
 
-def test_the_images_the_readme_builds_are_the_ones_the_deployments_run() -> None:
-    """The README's `docker build` tags, the chart's image, the Airflow overlay's image and the
-    KFP steps' default image name the same images."""
+def test_the_images_the_docs_build_are_the_ones_the_deployments_run() -> None:
+    """The `docker build` tags of the deployment guide (docs/getting-started/helm.md), the
+    chart's image, the Airflow overlay's image and the KFP steps' default image name the same
+    images."""
     from graphtrim.kubeflow.pipeline import DEFAULT_IMAGE
 
-    built = set(re.findall(r"docker build .*?-t (\S+) \.", (REPO / "README.md").read_text()))
+    guide = REPO / "docs" / "getting-started" / "helm.md"
+    built = set(re.findall(r"docker build .*?-t (\S+) \.", guide.read_text()))
     chart = yaml.safe_load((REPO / "helm" / "graphtrim" / "values.yaml").read_text())["image"]
     overlay = yaml.safe_load((REPO / "helm" / "airflow-values.yaml").read_text())
     used = {
