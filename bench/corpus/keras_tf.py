@@ -22,7 +22,7 @@ APPLICATIONS: dict[str, tuple[str, int, dict[str, Any]]] = {
     "efficientnet-v2-b0": ("EfficientNetV2B0", 64, {}),
     "densenet121": ("DenseNet121", 64, {}),
     "convnext-tiny": ("ConvNeXtTiny", 32, {}),
-    "regnetx-002": ("RegNetX002", 64, {}),
+    "mobilenet-v1": ("MobileNet", 64, {"alpha": 0.5}),
 }
 LAYERS = ("lstm", "bigru", "attention", "conv1d", "unet", "separable", "mlp-normalization")
 OPSETS = (13, 17)

@@ -19,7 +19,7 @@ PIPELINES = {
     "isolation-forest": "skl2onnx",
     "voting-soft": "skl2onnx",
     "stacking": "skl2onnx",
-    "feature-union-svc": "skl2onnx",
+    "feature-union-logreg": "skl2onnx",
     "knn-regressor": "skl2onnx",
     "calibrated-svc": "skl2onnx",
     "lightgbm-regressor": "onnxmltools",
@@ -49,7 +49,8 @@ def _zen_lines() -> tuple[list[str], list[int]]:
 
     with contextlib.redirect_stdout(io.StringIO()):
         import this  # noqa: F401
-    lines = [ln for ln in codecs.decode(sys.modules["this"].s, "rot13").splitlines() if ln]
+    text = codecs.decode(sys.modules["this"].s, "rot13").lower()
+    lines = [ln for ln in text.splitlines() if ln]
     return lines, [int("better" in ln) for ln in lines]
 
 
@@ -106,14 +107,16 @@ def _fit(name: str) -> tuple[Any, Any]:
             ],
             final_estimator=linear_model.LogisticRegression(max_iter=300),
         )
-    elif name == "feature-union-svc":
+    elif name == "feature-union-logreg":
         union = pipeline.FeatureUnion(
             [
                 ("pca", decomposition.PCA(n_components=12)),
                 ("best", feature_selection.SelectKBest(k=20)),
             ]
         )
-        m = pipeline.make_pipeline(preprocessing.Normalizer(), union, svm.LinearSVC(random_state=0))
+        m = pipeline.make_pipeline(
+            preprocessing.Normalizer(), union, linear_model.LogisticRegression(max_iter=500)
+        )
     elif name == "knn-regressor":
         m = neighbors.KNeighborsRegressor(n_neighbors=4, weights="distance")
         x, y = xd, yd
@@ -148,7 +151,9 @@ def _tfidf() -> Any:
 
     lines, labels = _zen_lines()
     m = pipeline.make_pipeline(
-        feature_extraction.text.TfidfVectorizer(ngram_range=(1, 2)),
+        # lower-cased here: skl2onnx writes lower-casing as a StringNormalizer whose locale
+        # (en_US.UTF-8) a machine without it cannot load
+        feature_extraction.text.TfidfVectorizer(ngram_range=(1, 2), lowercase=False),
         linear_model.LogisticRegression(max_iter=300),
     )
     m.fit(lines, labels)
