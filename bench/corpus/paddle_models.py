@@ -23,7 +23,7 @@ VISION: dict[str, tuple[str, int, dict[str, Any]]] = {
     "shufflenet-v2": ("shufflenet_v2_x0_5", 64, {}),
     "squeezenet": ("squeezenet1_1", 64, {}),
     "densenet121": ("densenet121", 64, {}),
-    "googlenet": ("googlenet", 64, {}),
+    "googlenet": ("googlenet", 224, {}),  # its classifier expects 224 x 224
 }
 LAYERS = ("transformer-encoder", "lstm")
 OPSETS = (13, 17)
