@@ -38,6 +38,7 @@ from graphtrim.graph.passes.shapes import SymbolicShapes
 from graphtrim.graph.passes.siblings import SiblingMatMulFusion
 from graphtrim.graph.passes.space_to_depth import SpaceToDepthBlocks
 from graphtrim.graph.passes.transformer import TransformerFusion
+from graphtrim.graph.passes.transpose_sink import TransposeSinking
 
 PASSES: dict[str, type[GraphtrimPass]] = {
     cls.name: cls
@@ -65,6 +66,7 @@ PASSES: dict[str, type[GraphtrimPass]] = {
         SiblingMatMulFusion,
         GemmFusion,
         TransformerFusion,
+        TransposeSinking,
         DeadCodeElimination,
         ResidualSum,
         # in no preset: the inverse of residual-sum, kept by the onnxruntime targets where timed
@@ -87,6 +89,8 @@ _ORDER = [
     "casts",
     "qdq",
     "qdq-move",
+    # before the algebraic passes, which turn a Transpose of unit dims into a Reshape
+    "transpose-sink",
     # before the algebraic passes: reassociating Gelu's 0.5 with a following constant factor
     # would hide the pattern
     "fuse-transformer",
