@@ -32,6 +32,7 @@ from graphtrim.graph.passes.pad import PadFusion
 from graphtrim.graph.passes.qdq import QdqCleanup
 from graphtrim.graph.passes.qdq_move import QdqMove
 from graphtrim.graph.passes.reassociate import ReassociateConstants
+from graphtrim.graph.passes.reshape_infer import ReshapeInference
 from graphtrim.graph.passes.residual import ResidualAdd, ResidualSum
 from graphtrim.graph.passes.rnn_defaults import RecurrentDefaults
 from graphtrim.graph.passes.shapes import SymbolicShapes
@@ -57,6 +58,7 @@ PASSES: dict[str, type[GraphtrimPass]] = {
         AlgebraicSimplification,
         ReassociateConstants,
         SymbolicShapes,
+        ReshapeInference,
         CommonSubexpressionElimination,
         ConstantFolding,
         AffineFusion,
@@ -98,6 +100,7 @@ _ORDER = [
     "algebraic",
     "reassociate",
     "symbolic-shapes",
+    "reshape-infer",
     "constant-folding",
     "fuse-affine",
     "fuse-pad",
