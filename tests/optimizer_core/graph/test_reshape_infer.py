@@ -57,3 +57,26 @@ def test_a_target_with_more_unknowns_or_a_zero_is_kept(body, sig, inits):
     out, result = run_passes(proto, ["reshape-infer", "dead-code"])
     assert "reshape-one-unknown" not in rules_fired(result)
     assert "Shape" in op_types(out)
+
+
+def test_the_larger_of_two_reads_of_one_dim_is_that_dim():
+    """tf2onnx's einsum broadcasts the operands' batch dims with ``Max`` of two shape reads:
+    ``max(4, 4) = 4`` leaves the batch the one unknown entry; ``max(4, P)`` is a second."""
+    body = """
+      sa = Shape(a)
+      sb = Shape(b)
+      na = Gather(sa, lead)
+      nb = Gather(sb, lead)
+      n = Max(na, nb)
+      s = Concat<axis = 0>(n, tail)
+      y = Reshape(a, s)
+    """
+    inits = "int64[2] lead = {0, 1}, int64[2] tail = {6, 2}"
+    proto = _model(body, "(float[N, 4, 12] a, float[N, 4, 3] b) => (float[N, 4, 6, 2] y)", inits)
+    out, result = run_passes(proto, ["reshape-infer", "dead-code"])
+    assert rules_fired(result) == {"reshape-one-unknown": 1}
+    assert op_types(out) == ["Reshape"]
+    assert_equivalent(proto, out, dim_values={"N": 3})
+    sig = "(float[N, 4, 12] a, float[N, P, 3] b) => (float[N, 4, 6, 2] y)"
+    _, result = run_passes(_model(body, sig, inits), ["reshape-infer", "dead-code"])
+    assert "reshape-one-unknown" not in rules_fired(result)
