@@ -37,6 +37,8 @@ from graphtrim.errors import (
     VerificationError,
 )
 from graphtrim.quantize.agreement import Agreement, measure_agreement
+from graphtrim.quantize.errors import NothingToQuantize as NothingToQuantize
+from graphtrim.quantize.errors import QuantizeError as QuantizeError
 from graphtrim.quantize.kinds import VARIANTS, kind
 from graphtrim.quantize.sensitivity import NodeError, fallback_nodes, node_errors
 
@@ -86,14 +88,6 @@ RUNTIME_DEFECTS: dict[str, tuple[RuntimeDefect, ...]] = {
         ),
     ),
 }
-
-
-class QuantizeError(GraphtrimError):
-    """A variant could not be built (missing calibration data, a conversion that failed)."""
-
-
-class NothingToQuantize(QuantizeError):
-    """Every node the converter would change is kept in float."""
 
 
 @dataclasses.dataclass

@@ -519,7 +519,7 @@ def convert_weight_only(
     bits: int, src: Path, dst: Path, cfg: Any, excluded: Sequence[str]
 ) -> dict[str, Any]:
     """The weight-only converter of ``int{bits}-weight`` (``cfg``: a ``QuantizeConfig``)."""
-    from graphtrim.quantize.build import NothingToQuantize, QuantizeError
+    from graphtrim.quantize.errors import NothingToQuantize, QuantizeError
     from graphtrim.quantize.kinds import kind
 
     try:

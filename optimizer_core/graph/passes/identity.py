@@ -299,9 +299,10 @@ def _reduce_unit_axes(node: ir.Node, ctx: RuleContext) -> Match:
         return "malformed axes"
     if any(x_dims[a] != 1 for a in norm):
         return "a reduced axis may have more than one element"
-    if node.outputs[0].dtype is not None and node.outputs[0].dtype != node.inputs[0].dtype:
+    x = node.inputs[0]
+    if x is None or (node.outputs[0].dtype is not None and node.outputs[0].dtype != x.dtype):
         return "the output's type differs"
-    return _to(node, node.inputs[0])
+    return _to(node, x)
 
 
 _RULES = (  # name, op types, check, math
