@@ -87,7 +87,9 @@ bench-nodetests: $(STAMP)
 	$(PY) -m bench.nodetests $(BENCH_ARGS)
 
 # the generalization corpus (bench/corpus-models, manifest.json): 180+ architectures exported
-# offline in an export-only venv (.venv-export, created on first use); resumable
+# offline in export-only venvs, one per framework (.venv-export for torch, .venv-export-tf,
+# .venv-export-paddle, .venv-export-sklearn; each created on first use); resumable.
+# One family: make corpus BENCH_ARGS="--families tf2onnx"
 corpus: $(STAMP)
 	$(PY) -m bench.corpus $(BENCH_ARGS)
 

@@ -2,10 +2,15 @@
 random weights and exported offline (``python -m bench.corpus``, or ``make corpus``).
 
 Every model is described by a :class:`Spec` (family, source, how to build it, which exporters to
-try). Torch models are built and exported in a separate export-only virtual environment
-(``.venv-export``: timm and torchvision need a newer torch than the project's); models derived from
-other corpus models (quantized, fp16, other opsets, external data) are made in the project's own
-environment. Everything lands in one directory with ``manifest.json``: one entry per model file
+try, which export environment runs it). Models are built and exported in export-only virtual
+environments, one per framework stack (:data:`EXPORT_ENVS`): ``.venv-export`` for torch, timm,
+torchvision, transformers, ultralytics and the classical-ML converters (timm and torchvision
+need a newer torch than the project's); ``.venv-export-tf`` for TensorFlow, Keras and tf2onnx;
+``.venv-export-paddle`` for PaddlePaddle and paddle2onnx (which pins its own onnx);
+``.venv-export-sklearn`` for scikit-learn pipelines with skl2onnx, onnxmltools and CatBoost's own
+exporter. Each is made from its ``requirements-export*.txt`` on first use and never touches the
+project's environment. Models derived from other corpus models (quantized, fp16, other opsets,
+external data) are made in the project's own environment. Everything lands in one directory with ``manifest.json``: one entry per model file
 with its family, source, exporter, opset, node count, bytes and sha256, or the reason its export
 failed. The sweep (``python -m bench.sweep``) reads the manifest.
 """
@@ -23,6 +28,13 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent
 DEFAULT_DIR = ROOT.parent / "corpus-models"
 MANIFEST = "manifest.json"
+# export environment -> (its venv under the repository root, its pinned requirements here)
+EXPORT_ENVS: dict[str, tuple[str, str]] = {
+    "torch": (".venv-export", "requirements-export.txt"),
+    "tf": (".venv-export-tf", "requirements-export-tf.txt"),
+    "paddle": (".venv-export-paddle", "requirements-export-paddle.txt"),
+    "sklearn": (".venv-export-sklearn", "requirements-export-sklearn.txt"),
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,6 +45,7 @@ class Spec:
     returns what the exporter needs; ``exporters`` are tried one by one, each giving its own file.
     ``args`` are passed to ``build``. ``derive`` marks a model made from another corpus entry
     (its ``source`` names that entry) in the project's environment rather than the export venv.
+    ``env`` names the export environment (:data:`EXPORT_ENVS`) the build runs in.
     """
 
     name: str
@@ -42,6 +55,7 @@ class Spec:
     exporters: tuple[str, ...] = ("dynamo", "torchscript")
     args: tuple[tuple[str, Any], ...] = ()
     derive: bool = False
+    env: str = "torch"
 
     def key(self, exporter: str) -> str:
         return f"{self.name}-{exporter}"
@@ -57,17 +71,32 @@ def spec(
     build: str,
     exporters: tuple[str, ...] = ("dynamo", "torchscript"),
     derive: bool = False,
+    env: str = "torch",
     **args: Any,
 ) -> Spec:
-    return Spec(name, family, source, build, exporters, tuple(sorted(args.items())), derive)
+    if env not in EXPORT_ENVS:
+        raise ValueError(f"{name}: unknown export environment {env!r}")
+    return Spec(name, family, source, build, exporters, tuple(sorted(args.items())), derive, env)
 
 
 def all_specs() -> list[Spec]:
     """Every corpus spec, in build order (derived models last: they read exported ones)."""
-    from bench.corpus import derived, hf, scripted, tabular, timm_models, vision, yolo
+    from bench.corpus import (
+        derived,
+        hf,
+        keras_tf,
+        paddle_models,
+        scripted,
+        sklearn_pipelines,
+        tabular,
+        timm_models,
+        vision,
+        yolo,
+    )
 
     specs: list[Spec] = []
-    for module in (timm_models, vision, hf, yolo, scripted, tabular, derived):
+    modules = (timm_models, vision, hf, yolo, scripted, tabular, keras_tf, paddle_models)
+    for module in (*modules, sklearn_pipelines, derived):
         specs.extend(module.SPECS)
     names = [s.name for s in specs]
     dupes = {n for n in names if names.count(n) > 1}

@@ -20,29 +20,27 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.corpus import DEFAULT_DIR, ROOT, Manifest, Spec, all_specs, describe
+from bench.corpus import DEFAULT_DIR, EXPORT_ENVS, ROOT, Manifest, Spec, all_specs, describe
 
 log = logging.getLogger("bench.corpus")
 REPO = ROOT.parent.parent
-EXPORT_VENV = REPO / ".venv-export"
-REQUIREMENTS = ROOT / "requirements-export.txt"
 
 
-def export_python() -> Path:
-    """The export venv's interpreter, created from ``requirements-export.txt`` on first use."""
-    python = EXPORT_VENV / "bin" / "python"
-    stamp = EXPORT_VENV / ".installed"
-    if stamp.exists() and stamp.read_text() == REQUIREMENTS.read_text():
+def export_python(env: str = "torch") -> Path:
+    """The interpreter of export environment ``env`` (:data:`bench.corpus.EXPORT_ENVS`), its
+    venv created from its requirements file on first use (and again when the file changes)."""
+    folder, requirements = EXPORT_ENVS[env]
+    venv = REPO / folder
+    req = ROOT / requirements
+    python = venv / "bin" / "python"
+    stamp = venv / ".installed"
+    if stamp.exists() and stamp.read_text() == req.read_text():
         return python
-    log.info(
-        "creating the export venv %s (torch, torchvision, timm, transformers, ...)", EXPORT_VENV
-    )
-    subprocess.run([sys.executable, "-m", "venv", str(EXPORT_VENV)], check=True)
+    log.info("creating the export venv %s from %s", venv, req.name)
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     subprocess.run([str(python), "-m", "pip", "install", "--quiet", "--upgrade", "pip"], check=True)
-    subprocess.run(
-        [str(python), "-m", "pip", "install", "--quiet", "-r", str(REQUIREMENTS)], check=True
-    )
-    stamp.write_text(REQUIREMENTS.read_text())
+    subprocess.run([str(python), "-m", "pip", "install", "--quiet", "-r", str(req)], check=True)
+    stamp.write_text(req.read_text())
     return python
 
 
@@ -66,6 +64,7 @@ def export_one(python: Path, sp: Spec, exporter: str, out: Path, timeout: int) -
         HF_HUB_OFFLINE="1",
         YOLO_OFFLINE="1",
         YOLO_CONFIG_DIR=str(out.parent / ".ultralytics"),
+        TF_CPP_MIN_LOG_LEVEL="3",
     )
     cmd = [
         str(python),
@@ -123,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     for key in manifest.prune({s.key(e) for s in all_specs() for e in s.exporters}):
         log.info("dropped %s: no spec describes it any more", key)
     todo = [(s, e) for s in specs for e in s.exporters]
-    python: Path | None = None
+    pythons: dict[str, Path] = {}
     t_start = time.monotonic()
     for i, (sp, exporter) in enumerate(todo, 1):
         key = sp.key(exporter)
@@ -143,8 +142,9 @@ def main(argv: list[str] | None = None) -> int:
                 out.unlink(missing_ok=True)
                 result = {"status": "failed", "reason": f"{type(exc).__name__}: {exc}"[:300]}
         else:
-            python = python or export_python()
-            result = export_one(python, sp, exporter, out, args.timeout)
+            if sp.env not in pythons:
+                pythons[sp.env] = export_python(sp.env)
+            result = export_one(pythons[sp.env], sp, exporter, out, args.timeout)
         entry: dict[str, Any] = {
             "key": key,
             "name": sp.name,

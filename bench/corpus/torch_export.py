@@ -1,4 +1,5 @@
-"""Torch export for the corpus, run in the export venv: one model, one exporter, one file.
+"""Torch export for the corpus, run in an export venv: one model, one exporter, one file (a
+builder of another framework returns a function that writes the file with its own exporter).
 
 ``python -m bench.corpus.torch_export BUILD ARGS_JSON EXPORTER OUT`` builds the model with the
 named builder and exports it, printing one JSON line (``dynamic``: whether the dynamic axes held,
@@ -124,10 +125,13 @@ def export(built: Built, exporter: str, out: Path, name: str) -> dict[str, Any]:
 
 def main(argv: list[str]) -> int:
     build, args_json, exporter, out = argv
-    import torch
-
-    torch.manual_seed(0)
-    torch.set_num_threads(max(1, (os.cpu_count() or 1)))
+    try:
+        import torch
+    except ImportError:  # an export environment of another framework: its builders seed it
+        pass
+    else:
+        torch.manual_seed(0)
+        torch.set_num_threads(max(1, (os.cpu_count() or 1)))
     func = resolve(build)
     os.environ["CORPUS_EXPORTER"] = exporter  # builders may shape the model for their exporter
     result = func(**json.loads(args_json))

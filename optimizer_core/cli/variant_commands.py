@@ -351,6 +351,11 @@ def cmd_quantize(args: argparse.Namespace) -> int:
             + "; ".join(last.measured.get("broken", [])),
             file=sys.stderr,
         )
+        if build.stopped:
+            print(f"the fallback stopped: {build.stopped}", file=sys.stderr)
+        advice = build.to_json()["advice"]
+        if advice:
+            print(f"{args.variant}: {advice}", file=sys.stderr)
         return EXIT_FAILED
     return EXIT_OK
 

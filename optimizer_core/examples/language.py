@@ -69,6 +69,35 @@ def llama(
     return LlamaForCausalLM(cfg).eval()
 
 
+def qwen2(
+    *,
+    vocab_size: int = 300,
+    hidden: int = 96,
+    layers: int = 2,
+    heads: int = 6,
+    kv_heads: int = 2,
+    intermediate: int = 256,
+    seed: int = 0,
+) -> Any:
+    """A Qwen2-like causal LM (grouped-query attention, biases on q/k/v, RoPE, RMSNorm),
+    random weights, in eval mode."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    cfg = Qwen2Config(
+        vocab_size=vocab_size,
+        hidden_size=hidden,
+        intermediate_size=intermediate,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        max_position_embeddings=2048,
+        tie_word_embeddings=False,
+    )
+    torch.manual_seed(seed)
+    return Qwen2ForCausalLM(cfg).eval()
+
+
 def save_transformers(model: Any, tok: Any, path: str | Path, task: str) -> Path:
     """``model`` and ``tok`` saved with MLflow's ``transformers`` flavor under ``path``."""
     import mlflow.transformers

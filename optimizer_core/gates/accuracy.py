@@ -50,6 +50,7 @@ class AccuracyMeasurement:
     variant_perplexity: float | None = None
     greedy_match: float | None = None
     greedy: list[dict[str, Any]] | None = None
+    vocabulary: int | None = None  # the logits' last dim
 
     @property
     def perplexity_ratio(self) -> float | None:
@@ -164,6 +165,12 @@ def judge(m: AccuracyMeasurement, thresholds: Any) -> list[str]:
                 f"{m.metric} dropped {drop:.4f} ({m.reference_metric:.4f} -> "
                 f"{m.variant_metric:.4f}), allowed {allowed:.4f}"
             )
+    if broken and m.vocabulary and m.reference_perplexity is not None:
+        from graphtrim.gates.language import chance_note
+
+        note = chance_note(m.reference_perplexity, m.vocabulary)
+        if note:
+            broken.append(note)
     return broken
 
 
@@ -197,6 +204,7 @@ def measure(
     if language and data.tokens is not None and ref.ndim == 3:
         from graphtrim.gates.language import greedy_match, perplexity
 
+        m.vocabulary = int(ref.shape[-1])
         m.reference_perplexity = perplexity(ref, data.tokens)
         m.variant_perplexity = perplexity(got, data.tokens)
         found = greedy_match(

@@ -71,6 +71,25 @@ def perplexity(logits: np.ndarray, tokens: np.ndarray) -> float:
     return float(np.exp(np.mean(log_z - picked)))
 
 
+def chance_note(reference_perplexity: float, vocabulary: int) -> str | None:
+    """A note for a failed gate when the reference predicts the text within a factor of two
+    of a uniform guess (perplexity ``vocabulary``): there its top-1 token leads the next by a
+    hair, and any variant's error flips the choice. Measured on a 2-layer random-weight Qwen2
+    (vocabulary 300, perplexity 309): the reference's top token has a median probability of
+    0.0057 (uniform: 0.0033); where int4 weights changed it, the token chosen instead had 0.97
+    of the reference's top probability (median)."""
+    if reference_perplexity < vocabulary / 2:
+        return None
+    return (
+        f"note: the float model's perplexity on this text is {reference_perplexity:.4g} with "
+        f"a vocabulary of {vocabulary} (a uniform guess: {vocabulary}), so its next-token "
+        "choices are near-ties and top-1 agreement and greedy match measure which of nearly "
+        "equal tokens wins; for such a model (random or untrained weights, or text unlike its "
+        "training data) judge the perplexity ratio: set this variant's min_top1_agreement and "
+        "min_greedy_match in the policy (null switches one off), or evaluate on text it predicts"
+    )
+
+
 def greedy(session: Any, prompt: np.ndarray, steps: int) -> list[int]:
     """``steps`` tokens after ``prompt`` (``[1, n]``), argmax each, through the KV cache."""
     specs = _specs(session)

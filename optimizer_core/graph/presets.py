@@ -32,12 +32,14 @@ from graphtrim.graph.passes.pad import PadFusion
 from graphtrim.graph.passes.qdq import QdqCleanup
 from graphtrim.graph.passes.qdq_move import QdqMove
 from graphtrim.graph.passes.reassociate import ReassociateConstants
+from graphtrim.graph.passes.reshape_infer import ReshapeInference
 from graphtrim.graph.passes.residual import ResidualAdd, ResidualSum
 from graphtrim.graph.passes.rnn_defaults import RecurrentDefaults
 from graphtrim.graph.passes.shapes import SymbolicShapes
 from graphtrim.graph.passes.siblings import SiblingMatMulFusion
 from graphtrim.graph.passes.space_to_depth import SpaceToDepthBlocks
 from graphtrim.graph.passes.transformer import TransformerFusion
+from graphtrim.graph.passes.transpose_sink import TransposeSinking
 
 PASSES: dict[str, type[GraphtrimPass]] = {
     cls.name: cls
@@ -56,6 +58,7 @@ PASSES: dict[str, type[GraphtrimPass]] = {
         AlgebraicSimplification,
         ReassociateConstants,
         SymbolicShapes,
+        ReshapeInference,
         CommonSubexpressionElimination,
         ConstantFolding,
         AffineFusion,
@@ -65,6 +68,7 @@ PASSES: dict[str, type[GraphtrimPass]] = {
         SiblingMatMulFusion,
         GemmFusion,
         TransformerFusion,
+        TransposeSinking,
         DeadCodeElimination,
         ResidualSum,
         # in no preset: the inverse of residual-sum, kept by the onnxruntime targets where timed
@@ -87,6 +91,8 @@ _ORDER = [
     "casts",
     "qdq",
     "qdq-move",
+    # before the algebraic passes, which turn a Transpose of unit dims into a Reshape
+    "transpose-sink",
     # before the algebraic passes: reassociating Gelu's 0.5 with a following constant factor
     # would hide the pattern
     "fuse-transformer",
@@ -94,6 +100,7 @@ _ORDER = [
     "algebraic",
     "reassociate",
     "symbolic-shapes",
+    "reshape-infer",
     "constant-folding",
     "fuse-affine",
     "fuse-pad",

@@ -17,7 +17,6 @@ import dataclasses
 import hashlib
 import json
 import logging
-import math
 import os
 import shutil
 import sys
@@ -38,8 +37,10 @@ from graphtrim.errors import (
     VerificationError,
 )
 from graphtrim.quantize.agreement import Agreement, measure_agreement
+from graphtrim.quantize.errors import NothingToQuantize as NothingToQuantize
+from graphtrim.quantize.errors import QuantizeError as QuantizeError
 from graphtrim.quantize.kinds import VARIANTS, kind
-from graphtrim.quantize.sensitivity import NodeError, node_errors
+from graphtrim.quantize.sensitivity import NodeError, fallback_nodes, node_errors
 
 logger = logging.getLogger("graphtrim.quantize")
 
@@ -87,10 +88,6 @@ RUNTIME_DEFECTS: dict[str, tuple[RuntimeDefect, ...]] = {
         ),
     ),
 }
-
-
-class QuantizeError(GraphtrimError):
-    """A variant could not be built (missing calibration data, a conversion that failed)."""
 
 
 @dataclasses.dataclass
@@ -213,6 +210,8 @@ class VariantBuild:
     agreement: Agreement | None = None
     # what the converter reports about the last attempt (weight-only: settings, form, counts)
     conversion: dict[str, Any] | None = None
+    # why the fallback stopped before its last attempt (every convertible node in float)
+    stopped: str | None = None
 
     @property
     def excluded(self) -> list[str]:
@@ -239,6 +238,8 @@ class VariantBuild:
             "runtime_defects": self.runtime_defects,
             "agreement": self.agreement.to_json() if self.agreement is not None else None,
             "conversion": self.conversion,
+            "stopped": self.stopped,
+            "advice": kind(self.variant).advice if self.accuracy_passed is False else None,
         }
 
 
@@ -372,50 +373,6 @@ def convert_int8_dynamic(
         )
 
 
-def _convert_weight_only(
-    bits: int, src: Path, dst: Path, cfg: QuantizeConfig, excluded: Sequence[str]
-) -> dict[str, Any]:
-    from graphtrim.quantize.weight_only import WeightOnlyError, quantize_weights
-
-    try:
-        record = quantize_weights(src, dst, cfg.weight_settings(bits), excluded, work=dst.parent)
-    except WeightOnlyError as exc:
-        raise QuantizeError(str(exc)) from exc
-    if not record["matmuls_quantized"]:
-        if excluded:
-            raise QuantizeError(
-                f"int{bits}-weight: nothing left to quantize: the {len(excluded)} node(s) kept "
-                "in float after failed accuracy checks hold every MatMul weight (the accuracy "
-                "gate fails with any of them quantized; see the build's attempts)"
-            )
-        raise QuantizeError(f"int{bits}-weight: no MatMul with a constant 2-D weight to quantize")
-    return record
-
-
-def convert_int4_weight(
-    src: Path,
-    dst: Path,
-    cfg: QuantizeConfig,
-    excluded: Sequence[str],
-    calibration: Sequence[Feeds] = (),
-    progress: ProgressFn | None = None,
-) -> dict[str, Any]:
-    """4-bit block-wise MatMul weights (:mod:`graphtrim.quantize.weight_only`)."""
-    return _convert_weight_only(4, src, dst, cfg, excluded)
-
-
-def convert_int8_weight(
-    src: Path,
-    dst: Path,
-    cfg: QuantizeConfig,
-    excluded: Sequence[str],
-    calibration: Sequence[Feeds] = (),
-    progress: ProgressFn | None = None,
-) -> dict[str, Any]:
-    """8-bit block-wise MatMul weights (:mod:`graphtrim.quantize.weight_only`)."""
-    return _convert_weight_only(8, src, dst, cfg, excluded)
-
-
 def convert_int4_fp16(
     src: Path,
     dst: Path,
@@ -428,10 +385,12 @@ def convert_int4_fp16(
     quantized from their float16 values: ``MatMulNBits`` (ort form) or ``DequantizeLinear``
     (portable) with float16 scales, so every MatMul computes in float16 (GPU kernels). Nodes
     kept in float after a failed accuracy check stay float32 with float32 weights."""
+    from graphtrim.quantize.weight_only import convert_weight_only
+
     with tempfile.TemporaryDirectory(prefix="graphtrim-int4-fp16-", dir=dst.parent) as tmp:
         half = Path(tmp) / "fp16.onnx"
         convert_fp16(src, half, cfg, excluded, calibration, progress)
-        record = _convert_weight_only(4, half, dst, cfg, excluded)
+        record = convert_weight_only(4, half, dst, cfg, excluded)
     return {**record, "activations": "float16"}
 
 
@@ -790,6 +749,7 @@ def build_variant(
         final: Path | None = None
         cleanup: dict[str, Any] | None = None
         conversion: dict[str, Any] | None = None
+        stopped: str | None = None
         build_cfg = cfg  # an avoided runtime defect keeps more ops in float from then on
         for number in range(1, cfg.max_attempts + 1):
             work = stage / f"attempt{number}"
@@ -839,7 +799,15 @@ def build_variant(
                 return clean, cleaned.to_json()
 
             _say(progress, f"{variant}: attempt {number}, {len(excluded)} node(s) kept in float")
-            clean, cleanup = convert(work, build_cfg, excluded)
+            try:
+                clean, cleanup = convert(work, build_cfg, excluded)
+            except NothingToQuantize as exc:
+                if final is None:
+                    raise
+                # the fallback kept every weight in float: the last attempt's file stands
+                stopped = f"{exc}: attempt {number - 1}'s variant is kept, failing its check"
+                _say(progress, f"{variant}: {stopped}")
+                break
             try:
                 probed(clean, f"attempt {number}")
             except QuantizeError as crash:
@@ -883,16 +851,16 @@ def build_variant(
                 e for e in node_errors(pre, clean, sens_feeds) if not set(e.nodes) <= set(excluded)
             ]
             attempt.most_sensitive = ranked[:10]
-            positive = [e for e in ranked if e.local_error > 0]
-            if not positive:
+            picked = fallback_nodes(ranked, spec.converts, cfg.fallback_fraction, number)
+            if not picked:
                 break
-            k = max(1, math.ceil(cfg.fallback_fraction * len(ranked)) * number)
-            excluded = sorted(set(excluded).union(*(e.nodes for e in positive[:k])))
+            excluded = sorted(set(excluded) | set(picked))
         assert final is not None
         built = finish(final, attempts, cleanup)
         built.runtime_defects = defects
         built.conversion = conversion
         built.config = build_cfg  # what was built: with the ops an avoided defect kept in float
+        built.stopped = stopped
         return built
     finally:
         shutil.rmtree(stage, ignore_errors=True)

@@ -36,6 +36,10 @@ class VariantKind:
         gates: thresholds it is held to when the policy says nothing (the built-in policy).
         promotion: rank when an alias is moved (lower first); None: never promoted.
         default: built when a run names no variants.
+        converts: the op types whose nodes the converter changes (None: any node). The
+            sensitivity fallback keeps only those in float: keeping a node in float that the
+            converter leaves in float anyway changes nothing (a Softmax in a weight-only
+            variant: its error is inherited from the MatMuls before it, amplified).
     """
 
     name: str
@@ -46,6 +50,8 @@ class VariantKind:
     gates: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     promotion: int | None = None
     default: bool = False
+    converts: tuple[str, ...] | None = None
+    advice: str = ""
 
     def convert(self) -> Any:
         """The converter function (imported on first use)."""
@@ -93,15 +99,22 @@ KINDS: tuple[VariantKind, ...] = (
     VariantKind(
         "int4-weight",
         "4-bit block-wise MatMul weights, float activations (language models)",
-        converter="graphtrim.quantize.build:convert_int4_weight",
+        converter="graphtrim.quantize.weight_only:convert_int4_weight",
+        converts=("MatMul", "Gather"),  # MatMul weights; token embeddings when asked
         gates={"size": {"max_ratio": 0.35}},
+        advice=(
+            "less 4-bit error: blocks of 16 (--block-size), asymmetric weights "
+            "(--weight-asymmetric) or --weight-algorithm hqq; or int8-weight"
+        ),
         promotion=4,
     ),
     VariantKind(
         "int8-weight",
         "8-bit block-wise MatMul weights, float activations",
-        converter="graphtrim.quantize.build:convert_int8_weight",
+        converter="graphtrim.quantize.weight_only:convert_int8_weight",
+        converts=("MatMul", "Gather"),  # MatMul weights; token embeddings when asked
         gates={"size": {"max_ratio": 0.45}},
+        advice="less error: smaller blocks (--block-size)",
         promotion=5,
     ),
     VariantKind(

@@ -12,11 +12,17 @@ producer's own output is gone from the quantized model and the activation's outp
 error of both. Such a producer is listed in ``fused`` of the activation's entry, its inputs count
 as the activation's for the inherited error, and the fallback keeps both in float: keeping only
 the activation in float would still quantize the producer's output, the error's source.
+
+Only the nodes a variant's converter changes are candidates (:func:`fallback_nodes`): in a
+weight-only variant every other node computes in float already, and its local error is what the
+quantized MatMuls before it sent, amplified (an RMS normalization, a Softmax); keeping it "in
+float" would spend an attempt and change nothing.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from collections.abc import Sequence
 
@@ -204,3 +210,19 @@ def node_errors(
         )
     ranked.sort(key=lambda e: e.local_error, reverse=True)
     return ranked
+
+
+def fallback_nodes(
+    ranked: Sequence[NodeError],
+    converts: Sequence[str] | None,
+    fraction: float,
+    attempt: int,
+) -> list[str]:
+    """The nodes the next attempt keeps in float, after ``attempt`` failed: of the ranked
+    entries whose op the converter changes (``converts``; None: any op), the
+    ``ceil(fraction * candidates) * attempt`` that add the most error (at least one; only
+    those that add any). Empty: nothing left that keeping in float could help."""
+    candidates = [e for e in ranked if converts is None or e.op_type in converts]
+    positive = [e for e in candidates if e.local_error > 0]
+    k = max(1, math.ceil(fraction * len(candidates)) * attempt)
+    return sorted({n for e in positive[:k] for n in e.nodes})

@@ -513,3 +513,50 @@ def _reads(node: onnx.NodeProto) -> set[str]:
         for inner in sub.node:
             names |= _reads(inner)
     return names
+
+
+def convert_weight_only(
+    bits: int, src: Path, dst: Path, cfg: Any, excluded: Sequence[str]
+) -> dict[str, Any]:
+    """The weight-only converter of ``int{bits}-weight`` (``cfg``: a ``QuantizeConfig``)."""
+    from graphtrim.quantize.errors import NothingToQuantize, QuantizeError
+    from graphtrim.quantize.kinds import kind
+
+    try:
+        record = quantize_weights(src, dst, cfg.weight_settings(bits), excluded, work=dst.parent)
+    except WeightOnlyError as exc:
+        raise QuantizeError(str(exc)) from exc
+    if not record["matmuls_quantized"]:
+        if excluded:
+            raise NothingToQuantize(
+                f"int{bits}-weight: nothing left to quantize: the {len(excluded)} node(s) kept "
+                "in float (nodes_to_exclude, and the accuracy fallback's) hold every MatMul "
+                f"weight ({kind(f'int{bits}-weight').advice}; or looser accuracy thresholds "
+                "for the variant in the gate policy)"
+            )
+        raise QuantizeError(f"int{bits}-weight: no MatMul with a constant 2-D weight to quantize")
+    return record
+
+
+def convert_int4_weight(
+    src: Path,
+    dst: Path,
+    cfg: Any,
+    excluded: Sequence[str],
+    calibration: Sequence[Any] = (),
+    progress: Any = None,
+) -> dict[str, Any]:
+    """4-bit block-wise MatMul weights."""
+    return convert_weight_only(4, src, dst, cfg, excluded)
+
+
+def convert_int8_weight(
+    src: Path,
+    dst: Path,
+    cfg: Any,
+    excluded: Sequence[str],
+    calibration: Sequence[Any] = (),
+    progress: Any = None,
+) -> dict[str, Any]:
+    """8-bit block-wise MatMul weights."""
+    return convert_weight_only(8, src, dst, cfg, excluded)

@@ -123,3 +123,48 @@ def test_trained_weights_give_each_use_of_a_constant_weight_its_own_values():
     assert not np.array_equal(first, second)  # each use its own copy
     assert np.all(np.abs(first - 1) < 0.6) and not np.all(first == 1)
     onnx.checker.check_model(model)
+
+
+def test_other_exporters_have_their_own_families_and_environments():
+    """tf2onnx (Keras), paddle2onnx and the scikit-learn converters each build in an export
+    venv of their own, made from a pinned requirements file that holds the exporter."""
+    from bench.corpus import EXPORT_ENVS, ROOT
+
+    specs = all_specs()
+    families = Counter(s.family for s in specs)
+    assert families["tf2onnx"] >= 12 and families["paddle2onnx"] >= 8
+    assert families["sklearn-pipelines"] >= 10
+    envs = {s.family: s.env for s in specs}
+    assert envs["tf2onnx"] == "tf" and envs["paddle2onnx"] == "paddle"
+    assert envs["sklearn-pipelines"] == "sklearn" and envs["timm"] == "torch"
+    wanted = {"tf": "tf2onnx", "paddle": "paddle2onnx", "sklearn": "skl2onnx", "torch": "torch"}
+    folders = set()
+    for env, (folder, requirements) in EXPORT_ENVS.items():
+        pins = (ROOT / requirements).read_text().lower().splitlines()
+        assert any(p.startswith(f"{wanted[env]}==") for p in pins), (env, requirements)
+        assert all("==" in p for p in pins if p.strip()), requirements  # pinned
+        folders.add(folder)
+    assert len(folders) == len(EXPORT_ENVS)
+    # every exporter of these families is the library's own, one file per model
+    assert {e for s in specs if s.env == "tf" for e in s.exporters} == {"tf2onnx"}
+    assert {e for s in specs if s.env == "paddle" for e in s.exporters} == {"paddle2onnx"}
+
+
+def test_an_unknown_export_environment_is_refused():
+    import pytest
+
+    from bench.corpus import spec
+
+    with pytest.raises(ValueError, match="unknown export environment"):
+        spec("m", "f", "src", "mod:fn", env="jax")
+
+
+def test_the_opsets_of_the_converted_families_are_spread():
+    from bench.corpus import keras_tf, paddle_models
+
+    for module, names in (
+        (keras_tf, [*keras_tf.APPLICATIONS, *keras_tf.LAYERS]),
+        (paddle_models, [*paddle_models.VISION, *paddle_models.LAYERS]),
+    ):
+        assert {module.opset_for(n) for n in names} == set(module.OPSETS)
+        assert all(module.opset_for(n) == module.opset_for(n) for n in names)

@@ -93,6 +93,10 @@ def shape_entries(value: ir.Value | None, depth: int = 0) -> list[Entry] | None:
             found = _arithmetic(node, depth)
             if found is not None:
                 return found
+        if op in ("Max", "Min") and len(node.inputs) == 2:
+            found = _extremum(node, depth)
+            if found is not None:
+                return found
     shape = u.static_shape(value)
     if shape is not None and len(shape) == 1:
         return [None] * shape[0]
@@ -142,6 +146,29 @@ def _arithmetic(node: ir.Node, depth: int) -> list[Entry] | None:
         else:
             r = x.add(va, vb, 1 if node.op_type == "Add" else -1)
         out.append(r if isinstance(r, int) else Dim(r))  # a sum whose names cancel is a size
+    return out
+
+
+def _extremum(node: ir.Node, depth: int) -> list[Entry] | None:
+    """``Max(a, b)`` / ``Min(a, b)`` of shapes entry by entry (tf2onnx broadcasts the batch
+    dims of an einsum's operands so): two static sizes give theirs, two entries of one dim
+    name give it (``max(d, d) = d``); anything else is unknown."""
+    if node.outputs[0].dtype != ir.DataType.INT64 or u.rank(node.outputs[0]) != 1:
+        return None
+    a, b = shape_entries(node.inputs[0], depth + 1), shape_entries(node.inputs[1], depth + 1)
+    if a is None or b is None or len(a) != len(b):
+        return None
+    pick = max if node.op_type == "Max" else min
+    out: list[Entry] = []
+    for ea, eb in zip(a, b, strict=True):
+        va = ea.value if isinstance(ea, Dim) else ea
+        vb = eb.value if isinstance(eb, Dim) else eb
+        if isinstance(va, int) and isinstance(vb, int):
+            out.append(pick(va, vb))
+        elif va is not None and va == vb:
+            out.append(ea)
+        else:
+            out.append(None)
     return out
 
 

@@ -13,6 +13,9 @@ Rules (each exact; shapes must prove the no-op, symbolic dims count only when pr
 - ``Slice(x, ...) -> x`` when every sliced axis keeps all its elements with step 1
 - ``Pad(x, pads) -> x`` when all pads are zero
 - ``Concat(x) -> x`` with one input; ``Flatten(x) -> x`` when the result has the shape of ``x``
+- ``ReduceSum/Mean/Max/Min/Prod(x, axes) -> x`` with ``keepdims=1`` when every reduced axis of
+  ``x`` has size 1: each output element is the one element it reduces (its sum, mean, max, min
+  and product are that element)
 """
 
 from __future__ import annotations
@@ -268,6 +271,40 @@ def _flatten_noop(node: ir.Node, ctx: RuleContext) -> Match:
     return "the result's shape differs"
 
 
+# reductions whose value over a single element is that element
+_UNIT_REDUCTIONS = ("ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin", "ReduceProd")
+
+
+def _reduce_unit_axes(node: ir.Node, ctx: RuleContext) -> Match:
+    if node.attributes.get_int("keepdims", 1) != 1:
+        return "keepdims=0 drops the axes (a Squeeze, not a no-op)"
+    x_dims = u.dims(node.inputs[0])
+    if x_dims is None:
+        return "the input's rank is unknown"
+    # axes: an attribute before ReduceSum-13 / the others' opset 18, an input since
+    if "axes" in node.attributes:
+        axes: list[int] | None = list(node.attributes["axes"].as_ints())
+    elif len(node.inputs) > 1 and node.inputs[1] is not None:
+        axes = u.const_ints(node.inputs[1])
+        if axes is None:
+            return "the axes are not constant"
+    else:
+        axes = []
+    if not axes:
+        if node.attributes.get_int("noop_with_empty_axes", 0):
+            return "no axes with noop_with_empty_axes (the identity rule of that op)"
+        axes = list(range(len(x_dims)))  # every axis
+    norm = u.normalize_axes(axes, len(x_dims))
+    if norm is None:
+        return "malformed axes"
+    if any(x_dims[a] != 1 for a in norm):
+        return "a reduced axis may have more than one element"
+    x = node.inputs[0]
+    if x is None or (node.outputs[0].dtype is not None and node.outputs[0].dtype != x.dtype):
+        return "the output's type differs"
+    return _to(node, x)
+
+
 _RULES = (  # name, op types, check, math
     ("identity", ("Identity",), _identity, "Identity(x) -> x"),
     ("dropout-inference", ("Dropout",), _dropout, "Dropout(x) -> x without training (no or a "
@@ -291,6 +328,9 @@ _RULES = (  # name, op types, check, math
     ("concat-single", ("Concat",), _concat_single, "Concat(x) -> x (one input)"),
     ("flatten-noop", ("Flatten",), _flatten_noop, "Flatten(x, axis) -> x for x of rank 2 when "
      "the result has x's shape (axis 1, or the dim it merges with is 1)"),
+    ("reduce-unit-axes", _UNIT_REDUCTIONS, _reduce_unit_axes, "Reduce{Sum,Mean,Max,Min,Prod}"
+     "(x, axes, keepdims=1) -> x when every reduced axis of x has size 1 (a reduction of one "
+     "element is that element)"),
 )  # fmt: skip
 
 RULES: tuple[Rule, ...] = (

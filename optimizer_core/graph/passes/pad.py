@@ -10,12 +10,18 @@ Rules (exact: the reader sees the same zeros, now as its own implicit padding):
   the input's own extent), and only while every resulting pad stays smaller than the kernel
   (onnxruntime rejects larger pooling pads).
 
-The Pad must be ``mode="constant"`` with a value of 0 (absent, attribute or constant input), with
+- ``pad-maxpool``: the same into ``MaxPool`` when the Pad's value is at most every value ``x``
+  can hold (``x`` from a Relu, a Sigmoid or a Clip with a constant lower bound: its bound),
+  ``ceil_mode=0``, every resulting pad below the kernel and the Indices output unread. MaxPool
+  ignores its own padding; an explicit pad value ``v <= min(x)`` never wins a window that
+  holds one element of ``x``, and with pads below the kernel and no ``ceil_mode`` every
+  window holds one: the maxima are the same.
+
+The Pad must be ``mode="constant"`` with a value of 0 (for MaxPool: at most ``x``'s bound) (absent, attribute or constant input), with
 constant non-negative pads (attribute before opset 11, input after, optional ``axes`` input from
 opset 18) that leave the batch and channel axes alone; its output must have no other reader and
 not be a graph output, and the reader must use explicit pads (``auto_pad`` absent or ``NOTSET``).
-MaxPool (which pads with -inf), ConvTranspose (whose pads crop the output) and every other reader
-are left alone.
+ConvTranspose (whose pads crop the output) and every other reader are left alone.
 """
 
 from __future__ import annotations
@@ -69,6 +75,47 @@ def _pads_zero(pad: ir.Node) -> bool:
     return arr is not None and arr.size == 1 and arr.dtype.kind in "fiu" and bool(np.all(arr == 0))
 
 
+def _pad_value(pad: ir.Node) -> float | None:
+    """The Pad's constant fill value (0 when absent), or ``None`` when not a constant."""
+    if "value" in pad.attributes:
+        return pad.attributes.get_float("value", 0.0)
+    value = pad.inputs[2] if len(pad.inputs) > 2 else None
+    if value is None:
+        return 0.0
+    arr = u.const_array(value)
+    if arr is None or arr.size != 1 or arr.dtype.kind not in "fiu":
+        return None
+    return float(arr.reshape(-1)[0])
+
+
+def _lower_bound(x: ir.Value) -> float | None:
+    """A value no element of ``x`` is below: Relu and Sigmoid give 0, Clip its constant min."""
+    node = x.producer()
+    if u.is_op(node, "Relu", "Sigmoid"):
+        return 0.0
+    if u.is_op(node, "Clip") and node is not None:
+        if "min" in node.attributes:  # before opset 11
+            return node.attributes.get_float("min", float("-inf"))
+        low = u.const_array(node.inputs[1]) if len(node.inputs) > 1 else None
+        if low is not None and low.size == 1 and low.dtype.kind in "fiu":
+            return float(low.reshape(-1)[0])
+    return None
+
+
+def _maxpool_ignores_pad(pad: ir.Node, pool: ir.Node) -> str | None:
+    """Why the Pad's values could win a MaxPool window (None: they cannot)."""
+    if pool.attributes.get_int("ceil_mode", 0) != 0:
+        return "ceil_mode may start a window in the padding"
+    indices = pool.outputs[1] if len(pool.outputs) > 1 else None
+    if indices is not None and (indices.uses() or indices.is_graph_output()):
+        return "the Indices output is read (it counts positions in the padded input)"
+    value, x = _pad_value(pad), pad.inputs[0]
+    bound = _lower_bound(x) if x is not None else None
+    if value is None or bound is None or not value <= bound:
+        return "the pad value may exceed a value of the input"
+    return None
+
+
 def _avgpool_counts_pads(pool: ir.Node) -> bool:
     return (
         pool.attributes.get_int("count_include_pad", 0) == 1
@@ -84,7 +131,7 @@ def _fold(pad: ir.Node, reader: ir.Node) -> Fold | str:
     x = pad.inputs[0]
     if x is None or pad.attributes.get_string("mode", "constant") != "constant":
         return "not a constant Pad"
-    if not _pads_zero(pad):
+    if reader.op_type != "MaxPool" and not _pads_zero(pad):
         return "the pad value is not a constant zero"
     if reader.attributes.get_string("auto_pad", "NOTSET") != "NOTSET":
         return "the reader pads automatically"
@@ -111,7 +158,7 @@ def _fold(pad: ir.Node, reader: ir.Node) -> Fold | str:
     new = [own[i] + begins[2 + i] for i in range(spatial)] + [
         own[spatial + i] + ends[2 + i] for i in range(spatial)
     ]
-    if reader.op_type == "AveragePool":
+    if reader.op_type in ("AveragePool", "MaxPool"):
         # onnxruntime rejects pooling pads that reach the kernel's extent
         kernel = reader.attributes.get_ints("kernel_shape", None)
         if kernel is None or len(kernel) != spatial:
@@ -135,6 +182,10 @@ def _into(op: str) -> Callable[[ir.Node, RuleContext], Fold | str]:
             return f"not read by {op}"
         if op == "AveragePool" and not _avgpool_counts_pads(reader):
             return "the pooling does not count pads (or uses ceil_mode)"
+        if op == "MaxPool":
+            refusal = _maxpool_ignores_pad(node, reader)
+            if refusal is not None:
+                return refusal
         return _fold(node, reader)
 
     return check
@@ -170,10 +221,22 @@ RULES: tuple[Rule, ...] = (
         _into("AveragePool"),
         _fold_pad,
     ),
+    Rule(
+        "pad-maxpool",
+        "MaxPool(Pad(x, p, v)) -> MaxPool(x) with p's spatial pads added to its pads, when v is "
+        "at most x's lower bound (x from Relu or Sigmoid: 0, from Clip: its constant min), "
+        "ceil_mode=0, every pad stays below the kernel and the Indices output is unread (each "
+        "window keeps an element of x, which v never exceeds), for a constant-mode Pad of "
+        "constant value and non-negative pads that leave the batch and channel axes alone, "
+        "read only there, and a reader with explicit pads",
+        ("Pad",),
+        _into("MaxPool"),
+        _fold_pad,
+    ),
 )
 
 
 class PadFusion(RulePass):
     name = "fuse-pad"
-    summary = "fold a constant zero Pad into the pads of the Conv or AveragePool reading it"
+    summary = "fold a constant Pad into the pads of the Conv, AveragePool or MaxPool reading it"
     rules = RULES

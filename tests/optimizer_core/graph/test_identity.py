@@ -109,3 +109,54 @@ def test_dropout_with_used_mask_is_kept():
     )
     out, _ = run_passes(proto, ["identity", "dead-code"])
     assert op_types(out) == ["Dropout"]
+
+
+@pytest.mark.parametrize(
+    ("body", "opset"),
+    [
+        ("y = ReduceProd<axes = [1]>(x)", 17),  # skl2onnx's PolynomialFeatures column products
+        ("y = ReduceSum<axes = [-1]>(x)", 11),
+        ("a = Constant<value = int64[1] {1}>()\n y = ReduceMax(x, a)", 18),
+        ("y = ReduceMean<axes = [1, 2]>(x)", 13),
+        ("a = Constant<value = int64[2] {2, -2}>()\n y = ReduceSum(x, a)", 13),
+    ],
+)
+def test_a_reduction_over_unit_axes_is_its_input(body, opset):
+    proto = parse(
+        f"""
+        <ir_version: 8, opset_import: ["" : {opset}]>
+        g (float[N, 1, 1] xin) => (float[N, 1, 1] y) {{
+          x = Relu(xin)
+          {body}
+        }}
+        """
+    )
+    out, result = run_passes(proto, ["lift-constants", "identity", "dead-code"])
+    assert rules_fired(result).get("reduce-unit-axes") == 1, rules_fired(result)
+    assert op_types(out) == ["Relu"]
+    assert_equivalent(proto, out, dim_values={"N": 3})
+
+
+@pytest.mark.parametrize(
+    ("body", "out_type", "opset"),
+    [
+        ("y = ReduceProd<axes = [0]>(x)", "float[1, 1, 1]", 17),  # N may be more than 1
+        ("y = ReduceSum<axes = [1], keepdims = 0>(x)", "float[N, 1]", 11),  # drops the axis
+        ("y = ReduceSum(x, a)", "float[N, 1, 1]", 13),  # axes not constant
+        ("y = ReduceMean(x)", "float[1, 1, 1]", 13),  # every axis, N among them
+        ("y = ReduceL2<axes = [1]>(x)", "float[N, 1, 1]", 13),  # |x|, not x
+    ],
+)
+def test_a_reduction_that_may_combine_elements_is_kept(body, out_type, opset):
+    inputs = "float[N, 1, 1] x" + (", int64[1] a" if "(x, a)" in body else "")
+    proto = parse(
+        f"""
+        <ir_version: 8, opset_import: ["" : {opset}]>
+        g ({inputs}) => ({out_type} y) {{
+          {body}
+        }}
+        """
+    )
+    out, result = run_passes(proto, ["lift-constants", "identity", "dead-code"])
+    assert "reduce-unit-axes" not in rules_fired(result)
+    assert len(out.graph.node) == 1

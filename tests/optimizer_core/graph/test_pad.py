@@ -24,10 +24,14 @@ def _pad_model(
     value: float | None = None,
     reader_attrs: dict | None = None,
     second_reader: bool = False,
+    before: str | None = None,
+    indices: bool = False,
 ) -> onnx.ModelProto:
-    """x [N, 3, 8, 8] -> Pad -> Conv / AveragePool / MaxPool -> y."""
+    """x [N, 3, 8, 8] -> Pad -> Conv / AveragePool / MaxPool -> y; ``before``: an activation
+    between x and the Pad (``Relu``, ``Sigmoid``, ``Clip`` to [0.5, 6]); ``indices``: MaxPool's
+    Indices as a second output."""
     inits = []
-    pad_inputs = ["x"]
+    pad_inputs = ["x" if before is None else "a"]
     pad_attrs: dict = {}
     if mode is not None:
         pad_attrs["mode"] = mode
@@ -46,6 +50,12 @@ def _pad_model(
             inits.append(numpy_helper.from_array(np.array(axes, dtype=np.int64), "axes"))
             pad_inputs.append("axes")
     nodes = [helper.make_node("Pad", pad_inputs, ["p"], **pad_attrs)]
+    if before == "Clip":
+        for name, v in (("lo", 0.5), ("hi", 6.0)):
+            inits.append(numpy_helper.from_array(np.array(v, dtype=np.float32), name))
+        nodes.insert(0, helper.make_node("Clip", ["x", "lo", "hi"], ["a"]))
+    elif before is not None:
+        nodes.insert(0, helper.make_node(before, ["x"], ["a"]))
     attrs = dict(reader_attrs or {})
     if reader == "Conv":
         inits.append(
@@ -55,8 +65,10 @@ def _pad_model(
         nodes.append(helper.make_node("Conv", ["p", "W", "B"], ["y"], **attrs))
     else:
         attrs.setdefault("kernel_shape", [3, 3])
-        nodes.append(helper.make_node(reader, ["p"], ["y"], **attrs))
+        nodes.append(helper.make_node(reader, ["p"], ["y", "i"] if indices else ["y"], **attrs))
     outputs = [helper.make_tensor_value_info("y", F, [None] * 4)]
+    if indices:
+        outputs.append(helper.make_tensor_value_info("i", onnx.TensorProto.INT64, [None] * 4))
     if second_reader:
         nodes.append(helper.make_node("Relu", ["p"], ["z"]))
         outputs.append(helper.make_tensor_value_info("z", F, [None] * 4))
@@ -128,6 +140,21 @@ def test_pad_folds_into_average_pool_counting_pads(opset, pool_pads):
 
 
 @pytest.mark.parametrize(
+    ("before", "value", "opset"),
+    [("Relu", None, 17), ("Sigmoid", -1.0, 17), ("Clip", 0.5, 17), ("Relu", 0.0, 10)],
+)
+def test_pad_folds_into_max_pool_below_the_inputs_bound(before, value, opset):
+    attrs = {"strides": [2, 2], "pads": [1, 0, 0, 1]}
+    proto = _pad_model(
+        opset=opset, reader="MaxPool", before=before, value=value, reader_attrs=attrs
+    )
+    out, result = _fold(proto)
+    assert "Pad" not in op_types(out) and "MaxPool" in op_types(out)
+    assert rules_fired(result) == {"pad-maxpool": 1}
+    assert_equivalent(proto, out, dim_values=DIMS)
+
+
+@pytest.mark.parametrize(
     "kwargs",
     [
         pytest.param({"mode": "reflect"}, id="reflect"),
@@ -145,7 +172,21 @@ def test_pad_folds_into_average_pool_counting_pads(opset, pool_pads):
         ),
         pytest.param({"pads": (0, 0, -1, 1, 0, 0, 1, 1)}, id="negative"),
         pytest.param({"second_reader": True}, id="two-readers"),
-        pytest.param({"reader": "MaxPool"}, id="maxpool"),
+        pytest.param({"reader": "MaxPool"}, id="maxpool-input-unbounded"),
+        pytest.param({"reader": "MaxPool", "before": "Relu", "value": 0.5}, id="maxpool-above"),
+        pytest.param({"reader": "MaxPool", "before": "Clip", "value": 0.75}, id="maxpool-clip"),
+        pytest.param({"reader": "MaxPool", "before": "Tanh"}, id="maxpool-tanh"),
+        pytest.param(
+            {"reader": "MaxPool", "before": "Relu", "reader_attrs": {"ceil_mode": 1}},
+            id="maxpool-ceil-mode",
+        ),
+        pytest.param(
+            {"reader": "MaxPool", "before": "Relu", "indices": True}, id="maxpool-indices"
+        ),
+        pytest.param(
+            {"reader": "MaxPool", "before": "Relu", "pads": (0, 0, 3, 0, 0, 0, 0, 0)},
+            id="maxpool-pads-reach-kernel",
+        ),
         pytest.param(
             {"reader": "AveragePool", "reader_attrs": {"count_include_pad": 0}},
             id="avgpool-exclude-pad",

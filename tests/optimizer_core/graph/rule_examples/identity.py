@@ -35,6 +35,13 @@ EXAMPLES: dict[tuple[str, str], Example] = {
     ("identity", "pad-noop"): _noop("y = Pad(x, p)", "int64[4] p = {0, 0, 0, 0}"),
     ("identity", "concat-single"): _noop("y = Concat<axis = 0>(x)"),
     ("identity", "flatten-noop"): _noop("y = Flatten<axis = 1>(x)"),
+    ("identity", "reduce-unit-axes"): Example(
+        model=model(
+            "x = Neg(xin)\n y = ReduceProd<axes = [1]>(x)",
+            sig="(float[3, 1] xin) => (float[3, 1] y)",
+            opset=17,
+        )
+    ),
 }
 
 

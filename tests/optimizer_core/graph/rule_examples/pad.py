@@ -14,4 +14,7 @@ EXAMPLES: dict[tuple[str, str], Example] = {
             _pad_model, reader="AveragePool", reader_attrs={"count_include_pad": 1}
         ),
     ),
+    ("fuse-pad", "pad-maxpool"): Example(
+        model=functools.partial(_pad_model, reader="MaxPool", before="Relu"),
+    ),
 }
