@@ -37,7 +37,7 @@ def _progress(args: argparse.Namespace) -> Callable[[str], None] | None:
 
 
 def _calibration_methods() -> list[str]:
-    return literal_names("graphtrim.quantize.build", "CALIBRATION_METHODS")
+    return literal_names("graphtrim.quantize.config", "CALIBRATION_METHODS")
 
 
 def _add_quant_args(p: argparse.ArgumentParser) -> None:

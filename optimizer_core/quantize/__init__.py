@@ -19,10 +19,10 @@ from graphtrim.quantize.kinds import VARIANTS
 _LAZY = {
     "NodeError": "graphtrim.quantize.sensitivity",
     "node_errors": "graphtrim.quantize.sensitivity",
-    "CALIBRATION_METHODS": "graphtrim.quantize.build",
-    "Attempt": "graphtrim.quantize.build",
-    "QuantizeConfig": "graphtrim.quantize.build",
-    "VariantBuild": "graphtrim.quantize.build",
+    "CALIBRATION_METHODS": "graphtrim.quantize.config",
+    "Attempt": "graphtrim.quantize.records",
+    "QuantizeConfig": "graphtrim.quantize.config",
+    "VariantBuild": "graphtrim.quantize.records",
     "build_variant": "graphtrim.quantize.build",
 }
 

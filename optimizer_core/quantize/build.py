@@ -14,239 +14,44 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import hashlib
-import json
 import logging
 import os
 import shutil
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import onnx
 
-from graphtrim.data import CalibrationReader, Feeds
+from graphtrim.data import Feeds
 from graphtrim.errors import (
     GraphtrimError,
     InvalidModelError,
     PassFailure,
     VerificationError,
 )
-from graphtrim.quantize.agreement import Agreement, measure_agreement
+from graphtrim.quantize.agreement import measure_agreement
+
+# the names callers have imported from here
+from graphtrim.quantize.config import CALIBRATION_METHODS as CALIBRATION_METHODS
+from graphtrim.quantize.config import QuantizeConfig as QuantizeConfig
+from graphtrim.quantize.convert import Conversion, ProgressFn
+from graphtrim.quantize.convert import say as _say
 from graphtrim.quantize.errors import NothingToQuantize as NothingToQuantize
 from graphtrim.quantize.errors import QuantizeError as QuantizeError
-from graphtrim.quantize.kinds import VARIANTS, kind
-from graphtrim.quantize.sensitivity import NodeError, fallback_nodes, node_errors
+from graphtrim.quantize.fp16 import fp16_overflow_nodes
+from graphtrim.quantize.kinds import VARIANTS as VARIANTS
+from graphtrim.quantize.kinds import kind
+from graphtrim.quantize.order import sorted_output
+from graphtrim.quantize.records import RUNTIME_DEFECTS, Attempt, VariantBuild
+from graphtrim.quantize.sensitivity import fallback_nodes, node_errors
 
 logger = logging.getLogger("graphtrim.quantize")
 
-CALIBRATION_METHODS: tuple[str, ...] = ("minmax", "entropy", "percentile")
-QUANT_TYPES: tuple[str, ...] = ("int8", "uint8")
-# int8-static's form: QuantizeLinear/DequantizeLinear pairs around float ops, or onnxruntime's
-# quantized operators (QLinearConv, QLinearMatMul, ...)
-QUANT_FORMATS: tuple[str, ...] = ("qdq", "qoperator")
-
-# ops whose fp16 results overflow or lose too much in typical models: computed in float32
-FP16_KEEP_FLOAT = ("Pow", "ReduceSumSquare", "ReduceL2", "Exp", "Log", "Softplus", "CumSum")
-FP16_MAX = 65504.0
-
-ProgressFn = Callable[[str], None]
 # returns (passed, measured numbers) for a candidate model file
 AccuracyCheck = Callable[[Path], tuple[bool, dict[str, Any]]]
-
-
-@dataclasses.dataclass(frozen=True)
-class RuntimeDefect:
-    """A runtime bug a converted model can hit, and the form of the variant that avoids it.
-    Tried in order when a candidate crashes its runtime at the default optimization level;
-    the form is used only when it loads there (and then passes the usual checks)."""
-
-    name: str
-    runtime: str
-    what: str
-    keep_float: tuple[str, ...]  # fp16: op types computed in float32 instead
-    form: str
-
-    def to_json(self) -> dict[str, Any]:
-        return {**dataclasses.asdict(self), "keep_float": list(self.keep_float)}
-
-
-RUNTIME_DEFECTS: dict[str, tuple[RuntimeDefect, ...]] = {
-    "fp16": (
-        RuntimeDefect(
-            "ort-fp16-transpose-matmul",
-            "onnxruntime 1.32 CPUExecutionProvider (ORT_ENABLE_ALL, ORT_ENABLE_LAYOUT)",
-            "an fp16 Transpose(perm=[1,0,2]) read through a Cast by a float MatMul: "
-            "MatmulTransposeFusion moves the Cast above the Transpose, then NchwcTransformer "
-            "segfaults while the session is created",
-            ("Transpose",),
-            "with Transpose kept in float32",
-        ),
-    ),
-}
-
-
-@dataclasses.dataclass
-class QuantizeConfig:
-    """How variants are built. Part of the config hash that identifies a result."""
-
-    preset: str = "default"
-    per_channel: bool = True
-    method: str = "minmax"
-    activation_type: str = "int8"
-    weight_type: str = "int8"
-    # 7-bit weights. None: each kind's default, on for int8-dynamic: its uint8 activations
-    # times int8 weights saturate in onnxruntime's x86 kernels on CPUs without VNNI (AVX2 and
-    # AVX-512 before VNNI; measured: cosine 0.989 against 0.9998 on an attention block), off for
-    # int8-static (int8 activations)
-    reduce_range: bool | None = None
-    op_types: list[str] | None = None
-    # int8-static: the form written (QUANT_FORMATS) and how many calibration batches are read
-    # (None: all of them)
-    quant_format: str = "qdq"
-    calibration_batches: int | None = None
-    nodes_to_exclude: list[str] = dataclasses.field(default_factory=list)
-    max_attempts: int = 3
-    fallback_fraction: float = 0.1
-    keep_io_types: bool = True
-    fp16_keep_float: list[str] = dataclasses.field(default_factory=lambda: list(FP16_KEEP_FLOAT))
-    # the device the variant is built for (``cpu`` / ``gpu``): rewrites that only pay off on
-    # some runtimes (``residual-sum``) are timed there and kept where faster; None: not tuned
-    tune_device: str | None = None
-    # int4-weight / int8-weight (block-wise, MatMul weights): see graphtrim.quantize.weight_only
-    block_size: int = 32
-    weight_symmetric: bool = True
-    weight_algorithm: str = "rtn"
-    # "ort": onnxruntime's MatMulNBits; "portable": DequantizeLinear(block_size) + MatMul
-    weight_form: str = "portable"
-    # MatMulNBits' accuracy_level (ort form); None: 4 (int8 compute), as onnxruntime runs the
-    # portable form
-    accuracy_level: int | None = None
-    # int4-weight: token embedding tables (Gather) too, as GatherBlockQuantized (ort form)
-    quantize_embeddings: bool = False
-
-    def weight_settings(self, bits: int) -> Any:
-        from graphtrim.quantize.weight_only import WeightOnlySettings
-
-        return WeightOnlySettings(
-            bits=bits,
-            block_size=self.block_size,
-            symmetric=self.weight_symmetric,
-            algorithm=self.weight_algorithm,
-            form=self.weight_form,
-            accuracy_level=self.accuracy_level,
-            embeddings=self.quantize_embeddings and bits == 4,
-        )
-
-    def validate(self) -> None:
-        if self.method not in CALIBRATION_METHODS:
-            raise QuantizeError(
-                f"unknown calibration method '{self.method}': use one of {', '.join(CALIBRATION_METHODS)}"
-            )
-        for field in ("activation_type", "weight_type"):
-            if getattr(self, field) not in QUANT_TYPES:
-                raise QuantizeError(f"{field} must be one of {', '.join(QUANT_TYPES)}")
-        if self.quant_format not in QUANT_FORMATS:
-            raise QuantizeError(f"quant_format must be one of {', '.join(QUANT_FORMATS)}")
-        if self.calibration_batches is not None and self.calibration_batches < 1:
-            raise QuantizeError("calibration_batches must be at least 1 (or None: all)")
-        if self.tune_device not in (None, "cpu", "gpu"):
-            raise QuantizeError("tune_device must be 'cpu', 'gpu' or None")
-        if self.max_attempts < 1:
-            raise QuantizeError("max_attempts must be at least 1")
-        if not 0 < self.fallback_fraction <= 1:
-            raise QuantizeError("fallback_fraction must be in (0, 1]")
-        from graphtrim.quantize.weight_only import WeightOnlyError
-
-        try:
-            self.weight_settings(4).validate()
-        except WeightOnlyError as exc:
-            raise QuantizeError(str(exc)) from exc
-
-    def to_json(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    def digest(self) -> str:
-        return hashlib.sha256(json.dumps(self.to_json(), sort_keys=True).encode()).hexdigest()[:16]
-
-
-@dataclasses.dataclass
-class Attempt:
-    number: int
-    excluded: list[str]
-    accuracy_passed: bool | None
-    measured: dict[str, Any]
-    most_sensitive: list[NodeError] = dataclasses.field(default_factory=list)
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "number": self.number,
-            "excluded": list(self.excluded),
-            "accuracy_passed": self.accuracy_passed,
-            "measured": self.measured,
-            "most_sensitive": [e.to_json() for e in self.most_sensitive],
-        }
-
-
-@dataclasses.dataclass
-class VariantBuild:
-    variant: str
-    source: str
-    output: str
-    seconds: float
-    config: QuantizeConfig
-    attempts: list[Attempt]
-    optimization: dict[str, Any]
-    cleanup: dict[str, Any] | None
-    # what tuning for ``config.tune_device`` measured and kept (None: not tuned)
-    tuning: dict[str, Any] | None = None
-    # known runtime defects the candidate hit, and the form that avoided each
-    runtime_defects: list[dict[str, Any]] = dataclasses.field(default_factory=list)
-    # how the built variant agrees with the float model (build_variant always measures it)
-    agreement: Agreement | None = None
-    # what the converter reports about the last attempt (weight-only: settings, form, counts)
-    conversion: dict[str, Any] | None = None
-    # why the fallback stopped before its last attempt (every convertible node in float)
-    stopped: str | None = None
-
-    @property
-    def excluded(self) -> list[str]:
-        return self.attempts[-1].excluded if self.attempts else []
-
-    @property
-    def accuracy_passed(self) -> bool | None:
-        return self.attempts[-1].accuracy_passed if self.attempts else None
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "variant": self.variant,
-            "source": self.source,
-            "output": self.output,
-            "seconds": round(self.seconds, 3),
-            "config": self.config.to_json(),
-            "config_hash": self.config.digest(),
-            "excluded_nodes": self.excluded,
-            "accuracy_passed": self.accuracy_passed,
-            "attempts": [a.to_json() for a in self.attempts],
-            "optimization": self.optimization,
-            "cleanup": self.cleanup,
-            "tuning": self.tuning,
-            "runtime_defects": self.runtime_defects,
-            "agreement": self.agreement.to_json() if self.agreement is not None else None,
-            "conversion": self.conversion,
-            "stopped": self.stopped,
-            "advice": kind(self.variant).advice if self.accuracy_passed is False else None,
-        }
-
-
-def _say(progress: ProgressFn | None, line: str) -> None:
-    if progress is not None:
-        progress(line)
-    logger.info("%s", line)
 
 
 def _name_nodes(path: Path) -> None:
@@ -270,368 +75,12 @@ def _name_nodes(path: Path) -> None:
         onnx.save(model, str(path))
 
 
-def _files(path: Path) -> list[Path]:
-    out = [path]
-    data = path.with_name(path.name + ".data")
-    if data.exists():
-        out.append(data)
-    return out
-
-
-def _model_bytes(path: Path) -> int:
-    return sum(p.stat().st_size for p in _files(path))
-
-
-def _quant_type(name: str) -> Any:
-    from onnxruntime.quantization import QuantType
-
-    return QuantType.QInt8 if name == "int8" else QuantType.QUInt8
-
-
-def standard_attention_nodes(path: Path) -> list[str]:
-    """Names of the standard-domain ``Attention`` nodes (opset 23) of the model at ``path``.
-
-    onnxruntime's dynamic quantizer keys its operator table on the op type alone: it rewrites
-    any ``Attention`` as its contrib ``QAttention``, whose inputs are (activation, packed QKV
-    weight). A standard ``Attention`` reads Q, K and V activations, so the rewrite yields a model
-    onnxruntime refuses to load. These nodes have no weights to quantize: they stay in float.
-    """
-    model = onnx.load(str(path), load_external_data=False)
-    return [
-        n.name
-        for n in model.graph.node
-        if n.op_type == "Attention" and n.domain in ("", "ai.onnx") and n.name
-    ]
-
-
-def _unsorted(graph: onnx.GraphProto, outer: frozenset[str] = frozenset()) -> bool:
-    """Whether a node of ``graph`` (or of a subgraph) reads a value produced by a later node,
-    directly or from inside one of its subgraphs."""
-    produced = {o for n in graph.node for o in n.output if o}
-    known = set(outer) | {i.name for i in graph.input} | {t.name for t in graph.initializer}
-
-    def reads(node: onnx.NodeProto) -> set[str]:
-        names = {i for i in node.input if i}
-        for attr in node.attribute:
-            for sub in [attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs):
-                inner = {o for n in sub.node for o in n.output} | {i.name for i in sub.input}
-                inner |= {t.name for t in sub.initializer}
-                names |= {r for n in sub.node for r in reads(n)} - inner
-        return names
-
-    for node in graph.node:
-        if any(name in produced and name not in known for name in reads(node)):
-            return True
-        known.update(node.output)
-        for attr in node.attribute:
-            for sub in [attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs):
-                if _unsorted(sub, frozenset(known)):
-                    return True
-    return False
-
-
-def _sorted_output(raw: Path) -> Path:
-    """The converter's output with its nodes in topological order. onnxruntime's quantizer
-    appends the nodes it adds, so a value that an ``If``/``Loop`` body reads from the outer
-    graph can end up produced after that node; such a model is valid once sorted."""
-    import onnx_ir as ir
-
-    from graphtrim.modelio import save_model
-
-    if not _unsorted(onnx.load(str(raw), load_external_data=False).graph):
-        return raw
-    model = ir.load(str(raw))
-    model.graph.sort()  # subgraphs too, with their reads from outer scopes as dependencies
-    return save_model(model, raw.with_name("sorted.onnx"))[0]
-
-
-def convert_int8_dynamic(
-    src: Path,
-    dst: Path,
-    cfg: QuantizeConfig,
-    excluded: Sequence[str],
-    calibration: Sequence[Feeds] = (),
-    progress: ProgressFn | None = None,
-) -> None:
-    """int8 weights with onnxruntime's ``quantize_dynamic`` (attention kept in float), its shape
-    inference lent one that copies no weights (:mod:`graphtrim.quantize.shapes`)."""
-    from onnxruntime.quantization import quantize_dynamic
-
-    from graphtrim.quantize.shapes import weightless_shape_inference
-
-    keep_float = sorted(set(excluded) | set(standard_attention_nodes(src)))
-    with weightless_shape_inference():
-        quantize_dynamic(
-            src,
-            dst,
-            op_types_to_quantize=cfg.op_types,
-            per_channel=cfg.per_channel,
-            reduce_range=True if cfg.reduce_range is None else cfg.reduce_range,
-            weight_type=_quant_type(cfg.weight_type),
-            nodes_to_exclude=keep_float,
-            use_external_data_format=_model_bytes(src) > 1_500_000_000,
-        )
-
-
-def convert_int4_fp16(
-    src: Path,
-    dst: Path,
-    cfg: QuantizeConfig,
-    excluded: Sequence[str],
-    calibration: Sequence[Feeds] = (),
-    progress: ProgressFn | None = None,
-) -> dict[str, Any]:
-    """float16 activations (:func:`convert_fp16`), then 4-bit block-wise MatMul weights
-    quantized from their float16 values: ``MatMulNBits`` (ort form) or ``DequantizeLinear``
-    (portable) with float16 scales, so every MatMul computes in float16 (GPU kernels). Nodes
-    kept in float after a failed accuracy check stay float32 with float32 weights."""
-    from graphtrim.quantize.weight_only import convert_weight_only
-
-    with tempfile.TemporaryDirectory(prefix="graphtrim-int4-fp16-", dir=dst.parent) as tmp:
-        half = Path(tmp) / "fp16.onnx"
-        convert_fp16(src, half, cfg, excluded, calibration, progress)
-        record = convert_weight_only(4, half, dst, cfg, excluded)
-    return {**record, "activations": "float16"}
-
-
-# the first opset whose DequantizeLinear takes an ``axis``: per-channel QDQ needs it
-PER_CHANNEL_QDQ_OPSET = 13
-
-
-def _per_channel_source(
-    src: Path, tmp: Path, cfg: QuantizeConfig
-) -> tuple[Path, bool, dict[str, Any] | None]:
-    """The model to quantize, whether per channel, and a note when either changed.
-
-    onnxruntime's QDQ quantizer writes per-channel ``DequantizeLinear(axis=...)`` whatever the
-    model's opset; below 13 that attribute does not exist and the result is invalid. Such a
-    model is raised to opset 13 first (onnx's version converter, exact); one the converter
-    cannot raise, or one too large to convert in memory (external data), is quantized per
-    tensor instead, and the note says which and why.
-    """
-    if not cfg.per_channel or cfg.quant_format != "qdq":
-        return src, cfg.per_channel, None
-    proto = onnx.load(str(src), load_external_data=False)
-    opset = next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), None)
-    if opset is None or opset >= PER_CHANNEL_QDQ_OPSET:
-        return src, True, None
-    why = f"opset {opset} has no per-channel DequantizeLinear (it needs {PER_CHANNEL_QDQ_OPSET})"
-    if any(t.data_location == onnx.TensorProto.EXTERNAL for t in proto.graph.initializer):
-        return src, False, {"per_channel": f"per tensor: {why}; external data is not converted"}
-    from onnx import version_converter
-
-    try:
-        # no initializer is external, so the proto read above already holds every weight
-        converted = version_converter.convert_version(proto, PER_CHANNEL_QDQ_OPSET)
-        onnx.checker.check_model(converted)
-    except Exception as exc:
-        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        return (
-            src,
-            False,
-            {"per_channel": f"per tensor: {why}, and it cannot be raised: {reason}"},
-        )
-    out = tmp / "opset13.onnx"
-    onnx.save(converted, str(out))
-    return out, True, {"opset": f"raised from {opset} to {PER_CHANNEL_QDQ_OPSET}: {why}"}
-
-
-def convert_int8_static(
-    src: Path,
-    dst: Path,
-    cfg: QuantizeConfig,
-    excluded: Sequence[str],
-    calibration: Sequence[Feeds] = (),
-    progress: ProgressFn | None = None,
-) -> dict[str, Any] | None:
-    """QDQ int8 with onnxruntime's ``quantize_static``, calibrated on ``calibration``; a model
-    below opset 13 is raised to it for per-channel weights (see :func:`_per_channel_source`)."""
-    from onnxruntime.quantization import CalibrationMethod, QuantFormat, quantize_static
-
-    method = {
-        "minmax": CalibrationMethod.MinMax,
-        "entropy": CalibrationMethod.Entropy,
-        "percentile": CalibrationMethod.Percentile,
-    }[cfg.method]
-    with tempfile.TemporaryDirectory(prefix="graphtrim-calib-") as tmp:
-        source, per_channel, note = _per_channel_source(src, Path(tmp), cfg)
-        if note is not None:
-            _say(progress, f"int8-static: {next(iter(note.values()))}")
-        quantize_static(
-            source,
-            dst,
-            CalibrationReader(list(calibration)[: cfg.calibration_batches], progress=progress),
-            quant_format=QuantFormat.QDQ if cfg.quant_format == "qdq" else QuantFormat.QOperator,
-            op_types_to_quantize=cfg.op_types,
-            per_channel=per_channel,
-            reduce_range=bool(cfg.reduce_range),
-            activation_type=_quant_type(cfg.activation_type),
-            weight_type=_quant_type(cfg.weight_type),
-            nodes_to_exclude=list(excluded),
-            use_external_data_format=_model_bytes(src) > 1_500_000_000,
-            calibrate_method=method,
-            extra_options={"CalibTensorRangeSymmetric": False},
-            calibration_cache_path=None,
-        )
-    return note
-
-
-def fp16_overflow_nodes(
-    src: Path, feeds: Sequence[Feeds], *, workdir: Path | None = None
-) -> list[str]:
-    """Nodes whose float outputs on ``feeds`` leave the fp16 range (with a 2x margin).
-
-    A copy of the model with every float value as an output is written under ``workdir`` (the
-    system's temporary folder without it): a build passes its staging folder, which a killed
-    run's successor removes."""
-    import onnxruntime as ort
-
-    from graphtrim.runtime import session_options
-
-    model = onnx.load(str(src))
-    inferred = onnx.shape_inference.infer_shapes(model, check_type=False, strict_mode=False)
-    floats = {
-        vi.name
-        for vi in inferred.graph.value_info
-        if vi.type.tensor_type.elem_type == onnx.TensorProto.FLOAT
-    }
-    producer = {o: n.name for n in model.graph.node for o in n.output if o in floats}
-    names = sorted(producer)
-    if not names or not feeds:
-        return []
-    for name in names:
-        model.graph.output.append(
-            onnx.helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, None)
-        )
-    with tempfile.TemporaryDirectory(prefix="graphtrim-fp16-", dir=workdir) as tmp:
-        path = os.path.join(tmp, "m.onnx")
-        onnx.save(model, path, save_as_external_data=model.ByteSize() > 1_500_000_000)
-        sess = ort.InferenceSession(
-            path, session_options(1, optimize=False), providers=["CPUExecutionProvider"]
-        )
-        peak = dict.fromkeys(names, 0.0)
-        for feed in feeds:
-            for name, arr in zip(names, sess.run(names, dict(feed)), strict=True):
-                if arr.size:
-                    peak[name] = max(peak[name], float(np.max(np.abs(arr))))
-    hot = {n for n, v in peak.items() if not v < FP16_MAX / 2}
-    # the producers of out-of-range values, and their consumers: an fp16 consumer would read
-    # the value after a cast to fp16, which is already inf
-    nodes = {producer[n] for n in hot}
-    nodes |= {node.name for node in model.graph.node if any(i in hot for i in node.input)}
-    return sorted(nodes)
-
-
-def _drop_fp16_round_trips(model: onnx.ModelProto) -> int:
-    """Remove ``Cast(to=fp16) -> Cast(to=fp32)`` pairs on float32 values: the converter puts
-    them between adjacent nodes it keeps in float32, where they only lose precision (or
-    overflow). Consumers read the float32 value directly instead."""
-    graph = model.graph
-    consumers: dict[str, list[onnx.NodeProto]] = {}
-    for node in graph.node:
-        for i in node.input:
-            consumers.setdefault(i, []).append(node)
-    outputs = {o.name for o in graph.output}
-    f16, f32 = onnx.TensorProto.FLOAT16, onnx.TensorProto.FLOAT
-
-    def cast_to(node: onnx.NodeProto) -> int | None:
-        if node.op_type != "Cast" or node.domain not in ("", "ai.onnx"):
-            return None
-        return next((a.i for a in node.attribute if a.name == "to"), None)
-
-    # the converter records the type of every value it leaves in float32
-    producer_type: dict[str, int] = {t.name: t.data_type for t in graph.initializer}
-    for vi in [*graph.value_info, *graph.input, *graph.output]:
-        producer_type[vi.name] = vi.type.tensor_type.elem_type
-    drop: set[int] = set()
-    rename: dict[str, str] = {}
-    for node in graph.node:
-        if cast_to(node) != f16 or producer_type.get(node.input[0]) != f32:
-            continue
-        users = consumers.get(node.output[0], [])
-        if not users or node.output[0] in outputs:
-            continue
-        if all(cast_to(u) == f32 and u.output[0] not in outputs for u in users):
-            drop.add(id(node))
-            for u in users:
-                drop.add(id(u))
-                rename[u.output[0]] = node.input[0]
-    if not drop:
-        return 0
-    kept = [n for n in graph.node if id(n) not in drop]
-    for n in kept:
-        for k, name in enumerate(n.input):
-            if name in rename:
-                n.input[k] = rename[name]
-    copies = [onnx.NodeProto.FromString(n.SerializeToString()) for n in kept]
-    del graph.node[:]
-    graph.node.extend(copies)
-    return len(drop)
-
-
-def _toposort(graph: onnx.GraphProto) -> None:
-    """Order ``graph``'s nodes so every node follows its producers (the fp16 converter appends
-    the casts it adds for the inputs at the end)."""
-    available = {i.name for i in graph.input} | {t.name for t in graph.initializer} | {""}
-    pending = list(graph.node)
-    ordered: list[onnx.NodeProto] = []
-    outer_ok = set()
-    for node in pending:  # names produced nowhere in this graph come from an outer scope
-        outer_ok.update(node.input)
-    produced = {o for n in pending for o in n.output}
-    available |= outer_ok - produced
-    while pending:
-        rest = []
-        for node in pending:
-            if all(i in available for i in node.input):
-                ordered.append(node)
-                available.update(node.output)
-            else:
-                rest.append(node)
-        if len(rest) == len(pending):  # a cycle: leave the remainder as it was
-            ordered.extend(rest)
-            break
-        pending = rest
-    copies = [onnx.NodeProto.FromString(n.SerializeToString()) for n in ordered]
-    del graph.node[:]
-    graph.node.extend(copies)
-
-
 class _DropPreprocessAdvice(logging.Filter):
     """onnxruntime's quantizer advises ``quant_pre_process`` on the root logger; graphtrim's
     optimizer has already done that pre-processing."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         return "pre-processing before quantization" not in record.getMessage()
-
-
-def convert_fp16(
-    src: Path,
-    dst: Path,
-    cfg: QuantizeConfig,
-    excluded: Sequence[str],
-    calibration: Sequence[Feeds] = (),
-    progress: ProgressFn | None = None,
-) -> None:
-    """float16 with onnxruntime's converter (``cfg.fp16_keep_float`` op types stay float32)."""
-    from onnxruntime.transformers.float16 import DEFAULT_OP_BLOCK_LIST, convert_float_to_float16
-
-    model = onnx.load(str(src))
-    converted = convert_float_to_float16(
-        model,
-        keep_io_types=cfg.keep_io_types,
-        op_block_list=[*DEFAULT_OP_BLOCK_LIST, *cfg.fp16_keep_float],
-        node_block_list=list(excluded),
-    )
-    _toposort(converted.graph)
-    _drop_fp16_round_trips(converted)
-    big = converted.ByteSize() > 1_500_000_000 if converted.ByteSize() >= 0 else True
-    onnx.save(
-        converted,
-        str(dst),
-        save_as_external_data=big,
-        location=dst.name + ".data" if big else None,
-    )
 
 
 def build_variant(
@@ -767,7 +216,9 @@ def build_variant(
                     # onnxruntime's calibrators print their progress: it goes to stderr, with
                     # the rest of the progress, and stdout keeps the command's results
                     with contextlib.redirect_stdout(sys.stderr):
-                        conversion = spec.convert()(pre, raw, bcfg, excluded, feeds, progress)
+                        conversion = spec.convert()(
+                            Conversion(pre, raw, bcfg, excluded, feeds, progress)
+                        )
                 except GraphtrimError:
                     raise
                 except Exception as exc:
@@ -777,7 +228,7 @@ def build_variant(
                 finally:
                     logging.getLogger().removeFilter(advice)
                 try:
-                    raw = _sorted_output(raw)
+                    raw = sorted_output(raw)
                 except Exception as exc:  # the converter wrote something onnx cannot parse
                     raise QuantizeError(
                         f"{variant}: the converted model is unusable: {exc}"

@@ -82,7 +82,7 @@ KINDS: tuple[VariantKind, ...] = (
     VariantKind(
         "int8-dynamic",
         "int8 weights, activations quantized at run time",
-        converter="graphtrim.quantize.build:convert_int8_dynamic",
+        converter="graphtrim.quantize.int8:convert_int8_dynamic",
         gates={"size": {"max_ratio": 0.35}},
         promotion=1,
         default=True,
@@ -90,7 +90,7 @@ KINDS: tuple[VariantKind, ...] = (
     VariantKind(
         "int8-static",
         "QDQ int8, needs --calibration",
-        converter="graphtrim.quantize.build:convert_int8_static",
+        converter="graphtrim.quantize.int8:convert_int8_static",
         needs_calibration=True,
         gates={"size": {"max_ratio": 0.35}},
         promotion=0,
@@ -120,7 +120,7 @@ KINDS: tuple[VariantKind, ...] = (
     VariantKind(
         "int4-fp16",
         "4-bit block-wise MatMul weights, float16 activations (language models on GPUs)",
-        converter="graphtrim.quantize.build:convert_int4_fp16",
+        converter="graphtrim.quantize.fp16:convert_int4_fp16",
         float16=True,
         gates={"size": {"max_ratio": 0.35}},
         promotion=6,
@@ -128,7 +128,7 @@ KINDS: tuple[VariantKind, ...] = (
     VariantKind(
         "fp16",
         "float16, for GPU targets",
-        converter="graphtrim.quantize.build:convert_fp16",
+        converter="graphtrim.quantize.fp16:convert_fp16",
         float16=True,
         gates={
             "accuracy": {"min_cosine": 0.999, "max_metric_drop": 0.005},

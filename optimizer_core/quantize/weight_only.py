@@ -30,6 +30,7 @@ import onnx
 import onnx.numpy_helper as onh
 
 from graphtrim.errors import GraphtrimError
+from graphtrim.quantize.convert import Conversion
 
 logger = logging.getLogger("graphtrim.quantize")
 
@@ -515,15 +516,17 @@ def _reads(node: onnx.NodeProto) -> set[str]:
     return names
 
 
-def convert_weight_only(
-    bits: int, src: Path, dst: Path, cfg: Any, excluded: Sequence[str]
-) -> dict[str, Any]:
-    """The weight-only converter of ``int{bits}-weight`` (``cfg``: a ``QuantizeConfig``)."""
+def convert_weight_only(bits: int, job: Conversion) -> dict[str, Any]:
+    """The weight-only converter of ``int{bits}-weight``."""
     from graphtrim.quantize.errors import NothingToQuantize, QuantizeError
     from graphtrim.quantize.kinds import kind
 
+    excluded = job.excluded
+    settings = job.config.weight_settings(bits)
     try:
-        record = quantize_weights(src, dst, cfg.weight_settings(bits), excluded, work=dst.parent)
+        record = quantize_weights(
+            job.source, job.target, settings, excluded, work=job.target.parent
+        )
     except WeightOnlyError as exc:
         raise QuantizeError(str(exc)) from exc
     if not record["matmuls_quantized"]:
@@ -538,25 +541,11 @@ def convert_weight_only(
     return record
 
 
-def convert_int4_weight(
-    src: Path,
-    dst: Path,
-    cfg: Any,
-    excluded: Sequence[str],
-    calibration: Sequence[Any] = (),
-    progress: Any = None,
-) -> dict[str, Any]:
+def convert_int4_weight(job: Conversion) -> dict[str, Any]:
     """4-bit block-wise MatMul weights."""
-    return convert_weight_only(4, src, dst, cfg, excluded)
+    return convert_weight_only(4, job)
 
 
-def convert_int8_weight(
-    src: Path,
-    dst: Path,
-    cfg: Any,
-    excluded: Sequence[str],
-    calibration: Sequence[Any] = (),
-    progress: Any = None,
-) -> dict[str, Any]:
+def convert_int8_weight(job: Conversion) -> dict[str, Any]:
     """8-bit block-wise MatMul weights."""
-    return convert_weight_only(8, src, dst, cfg, excluded)
+    return convert_weight_only(8, job)

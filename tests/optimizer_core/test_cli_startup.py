@@ -100,7 +100,7 @@ def test_optimize_help_imports_no_model_library():
     [
         ("graphtrim.graph.presets", "PRESETS"),
         ("graphtrim.graph.framework", "TARGETS"),
-        ("graphtrim.quantize.build", "CALIBRATION_METHODS"),
+        ("graphtrim.quantize.config", "CALIBRATION_METHODS"),
     ],
 )
 def test_choices_read_from_the_source_are_the_modules_own(module, name):

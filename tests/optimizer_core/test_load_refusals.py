@@ -678,12 +678,12 @@ def test_a_converter_output_that_cannot_be_read_fails_that_variant(tmp_path, mon
     """What the converter writes is not the user's input: a model it writes that cannot be read
     fails the variant (QuantizeError: the ``variants`` command goes on with the others), not
     the command as bad input."""
-    from graphtrim.quantize import build as qv
     from graphtrim.quantize import build_variant
+    from graphtrim.quantize import int8 as qv
     from graphtrim.quantize.build import QuantizeError
 
-    def broken_converter(src, dst, cfg, excluded, calibration=(), progress=None):
-        dst.write_bytes(Path(src).read_bytes()[:40])  # cut short
+    def broken_converter(job):
+        job.target.write_bytes(Path(job.source).read_bytes()[:40])  # cut short
 
     monkeypatch.setattr(qv, "convert_int8_dynamic", broken_converter)
     src = _matmul(tmp_path / "m.onnx")
