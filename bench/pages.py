@@ -47,7 +47,7 @@ BENCHES: dict[str, Bench] = {
     "tune": Bench("make bench-tune", "bench.pages:_tune", "about 15 minutes"),
     "olive": Bench(
         'make bench-tune BENCH_ARGS="--olive"',
-        "bench.tune:render_olive",
+        "bench.tune_olive:render_olive",
         "about 30 minutes after `make bench-tune`, Olive 0.13 installed into bench/.olive",
     ),
     "tune-pool": Bench(
@@ -75,6 +75,13 @@ BENCHES: dict[str, Bench] = {
         "make corpus && make sweep",
         "bench.sweep:render",
         "hours: the corpus export (about 5 GB, a venv of its own) and the sweep of 313 files",
+    ),
+    "sweep-exporters": Bench(
+        'make corpus BENCH_ARGS="--families tf2onnx paddle2onnx sklearn-pipelines" && '
+        'make sweep BENCH_ARGS="--families tf2onnx paddle2onnx sklearn-pipelines '
+        '--out bench/results-exporters --name sweep-exporters"',
+        "bench.sweep:render",
+        "about an hour, with a venv of its own per exporter (bench/corpus/requirements-export-*.txt)",
     ),
 }
 
@@ -144,6 +151,17 @@ def provenance_block(doc: dict[str, Any]) -> str:
     )
     commit = prov.get("commit") or "unknown"
     dirty = " with uncommitted changes" if prov.get("dirty") else ""
+    kept = (doc.get("args") or {}).get("measured_with")
+    rendered = (
+        [
+            "    - **Rendered from kept results** (`--render`): the date and commit are the "
+            "rendering's; the results were measured with graphtrim source digest(s) "
+            + ", ".join(f"`{d}`" for d in kept)
+            + " (`bench.sweep.source_digest`)"
+        ]
+        if kept
+        else []
+    )
     return "\n".join(
         [
             '!!! info "Measured"',
@@ -152,6 +170,7 @@ def provenance_block(doc: dict[str, Any]) -> str:
             f"    - **Date:** {prov['date'].replace('T', ' ').replace('+00:00', ' UTC')}{busy}",
             f"    - **Commit:** `{commit[:12]}`{dirty}",
             f"    - **Command:** `{prov['command']}`",
+            *rendered,
         ]
     )
 

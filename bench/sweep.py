@@ -467,13 +467,23 @@ def main(argv: list[str] | None = None) -> int:
         "against the input), on a machine otherwise idle",
     )
     ap.add_argument(
-        "--render", action="store_true", help="only render the tables from kept results"
+        "--render",
+        action="store_true",
+        help="only render the tables from the results kept under --out (no corpus needed)",
+    )
+    ap.add_argument(
+        "--name",
+        default="sweep",
+        help="the name the results are published under (docs/benchmarks/data/NAME.json): "
+        "'sweep' for the corpus, another for a set of its own (its page section names it)",
     )
     publish.add_publish_argument(ap)
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="sweep: %(message)s")
     # the tools run in a scratch directory: every path handed to them is absolute
     args.corpus, args.out = args.corpus.resolve(), args.out.resolve()
+    if args.render:
+        return _render_kept(args)
 
     if args.models is not None:
         dims = {}
@@ -587,7 +597,33 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(_SCRATCH, ignore_errors=True)
     text = render(results)
     (args.out / "sweep.md").write_text(text + "\n")
-    publish.write(args.out / "sweep.json", "sweep", results, args, publish=args.publish)
+    publish.write(args.out / "sweep.json", args.name, results, args, publish=args.publish)
+    print(text)
+    return 0
+
+
+def _render_kept(args: argparse.Namespace) -> int:
+    """The tables from the per-model results under ``--out`` (``--families`` and ``--match``
+    select), with the source digests they were measured at: the rendering's own date and
+    commit are not the measurement's."""
+    results = [
+        json.loads(p.read_text())
+        for p in sorted((args.out / "models").glob("*.json"))
+        if p.suffix == ".json"
+    ]
+    results = [
+        r
+        for r in results
+        if (not args.families or r["family"] in args.families)
+        and (not args.match or re.search(args.match, r["key"]))
+    ]
+    if not results:
+        raise SystemExit(f"no kept results under {args.out / 'models'}")
+    results.sort(key=lambda r: (r["family"], r["key"]))
+    args.measured_with = sorted({str(r.get("graphtrim_source")) for r in results})
+    text = render(results)
+    (args.out / "sweep.md").write_text(text + "\n")
+    publish.write(args.out / "sweep.json", args.name, results, args, publish=args.publish)
     print(text)
     return 0
 
