@@ -6,7 +6,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.graphtrim-installed
 TORCH_PIN := torch==2.13.0
 
-.PHONY: install demo test browser lint typecheck docs docs-serve bench bench-variants bench-tune bench-tune-pool bench-llm bench-llm-graph bench-llm-pipeline bench-scale bench-nodetests corpus sweep deployment clean
+.PHONY: install demo test test-fast browser lint typecheck docs docs-serve bench bench-variants bench-tune bench-tune-pool bench-llm bench-llm-graph bench-llm-pipeline bench-scale bench-nodetests corpus sweep deployment clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -50,6 +50,12 @@ docs-serve: $(STAMP)
 
 test: $(STAMP) lint typecheck docs browser
 	$(PY) -m pytest -q -n 2 --dist loadgroup
+
+# the edit loop: everything that needs no server, no venv of its own and no browser, and is not
+# slow (tests/tiers.py fails a test here that starts one of those without its marker)
+test-fast: $(STAMP)
+	GRAPHTRIM_TEST_TIER=fast $(PY) -m pytest -q -n 2 --dist loadgroup \
+	  -m "not slow and not server and not venv and not browser"
 
 bench: $(STAMP)
 	$(PY) -m bench $(BENCH_ARGS)

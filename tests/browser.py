@@ -19,11 +19,14 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+from tests.tiers import require
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def chromium() -> str:
     """The Chromium binary; a clear failure when there is none."""
+    require("browser")
     found = shutil.which("chromium") or shutil.which("chromium-browser")
     if found is None:
         raise AssertionError(

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from graphtrim.examples.digits import DigitsTask, make_digits_task
+from tests.tiers import SERVER_FIXTURES, require
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -73,6 +74,7 @@ def airflow_db() -> str:
     import subprocess
     import sys
 
+    require("server")
     home = os.environ["AIRFLOW_HOME"]
     if not (Path(home) / ".migrated").exists():
         subprocess.run(
@@ -85,10 +87,15 @@ def airflow_db() -> str:
     return home
 
 
+@pytest.hookimpl(tryfirst=True)  # before ``-m`` deselects by the markers added here
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """The tests marked ``early`` (minutes of installs, sharing nothing with the others) first:
     the workers take tests in this order, so the long ones overlap the rest of the run instead
-    of leaving one worker busy at its end. The order is otherwise the collection's."""
+    of leaving one worker busy at its end. The order is otherwise the collection's. A test
+    asking for a server fixture is marked ``server`` (:mod:`tests.tiers`)."""
+    for item in items:
+        if SERVER_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.server)
     items.sort(key=lambda item: item.get_closest_marker("early") is None)
 
 

@@ -32,6 +32,7 @@ from typing import Any
 import requests
 
 from tests.servers import free_port
+from tests.tiers import require
 
 REPO = Path(__file__).resolve().parents[1]
 PG = os.environ.get("GRAPHTRIM_TEST_PG", "postgresql://postgres@127.0.0.1:5432")
@@ -50,6 +51,7 @@ def _psql(sql: str) -> None:
 
 @contextlib.contextmanager
 def database(prefix: str) -> Iterator[str]:
+    require("server")
     name = f"{prefix}_{uuid.uuid4().hex[:10]}"
     _psql(f"CREATE DATABASE {name}")
     try:
@@ -133,6 +135,7 @@ def redis_database() -> Iterator[int]:
     token ("Invalid auth token"), and both runs would hang. A lock file per number, held for
     the deployment's lifetime, keeps concurrent test processes apart; a database that already
     holds keys (someone else's) is never taken, since the deployment flushes it."""
+    require("server")
     import fcntl
     import tempfile
 
@@ -185,7 +188,13 @@ def deployment(
                 PATH=f"{Path(sys.executable).parent}:{base.get('PATH', '')}",
             )
             mlflow_port = free_port()
-            mlflow_env = dict(base, MLFLOW_S3_ENDPOINT_URL=s3, HOME=str(root))
+            # no job runner: graphtrim submits no MLflow server jobs (see tests/servers.py)
+            mlflow_env = dict(
+                base,
+                MLFLOW_S3_ENDPOINT_URL=s3,
+                MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false",
+                HOME=str(root),
+            )
             procs.start(
                 "mlflow",
                 [

@@ -21,6 +21,8 @@ import requests
 from requests.adapters import HTTPAdapter
 from urllib3.util.retry import Retry
 
+from tests.tiers import require
+
 # (connect, read) seconds for one answer of a server a test started: a busy machine (the suite,
 # the server and what else runs on two cores) can take many seconds for an answer that is
 # instant when idle, so a slow answer is waited for and retried, never a test failure by itself
@@ -106,6 +108,9 @@ def _env(home: Path) -> dict[str, str]:
     env = dict(os.environ)
     env.update(
         MLFLOW_DISABLE_TELEMETRY="true",
+        # MLflow's server job runner (huey consumers: GenAI scorers and prompt optimization)
+        # starts eight more processes per server; graphtrim submits no jobs
+        MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false",
         HOME=str(home),
         XDG_CACHE_HOME=str(home / "cache"),
         AWS_ACCESS_KEY_ID="testing",
@@ -136,6 +141,7 @@ def fake_aws_credentials() -> Iterator[None]:
 def mlflow_server(folder: Path, backend: str | None = None) -> Iterator[str]:
     """``mlflow server`` on SQLite (or the ``backend`` store URI, e.g. PostgreSQL) with proxied
     local artifacts; yields its URL."""
+    require("server")
     folder.mkdir(parents=True, exist_ok=True)
     port = free_port()
     log = folder / "mlflow-server.log"
@@ -168,6 +174,7 @@ def mlflow_server(folder: Path, backend: str | None = None) -> Iterator[str]:
 @contextlib.contextmanager
 def moto_server(folder: Path) -> Iterator[str]:
     """An S3 endpoint (moto's server); yields its URL."""
+    require("server")
     folder.mkdir(parents=True, exist_ok=True)
     port = free_port()
     log = folder / "moto.log"
@@ -220,6 +227,7 @@ def airflow_api_server(env: dict[str, str], log: Path, *, deadline: float = 300)
     """``airflow api-server`` (one worker) on 127.0.0.1 with ``env`` (its database, its
     settings), the DAGs of its DAGS_FOLDER serialized first; yields its URL once healthy and
     stops it by PID. ``deadline`` only guards against a hang."""
+    require("server")
     airflow = str(Path(sys.executable).with_name("airflow"))
     subprocess.run([airflow, "dags", "reserialize"], check=True, capture_output=True, env=env)
     port = free_port()

@@ -24,8 +24,9 @@ import yaml
 from onnx import TensorProto, helper
 
 from tests.conftest import REPO
+from tests.tiers import require
 
-pytestmark = [pytest.mark.slow, pytest.mark.early, pytest.mark.timeout(1800)]
+pytestmark = [pytest.mark.slow, pytest.mark.venv, pytest.mark.early, pytest.mark.timeout(1800)]
 
 HEAVY = ("apache-airflow", "mlflow", "mlflow-skinny", "torch", "matplotlib", "onnxruntime")
 
@@ -121,6 +122,7 @@ class Venv:
 
     def __init__(self, tmp_path: Path, env: dict[str, str], wheel: Path) -> None:
         self.env, self.wheel, self.root = env, wheel, tmp_path / "venv"
+        require("venv")
         assert _run([sys.executable, "-m", "venv", str(self.root)], env).returncode == 0
         self.python = self.root / "bin" / "python"
         self.graphtrim = self.root / "bin" / "graphtrim"

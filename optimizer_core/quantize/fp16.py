@@ -139,7 +139,7 @@ def convert_int4_fp16(job: Conversion) -> dict[str, Any]:
     quantized from their float16 values: ``MatMulNBits`` (ort form) or ``DequantizeLinear``
     (portable) with float16 scales, so every MatMul computes in float16 (GPU kernels). Nodes
     kept in float after a failed accuracy check stay float32 with float32 weights."""
-    from graphtrim.quantize.weight_only import convert_weight_only
+    from graphtrim.quantize.weight_converters import convert_weight_only
 
     with tempfile.TemporaryDirectory(prefix="graphtrim-int4-fp16-", dir=job.target.parent) as tmp:
         half = Path(tmp) / "fp16.onnx"

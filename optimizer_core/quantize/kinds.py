@@ -99,7 +99,7 @@ KINDS: tuple[VariantKind, ...] = (
     VariantKind(
         "int4-weight",
         "4-bit block-wise MatMul weights, float activations (language models)",
-        converter="graphtrim.quantize.weight_only:convert_int4_weight",
+        converter="graphtrim.quantize.weight_converters:convert_int4_weight",
         converts=("MatMul", "Gather"),  # MatMul weights; token embeddings when asked
         gates={"size": {"max_ratio": 0.35}},
         advice=(
@@ -111,7 +111,7 @@ KINDS: tuple[VariantKind, ...] = (
     VariantKind(
         "int8-weight",
         "8-bit block-wise MatMul weights, float activations",
-        converter="graphtrim.quantize.weight_only:convert_int8_weight",
+        converter="graphtrim.quantize.weight_converters:convert_int8_weight",
         converts=("MatMul", "Gather"),  # MatMul weights; token embeddings when asked
         gates={"size": {"max_ratio": 0.45}},
         advice="less error: smaller blocks (--block-size)",

@@ -98,7 +98,7 @@ def front_plot(doc: Mapping[str, Any]) -> str | None:
     matplotlib.use("Agg", force=True)
     import matplotlib.pyplot as plt
 
-    from graphtrim.gates.report import _png
+    from graphtrim.gates.plots import _png
 
     pts = [
         (t, t["timings"][-1]["speedup_p50"], t["size_ratio"])

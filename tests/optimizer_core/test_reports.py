@@ -234,7 +234,7 @@ def _with_variant(doc: dict[str, Any], like: str, name: str, **changes: Any) -> 
 
 
 def test_the_pareto_front_holds_the_passing_variants_nothing_beats(doc: dict[str, Any]) -> None:
-    from graphtrim.gates.report import pareto_front, points
+    from graphtrim.gates.readings import pareto_front, points
 
     base = next(v for v in doc["variants"] if v["name"] == "int8-static")
     speed, _, ratio = points(doc)["int8-static"]
