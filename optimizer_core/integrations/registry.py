@@ -48,6 +48,7 @@ GATES_TAG = TAG + "gates"  # ``serving=pass,size=pass,...``
 LEGACY_METRICS_TAG = TAG + "metrics"
 _INTEGER_METRICS = ("bytes", "nodes")
 
+_GLOBAL_URI_LOCK = threading.Lock()  # MLflow's process-wide tracking URI, set for one call
 _MODELS_URI = re.compile(r"^models:/(?P<name>[^/@]+)(?:/(?P<version>\d+)|@(?P<alias>[\w.-]+))$")
 
 
@@ -577,23 +578,59 @@ class Registry:
         model_id = None
         if model_uri.startswith("models:/m-"):
             model_id = model_uri.removeprefix("models:/").split("/")[0]
-        mv = self._call(
-            f"registering {model_uri} as '{name}'",
-            self.client.create_model_version,
-            name,
-            model_uri,
-            run_id=run_id,
-            tags={**tags, KEY_TAG: key},
-            model_id=model_id,
-            description=description,
-            await_creation_for=300,
-        )
+        with self._own_tracking_uri():
+            mv = self._call(
+                f"registering {model_uri} as '{name}'",
+                self.client.create_model_version,
+                name,
+                model_uri,
+                run_id=run_id,
+                tags={**tags, KEY_TAG: key},
+                model_id=model_id,
+                description=description,
+                await_creation_for=300,
+            )
         # two writers racing past the search both created a version: keep the oldest
         winner = self.find_by_key(name, key)
         if winner is not None and str(winner.version) != str(mv.version):
             self.client.delete_model_version(name, str(mv.version))
             return str(winner.version), False
+        if model_id is not None:
+            self._link_logged_model(model_id, name, str(mv.version))
         return str(mv.version), True
+
+    @contextlib.contextmanager
+    def _own_tracking_uri(self) -> Any:
+        """MLflow's database registry store resolves a ``models:/<model_id>`` source through
+        the process's tracking URI (a fresh ``MlflowClient()``), not this client's: without
+        ``MLFLOW_TRACKING_URI`` that is ``./mlflow.db`` in the working folder. For the call
+        inside, the process's URI is this registry's (a tracking server resolves sources
+        itself)."""
+        if self.tracking_uri.startswith(("http://", "https://")):
+            yield
+            return
+        from mlflow.tracking._tracking_service import utils
+
+        with _GLOBAL_URI_LOCK, utils._use_tracking_uri(self.tracking_uri):
+            yield
+
+    def _link_logged_model(self, model_id: str, name: str, version: str) -> None:
+        """The logged model's ``mlflow.modelVersions`` tag, MLflow's link from a logged model
+        to the versions registered from it (a tracking server sets it itself; a database
+        store does not)."""
+        from mlflow.utils.mlflow_tags import MLFLOW_MODEL_VERSIONS
+
+        logged = self._call(f"logged model {model_id}", self.client.get_logged_model, model_id)
+        raw = dict(logged.tags or {}).get(MLFLOW_MODEL_VERSIONS)
+        try:
+            links = json.loads(raw) if raw else []
+        except ValueError:
+            links = []
+        links = links if isinstance(links, list) else []
+        seen = {(str(e.get("name")), str(e.get("version"))) for e in links if isinstance(e, dict)}
+        if (name, version) not in seen:
+            links.append({"name": name, "version": version})
+            self.client.set_logged_model_tags(model_id, {MLFLOW_MODEL_VERSIONS: json.dumps(links)})
 
     def _history(self, name: str, alias: str) -> list[str]:
         rm = self.client.get_registered_model(name)
