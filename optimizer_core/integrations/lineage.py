@@ -122,7 +122,7 @@ def verdict_doc(summary: Mapping[str, Any], policy_hash: str, run_id: str) -> st
     """One policy's verdict on a variant as a version tag's value: passed, each gate's
     verdict, the key numbers, the run that measured it (under MLflow's 5000 characters)."""
     metrics = summary.get("metrics") or {}
-    doc = {
+    doc: dict[str, Any] = {
         "passed": bool(summary.get("passed")),
         "gates": dict(summary.get("gates") or {}),
         "metrics": {k: metrics[k] for k in VERDICT_METRICS if metrics.get(k) is not None},
