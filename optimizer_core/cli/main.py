@@ -29,7 +29,13 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     """The parser of every command; with ``argv``, the parser for that command line: where it
     names a command of the core, the adapters' commands (entry points) are left out, since
     parsing it never reaches them."""
-    from graphtrim.cli import graph_commands, pipeline_commands, tune_commands, variant_commands
+    from graphtrim.cli import (
+        graph_commands,
+        pipeline_commands,
+        registry_commands,
+        tune_commands,
+        variant_commands,
+    )
     from graphtrim.cli.argtypes import Parser
 
     parser = Parser(
@@ -39,7 +45,13 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"graphtrim {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     # each command group adds its commands with their handler (``set_defaults(handler=...)``)
-    for group in (graph_commands, variant_commands, tune_commands, pipeline_commands):
+    for group in (
+        graph_commands,
+        variant_commands,
+        tune_commands,
+        pipeline_commands,
+        registry_commands,
+    ):
         group.add_parsers(sub)
     if argv and argv[0] in sub.choices:
         return parser

@@ -159,6 +159,15 @@ def _add_pipeline_args(p: argparse.ArgumentParser) -> None:
         "or a hang there fails that variant only)",
     )
     p.add_argument(
+        "--unreached-retries",
+        type=int,
+        default=2,
+        metavar="N",
+        help="a variant whose verdict was not reached (its child timed out or was killed "
+        "from outside) is measured again by up to N later runs before that outcome is "
+        "reported as recorded; a measured failure is never measured again (default 2)",
+    )
+    p.add_argument(
         "-q", "--quiet", action="store_true", help="no progress lines, only the result table"
     )
 
@@ -339,9 +348,12 @@ def _context_and_config(args: argparse.Namespace) -> tuple[Any, Any]:
         allow_variant_source=args.allow_variant_source,
         force_promotion=args.force_promotion,
         child_timeout=args.child_timeout,
+        unreached_retries=args.unreached_retries,
     )
     if args.child_timeout <= 0:
         raise GraphtrimError("--child-timeout must be a positive number of seconds")
+    if args.unreached_retries < 0:
+        raise GraphtrimError("--unreached-retries must be 0 or more")
     if args.quiet:
         _quiet()
     config = PipelineConfig(

@@ -253,6 +253,9 @@ class StageContext:
     allow_variant_source: bool = False  # optimize a version graphtrim itself registered
     force_promotion: bool = False  # move the champion even where a person holds it
     child_timeout: float = 1800.0  # seconds for one variant's build or gates in a child process
+    # further runs that measure a variant whose verdict was not reached (a timeout, a child
+    # killed from outside) before that outcome is reported as recorded
+    unreached_retries: int = 2
     # credentials of this context's tracking server and S3 connection: they go to the clients
     # built here and nowhere else (not the process environment, not :meth:`to_json`)
     mlflow_auth: MlflowAuth | None = dataclasses.field(default=None, repr=False, compare=False)
@@ -309,6 +312,7 @@ class StageContext:
             "allow_variant_source": self.allow_variant_source,
             "force_promotion": self.force_promotion,
             "child_timeout": self.child_timeout,
+            "unreached_retries": self.unreached_retries,
         }
 
 

@@ -57,29 +57,68 @@ def _verdict_from_version(lineage: Mapping[str, Any]) -> dict[str, Any] | None:
     }
 
 
+def _from_policy_verdict(lineage: Mapping[str, Any], verdict: Mapping[str, Any]) -> dict[str, Any]:
+    """A version's summary as one policy judged it (its ``graphtrim.verdict.<hash>`` tag):
+    the numbers of the version's logged model, the gates and outcome of that policy."""
+    tags = lineage["tags"]
+    return {
+        "passed": bool(verdict["passed"]),
+        "gates": dict(verdict.get("gates") or {}),
+        "metrics": {**(verdict.get("metrics") or {}), **lineage["metrics"]},
+        "reasons": list(verdict.get("reasons") or []),
+        "model": {"uri": tags.get(T + "artifact", ""), "sha256": tags.get(T + "sha256", "")},
+    }
+
+
+def variant_identity(config: PipelineConfig, source: Mapping[str, Any], variant: str) -> str:
+    """The identity of ``variant`` of ``source`` under ``config`` with the libraries
+    installed here (:mod:`graphtrim.integrations.lineage`)."""
+    from graphtrim.integrations.lineage import identity_key
+    from graphtrim.integrations.serving import library_versions
+
+    return identity_key(source, variant, config, library_versions())
+
+
 def prior_verdicts(
     ctx: StageContext, config: PipelineConfig, source: Any, target: str
 ) -> dict[str, dict[str, Any]]:
-    """What earlier runs decided for each requested variant of ``source`` under ``config``:
-    variants registered under their lineage key (with the verdicts on their tags), and
-    variants that failed in a finished run (with its recorded verdict). Looked up before any
-    work, so a re-run rebuilds and re-times nothing it has an answer for."""
-    from graphtrim.integrations.registry import RegistryError
+    """What earlier runs decided for each requested variant of ``source``: a version that
+    holds the variant (same identity: the same bytes) and a verdict of this run's gate
+    policy, on its tags; else a measured verdict of a finished run with the same identity
+    and policy. A verdict that was not reached (a timeout, a child killed from outside) is
+    not an answer: the variant is measured again, until ``ctx.unreached_retries`` further
+    runs have not reached it either; then the last one is reported as it stands. Looked up
+    before any work, so a re-run rebuilds and re-times nothing it has an answer for.
+
+    A variant that exists under another policy's verdict only is built and judged again;
+    the register stage records the new verdict on that version (it registers no copy)."""
+    from graphtrim.integrations.lineage import find_existing, recorded_verdict
     from graphtrim.stages.register import lineage_key
 
     registry = ctx.registry()
     src = source.to_json()
+    policy_hash = config.gate_policy().digest()
+    identities = {v: variant_identity(config, src, v) for v in config.variants}
     out: dict[str, dict[str, Any]] = {}
     for variant in config.variants:
-        try:
-            mv = registry.find_by_key(target, lineage_key(src, variant, config.config_hash))
-        except RegistryError:
-            mv = None  # no such registered model yet
+        mv = find_existing(registry, target, key=identities[variant])
+        legacy = False
+        if mv is None:  # registered before identities, under this very config
+            mv = find_existing(registry, target, key=lineage_key(src, variant, config.config_hash))
+            legacy = True
         if mv is None:
             continue
-        summary = _verdict_from_version(registry.lineage(mv))
+        lineage = registry.lineage(mv)
+        verdict = recorded_verdict(lineage["tags"], policy_hash)
+        if verdict is not None:
+            summary: dict[str, Any] | None = _from_policy_verdict(lineage, verdict)
+        elif legacy:
+            summary = _verdict_from_version(lineage)
+        else:
+            summary = None  # judged under another policy only: judged again
         if summary is not None:
-            summary["registered"] = {"name": target, "version": str(mv.version), "created": False}
+            where = {"name": target, "version": str(mv.version), "created": False}
+            summary["registered" if summary["passed"] else "existing"] = where
             out[variant] = summary
     missing = [v for v in config.variants if v not in out]
     if not missing:
@@ -92,23 +131,55 @@ def prior_verdicts(
         [exp.experiment_id],
         f"tags.`{T}source.name` = '{quote(source.name)}' and "
         f"tags.`{T}source.version` = '{quote(source.version)}' and "
-        f"tags.`{T}config_hash` = '{config.config_hash}' and attributes.status = 'FINISHED'",
+        "attributes.status = 'FINISHED'",
         order_by=["attributes.start_time DESC"],
-        max_results=20,
+        max_results=100,
     )
-    for run in runs:
-        for variant in missing:
-            raw = run.data.tags.get(f"{T}verdict.{variant}")
-            if variant in out or not raw:
+    for variant in missing:
+        unreached: list[dict[str, Any]] = []
+        for run in runs:
+            summary = _run_verdict(run, variant, identities[variant], policy_hash, config)
+            if summary is None:
                 continue
-            try:
-                summary = json.loads(raw)
-            except ValueError:
-                continue
-            # a failed verdict stands; a pass whose version is gone from the registry is redone
-            if isinstance(summary, dict) and not summary.get("passed"):
-                out[variant] = {**summary, "run_id": run.info.run_id}
+            if summary.get("measured", True):
+                # a measured failure stands; a pass whose version is gone is redone
+                if not summary.get("passed"):
+                    out[variant] = {**summary, "run_id": run.info.run_id}
+                break
+            unreached.append(summary)
+        if variant in out:
+            continue
+        if unreached and len(unreached) > ctx.unreached_retries:
+            out[variant] = {**unreached[0], "attempts": len(unreached)}
+        elif unreached:
+            ctx.say(
+                f"export: {variant} was not reached by {len(unreached)} earlier run(s) "
+                f"({unreached[0].get('reasons', ['?'])[0]}): measured again"
+            )
     return out
+
+
+def _run_verdict(
+    run: Any, variant: str, identity: str, policy_hash: str, config: PipelineConfig
+) -> dict[str, Any] | None:
+    """A run's verdict on ``variant`` (its ``graphtrim.verdict.<variant>`` tag) where it is
+    about the same identity under the same policy (or, written before identities, the same
+    config)."""
+    raw = run.data.tags.get(f"{T}verdict.{variant}")
+    if not raw:
+        return None
+    try:
+        summary = json.loads(raw)
+    except ValueError:
+        return None
+    if not isinstance(summary, dict):
+        return None
+    if "identity" in summary:
+        if summary["identity"] != identity or summary.get("policy_hash") != policy_hash:
+            return None
+    elif run.data.tags.get(f"{T}config_hash") != config.config_hash:
+        return None
+    return summary
 
 
 def _check_data(ctx: StageContext, data: DataFiles, folder: Path) -> None:
@@ -166,8 +237,8 @@ def export(ctx: StageContext, config: PipelineConfig, model_uri: str) -> ExportR
         )
         if reused:
             ctx.say(
-                f"export: {', '.join(sorted(reused))} judged before under this config: reported "
-                "as recorded, not rebuilt or re-timed (rejudge to measure again)"
+                f"export: {', '.join(sorted(reused))} judged before (same identity, same gate "
+                "policy): reported as recorded, not rebuilt or re-timed (rejudge to measure again)"
             )
         if all(v in reused for v in config.variants):
             record.run_id = open_run(ctx, config, source)

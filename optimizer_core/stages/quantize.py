@@ -445,10 +445,14 @@ def quantize(
             for variant, build in zip(wanted, builds, strict=True):
                 if isinstance(build, BaseException):
                     logger.warning("quantize: %s could not be built: %s", variant, build)
+                    from graphtrim.stages.validate import reached
+
                     record.variants[variant] = {
                         "model": None,
                         "error": redact(f"{type(build).__name__}: {build}"),
                     }
+                    if not reached(build):  # a timeout, a kill: no verdict on the model
+                        record.variants[variant]["reached"] = False
                     mlflow.set_tag(run_id, f"{T}build_error.{variant}", redact(build)[:5000])
                     continue
                 dst = tmp / "variants" / variant / "model.onnx"

@@ -207,6 +207,9 @@ class RegisterRecord(Record):
     target: str = ""
     registered: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
     failed: dict[str, list[str]] = dataclasses.field(default_factory=dict)
+    # variants that are a version already (the same identity) on which this run recorded its
+    # policy's verdict: ``{"name", "version", "created": False}``
+    existing: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
     reports: dict[str, str] | None = None
 
 

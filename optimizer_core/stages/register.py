@@ -1,6 +1,8 @@
 """The register stage: log every variant that passed its gates as an MLflow ONNX model and
-register it, with lineage, as a new version of the target model, at most once per source
-version, variant and config (its lineage key).
+register it, with lineage, as a new version of the target model, at most once per identity
+(what determines the variant's bytes: :mod:`graphtrim.integrations.lineage`). A variant that
+is a version already gets this run's verdict recorded on that version (a tag per gate policy),
+not a copy.
 
 What MLflow shows of a registered variant: the logged model carries the variant's settings as
 params and its numbers as metrics (``<variant>.speedup``, ...), linked to the version; the
@@ -32,7 +34,8 @@ COMPARISON = "comparison"
 
 
 def lineage_key(source: Mapping[str, Any], variant: str, config_hash: str) -> str:
-    """The idempotency key of one variant of one source version under one config."""
+    """The key versions registered before identities carry: one variant of one source
+    version under one whole config (read to find them, no longer written)."""
     text = f"{source['name']}\n{source['version']}\n{variant}\n{config_hash}"
     return hashlib.sha256(text.encode()).hexdigest()
 
@@ -280,8 +283,17 @@ def register(
 ) -> RegisterRecord:
     """Log every variant that passed its gates as an MLflow ONNX model and register it, with
     lineage, as a new version of the target model; write the run's comparison report first.
-    Variants that failed are recorded in the run, never registered. A variant registered
-    before (same lineage key) is reported, not registered again."""
+    Variants that failed are recorded in the run, never registered. A variant that is a
+    version already (the same identity, or the same source, variant and sha256) is not
+    registered again: this run's verdict is recorded on that version under its policy's
+    hash, passed or failed."""
+    from graphtrim.integrations.lineage import (
+        POLICY_TAG,
+        find_existing,
+        identity_key,
+        verdict_doc,
+        verdict_tag,
+    )
     from graphtrim.integrations.links import record_links, ui_base
     from graphtrim.integrations.registry import GATES_TAG, KEY_TAG, format_gates
     from graphtrim.integrations.serving import library_versions
@@ -296,6 +308,9 @@ def register(
     versions = library_versions()
     registered: dict[str, Any] = {}
     failed: dict[str, list[str]] = {}
+    # variants whose identity is a version already: this run's verdict recorded on it
+    existing: dict[str, Any] = {}
+    policy_hash = val.policy_hash or config.gate_policy().digest()
     with stage_run(ctx, run_id, "register") as client, ctx.scratch("register") as tmp:
         experiment_id = client.get_run(run_id).info.experiment_id
         doc, reports = comparison_report(ctx, client, config, val, tmp)
@@ -309,36 +324,59 @@ def register(
             ).get("report")
         judged = {v["name"]: v for v in (doc or {}).get("variants", [])}
         for variant, summary in val.variants.items():
+            identity = identity_key(source, variant, config, versions)
             if not summary.get("reused"):  # what a re-run reports instead of judging again
                 verdict = {k: summary.get(k) for k in ("passed", "gates", "metrics", "reasons")}
                 if verdict["reasons"]:
                     verdict["reasons"] = [redact(r) for r in verdict["reasons"]]
+                verdict.update(
+                    measured=summary.get("measured", True),
+                    identity=identity,
+                    policy_hash=policy_hash,
+                )
                 text = json.dumps(verdict, sort_keys=True)
                 if len(text) <= 5000:
                     client.set_tag(run_id, f"{T}verdict.{variant}", text)
+            if summary.get("reused"):  # decided by an earlier run: reported as recorded
+                if summary["passed"] and summary.get("registered"):
+                    registered[variant] = dict(summary["registered"])
+                    ctx.say(
+                        f"register: {variant} is already version "
+                        f"{summary['registered']['version']} of {summary['registered']['name']}"
+                    )
+                    continue
+                if not summary["passed"]:
+                    _record_failure(client, run_id, variant, summary, failed)
+                    continue
+            if summary.get("measured", True):
+                sha = (summary.get("model") or {}).get("sha256")
+                mv = find_existing(
+                    registry, target, key=identity, source=source, variant=variant, sha256=sha
+                )
+                if mv is not None:
+                    # the same bytes are a version already: this policy's verdict goes on it
+                    registry.client.set_model_version_tag(
+                        target,
+                        str(mv.version),
+                        verdict_tag(policy_hash),
+                        verdict_doc(summary, policy_hash, run_id),
+                    )
+                    where = {"name": target, "version": str(mv.version), "created": False}
+                    existing[variant] = where
+                    outcome = "PASS" if summary["passed"] else "FAIL"
+                    ctx.say(
+                        f"register: {variant} is version {mv.version} of {target} (the same "
+                        f"variant): {outcome} under policy {policy_hash} recorded on it"
+                    )
+                    if summary["passed"]:
+                        registered[variant] = where
+                    else:
+                        _record_failure(client, run_id, variant, summary, failed)
+                    continue
             if not summary["passed"]:
-                failed[variant] = summary["reasons"] or ["failed"]
-                client.set_tag(
-                    run_id, f"{T}failed.{variant}", redact("; ".join(failed[variant]))[:5000]
-                )
+                _record_failure(client, run_id, variant, summary, failed)
                 continue
-            if summary.get("registered"):  # registered by an earlier run under this key
-                registered[variant] = dict(summary["registered"])
-                ctx.say(
-                    f"register: {variant} is already version {summary['registered']['version']} "
-                    f"of {summary['registered']['name']}"
-                )
-                continue
-            key = lineage_key(source, variant, config.config_hash)
-            existing = registry.find_by_key(target, key)
-            if existing is not None:
-                ctx.say(f"register: {variant} is already version {existing.version} of {target}")
-                registered[variant] = {
-                    "name": target,
-                    "version": str(existing.version),
-                    "created": False,
-                }
-                continue
+            key = identity
             # short, searchable tags; the settings are the logged model's params, the numbers
             # its metrics, the detail the comparison report
             tags = {
@@ -351,6 +389,8 @@ def register(
                 T + "device": val.device or config.device,
                 T + "config_hash": config.config_hash,
                 GATES_TAG: format_gates(summary["gates"]),
+                POLICY_TAG: policy_hash,
+                verdict_tag(policy_hash): verdict_doc(summary, policy_hash, run_id),
                 T + "fingerprint": val.fingerprint,
                 T + "pipeline_run_id": run_id,
                 T + "orchestrator_run_id": ctx.orchestrator_run_id or "",
@@ -396,7 +436,9 @@ def register(
             ctx.say(f"register: {variant} -> {target} version {version}")
             registered[variant] = {"name": target, "version": version, "created": created}
         client.log_dict(
-            run_id, {"registered": registered, "failed": failed}, "graphtrim/registered.json"
+            run_id,
+            {"registered": registered, "failed": failed, "existing": existing},
+            "graphtrim/registered.json",
         )
     return RegisterRecord(
         worker=worker(ctx),
@@ -405,5 +447,14 @@ def register(
         target=target,
         registered=registered,
         failed=failed,
+        existing=existing,
         reports=reports,
     )
+
+
+def _record_failure(
+    client: Any, run_id: str, variant: str, summary: Mapping[str, Any], failed: dict[str, Any]
+) -> None:
+    """A variant that failed (or was not reached): kept in the run, never registered."""
+    failed[variant] = list(summary.get("reasons") or ["failed"])
+    client.set_tag(run_id, f"{T}failed.{variant}", redact("; ".join(failed[variant]))[:5000])

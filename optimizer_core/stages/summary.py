@@ -11,6 +11,7 @@ def table(records: dict[str, Any]) -> str:
     """Variants, their gate verdicts, key numbers and the versions registered."""
     validated = records.get("validate", {})
     registered = records.get("register", {}).get("registered", {})
+    existing = records.get("register", {}).get("existing", {})
     aliases = records.get("promote", {}).get("aliases", {})
     champion = records.get("promote", {}).get("champion", {})
     rows = [
@@ -38,10 +39,17 @@ def table(records: dict[str, Any]) -> str:
                 tags.append(str(champion["alias"]))
             if tags:
                 where += " @" + ",".join(tags)
+        outcome = "PASS" if s["passed"] else "FAIL"
+        if s.get("measured") is False:
+            outcome = "NOT REACHED"
+        if name in existing:
+            outcome += f" (existing v{existing[name]['version']})"
+        elif s.get("reused"):
+            outcome += " (recorded)"
         rows.append(
             (
                 name,
-                ("PASS" if s["passed"] else "FAIL") + (" (recorded)" if s.get("reused") else ""),
+                outcome,
                 g.get("serving", g.get("runtime", "-")),
                 g.get("size", "-"),
                 g.get("accuracy", g.get("build", "-")),

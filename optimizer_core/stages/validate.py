@@ -123,6 +123,7 @@ def evaluate_isolated(
     data: Any,
     *,
     together_max_bytes: int | None = None,
+    unreached: set[str] | None = None,
 ) -> Any:
     """The gates of ``paths`` in a child process. If that child dies (a runtime crash on one
     variant, a hang), each variant is measured alone in its own child: the one that crashes
@@ -134,7 +135,10 @@ def evaluate_isolated(
     each measured beside the reference in a child of their own, one after the other; where the
     reference and one variant are above it too (a language model's fp32 export and its fp32
     graph variant), that child opens one session at a time and the latency runs take turns
-    block by block. The peak is then the largest model's session."""
+    block by block. The peak is then the largest model's session.
+
+    ``unreached`` receives the variants whose measurement was not reached (:func:`reached`
+    is false for what ended it): their failure is no verdict on the model."""
     from graphtrim.gates.evaluate import MAX_OPEN_BYTES, GateResult, ModelInfo, VariantResult
     from graphtrim.isolation import ChildFailed, map_isolated
 
@@ -174,24 +178,47 @@ def evaluate_isolated(
             return together
         if not isinstance(together, ChildFailed):
             raise together
-        ctx.say(f"validate: {together}; measuring each variant alone")
     names = list(todo)
-    alone = map_isolated(
-        "graphtrim.gates.evaluate:evaluate_job",
-        [{n: todo[n]} for n in names],
-        common=job,
-        timeout=ctx.child_timeout,
-        what=lambda item: f"gates of {next(iter(item))}",
-        on_step=lambda line: ctx.say(f"validate: {line}"),
-        # a child per variant, whose memory goes back to the system before the next one
-        fresh=lean,
-    )
+    if not lean and len(names) == 1:  # measured alone already: the same child again
+        alone: list[Any] = [together]
+    else:
+        if not lean:
+            ctx.say(f"validate: {together}; measuring each variant alone")
+        alone = map_isolated(
+            "graphtrim.gates.evaluate:evaluate_job",
+            [{n: todo[n]} for n in names],
+            common=job,
+            timeout=ctx.child_timeout,
+            what=lambda item: f"gates of {next(iter(item))}",
+            on_step=lambda line: ctx.say(f"validate: {line}"),
+            # a child per variant, whose memory goes back to the system before the next one
+            fresh=lean,
+        )
     base = next((e for e in alone if not isinstance(e, BaseException)), None)
-    if base is None:  # the reference itself cannot be measured
+    if base is None and not all(isinstance(e, BaseException) and not reached(e) for e in alone):
+        # the reference itself cannot be measured
         raise PipelineError(f"validate: no variant could be measured: {alone[0]}")
+    if base is None:  # nothing was reached: the reference's numbers stay unknown
+        from graphtrim.gates.evaluate import Evaluation
+
+        policy = config.gate_policy()
+        base = Evaluation(
+            reference=ModelInfo.of(reference),
+            device=config.device,
+            variants=[],
+            fingerprint={},
+            policy=policy.to_json(),
+            policy_hash=policy.digest(),
+            data_source="",
+            latency_samples={},
+            started="",
+            seconds=0.0,
+        )
     base = dataclasses.replace(base, variants=[], latency_samples=dict(base.latency_samples))
     for name, result in zip(names, alone, strict=True):
         if isinstance(result, BaseException):
+            if not reached(result) and unreached is not None:
+                unreached.add(name)
             info = None
             with contextlib.suppress(Exception):
                 info = ModelInfo.of(todo[name])
@@ -202,6 +229,23 @@ def evaluate_isolated(
         base.variants.extend(result.variants)
         base.latency_samples.update(result.latency_samples)
     return base
+
+
+# signals a process gets from outside (a timeout's kill, the OOM killer, a worker shut
+# down): the model was not judged. A fatal signal of its own (SIGSEGV, SIGABRT, SIGBUS,
+# SIGFPE, SIGILL) is a defect the model reproduces: a measured failure.
+_FROM_OUTSIDE = ("SIGKILL", "SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")
+
+
+def reached(exc: BaseException) -> bool:
+    """Whether the failure ``exc`` of a child that built or measured a variant is a verdict
+    on the model (it ran and failed) rather than a measurement not reached: a timeout, a
+    child killed from outside, a transient error (a lost connection)."""
+    from graphtrim.isolation import ChildFailed
+
+    if isinstance(exc, ChildFailed):
+        return not (exc.timed_out or exc.signal_name in _FROM_OUTSIDE)
+    return not getattr(exc, "transient", False)
 
 
 def validate(
@@ -254,6 +298,8 @@ def validate(
                 if rec.get("model"):
                     paths[variant] = ctx.fetch(rec["model"]["uri"], tmp / "variants" / variant)
             serving: dict[str, Any] = {}
+            # variants whose build or measurement was not reached: no verdict on the model
+            unreached = {v for v, rec in quant.variants.items() if rec.get("reached") is False}
             if paths:
                 ctx.say(
                     f"validate: serving probe of {', '.join(paths)} (mlflow.pyfunc, child process)"
@@ -268,10 +314,14 @@ def validate(
                 for name, probe in zip(paths, probes, strict=True):
                     if isinstance(probe, BaseException):
                         serving[name] = GateResult("serving", "error", {}, {}, [str(probe)])
+                        if not reached(probe):
+                            unreached.add(name)
                     else:
                         serving[name] = GateResult("serving", "pass", probe, {})
             measurable = {n: p for n, p in paths.items() if serving[n].passed}
-            evaluation = evaluate_isolated(ctx, config, reference, measurable, evald)
+            evaluation = evaluate_isolated(
+                ctx, config, reference, measurable, evald, unreached=unreached
+            )
             for result in evaluation.variants:
                 result.gates.insert(0, serving[result.name])
             for name, path in paths.items():
@@ -301,6 +351,8 @@ def validate(
             reports = evaluation.write(tmp / "reports", stem=stem)
             uris = publish_reports(store, mlflow, run_id, source, config.config_hash, reports)
             variants = {v.name: summary(v) for v in evaluation.variants}
+            for name in unreached & set(variants):
+                variants[name]["measured"] = False
             for v in evaluation.variants:
                 if v.name in quant.variants and quant.variants[v.name].get("model"):
                     variants[v.name]["model"] = quant.variants[v.name]["model"]

@@ -26,7 +26,7 @@ from graphtrim.integrations.registry import (
 )
 from graphtrim.stages import pipeline
 from graphtrim.stages.context import PipelineConfig, StageContext
-from graphtrim.stages.register import lineage_key
+from graphtrim.stages.export import variant_identity
 from tests.conftest import BUCKET
 from tests.servers import free_port, register_onnx
 
@@ -495,7 +495,7 @@ def test_fault_between_log_and_register_ends_with_one_version_per_variant(
     assert "graph" in by_variant
     # the model logged before the crash was reused, not logged twice
     exp = client.get_experiment_by_name("graphtrim").experiment_id
-    key = lineage_key(records["export"]["source"], "graph", config.resolved(ctx).config_hash)
+    key = variant_identity(config.resolved(ctx), records["export"]["source"], "graph")
     logged = mlflow.search_logged_models(
         experiment_ids=[exp], filter_string=f"tags.`graphtrim.key` = '{key}'", output_format="list"
     )

@@ -81,6 +81,7 @@ DOCS: dict[str, dict[str, Any]] = {
         "target": "digits",
         "registered": {"graph": {"name": "digits", "version": "4", "created": True}},
         "failed": {},
+        "existing": {},
     },
     "promote": {
         "stage": "promote",
