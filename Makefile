@@ -6,7 +6,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.graphtrim-installed
 TORCH_PIN := torch==2.13.0
 
-.PHONY: install demo test browser lint typecheck docs docs-serve bench bench-variants bench-tune bench-tune-pool bench-llm bench-llm-graph bench-llm-pipeline bench-scale bench-nodetests corpus sweep deployment clean
+.PHONY: install demo test browser lint typecheck docs docs-serve bench bench-variants bench-tune bench-tune-pool bench-input-cache bench-llm bench-llm-graph bench-llm-pipeline bench-scale bench-nodetests corpus sweep deployment clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -64,6 +64,10 @@ bench-tune: $(STAMP)
 # the settings search over a worker pool: one gpu worker against two (Celery deployment)
 bench-tune-pool: $(STAMP)
 	$(PY) -m bench.tune_pool $(BENCH_ARGS)
+
+# the fetch time a settings search's trial tasks save with the per-worker input cache
+bench-input-cache: $(STAMP)
+	$(PY) -m bench.input_cache $(BENCH_ARGS)
 
 # weight-only variants of a Llama-like decoder with its KV cache, against onnxruntime-genai's
 # model builder (installed into bench/.genai on first use)
