@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml constraints.txt
 install: $(STAMP)
 
 demo: $(STAMP)
-	$(PY) -m graphtrim.airflow.demo
+	$(PY) -m graphtrim.demo
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check optimizer_core operators dags tests bench docs
