@@ -80,7 +80,7 @@ def test_after_the_judgement_the_store_holds_the_champion_only(
 
     record = pipeline.quantize(ctx, config, exp, opt, tuned=step["search"])
     tuning = record.variants["int8-dynamic"]["tuning"]
-    champion = next(t for t in trials if t["candidate"]["key"] == tuning["key"])
+    champion = next(t for t in trials if t["key"] == tuning["key"])
     entries = _entries(s3, prefix)
     assert entries["tune-int8-dynamic"] == {champion["uri"].rsplit("/", 1)[1]}
     # nothing of the deleted entries is left behind either (no orphan model or data file)
