@@ -219,25 +219,21 @@ class TaskWatcher:
             ).first()
             if run is None:
                 return
+            tis = session.scalars(
+                select(TaskInstance).where(
+                    TaskInstance.dag_id == self.dag_id, TaskInstance.run_id == run.run_id
+                )
+            ).all()
             self.rows = [
                 (
-                    r.task_id,
-                    r.map_index,
-                    str(r.state or ""),
-                    r.rendered_map_index,
-                    r.start_date,
-                    r.end_date,
+                    ti.task_id,
+                    ti.map_index,
+                    str(ti.state or ""),
+                    ti.rendered_map_index,
+                    ti.start_date,
+                    ti.end_date,
                 )
-                for r in session.execute(
-                    select(
-                        TaskInstance.task_id,
-                        TaskInstance.map_index,
-                        TaskInstance.state,
-                        TaskInstance.rendered_map_index,
-                        TaskInstance.start_date,
-                        TaskInstance.end_date,
-                    ).where(TaskInstance.dag_id == self.dag_id, TaskInstance.run_id == run.run_id)
-                ).all()
+                for ti in tis
             ]
 
     def progress(self) -> tuple[float, str]:
