@@ -31,6 +31,7 @@ def _model(folder: Path, gb: float) -> Path:
     import onnx.helper as oh
     import onnx.numpy_helper as onh
 
+    folder.mkdir(parents=True, exist_ok=True)
     layers = max(1, round(gb * 1024 / 64))
     rng = np.random.default_rng(0)
     nodes, inits, prev = [], [], "x"

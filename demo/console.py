@@ -79,7 +79,7 @@ class Console:
                 if self._log is not None:
                     self._log.write(f"[demo] {one}\n")
             self.out.flush()
-            if self._status:
+            if self._status and self.tty:
                 self._draw(self._status)
 
     def status(self, text: str) -> None:

@@ -168,6 +168,8 @@ def _summary(run: Any) -> str | None:
 
 # what each stage task does, as its line says it
 WHAT = {
+    "plan": "the run's config from its params",
+    "variants": "the variants to build",
     "export": "the registered model to ONNX",
     "optimize": "the graph passes, outputs verified",
     "quantize": "each variant built in a child process",
@@ -184,10 +186,10 @@ class TaskWatcher:
     database in a thread): a line per task when all its instances are done, a progress bar of
     the whole run while it goes on."""
 
-    def __init__(self, console: Console, dag_id: str, model: str):
+    def __init__(self, console: Console, dag_id: str, variants: list[str]):
         self.console = console
         self.dag_id = dag_id
-        self.model = model
+        self.variants = variants  # what the mapped stage tasks' indexes stand for
         self.after = self._last_run_id()
         self.reported: set[str] = set()
         self.skipped: list[str] = []
@@ -246,31 +248,44 @@ class TaskWatcher:
         return (done / len(states) if states else 0.0), note
 
     def report(self) -> None:
-        """A line for each task whose instances are all done and that has none yet."""
-        by_task: dict[str, list[tuple[str, int, str, str | None, Any, Any]]] = {}
+        """A line for each stage (a task, a mapped task, the task group ``tune``) whose task
+        instances are all done and that has none yet."""
+        groups: dict[str, list[tuple[str, int, str, str | None, Any, Any]]] = {}
         for row in self.rows:
-            by_task.setdefault(row[0], []).append(row)
-        for task_id, rows in by_task.items():
+            groups.setdefault(row[0].split(".", 1)[0], []).append(row)
+        for group, rows in groups.items():
             states = [r[2].rsplit(".", 1)[-1].lower() for r in rows]
-            if task_id in self.reported or not all(s in FINAL for s in states):
+            if group in self.reported or not all(s in FINAL for s in states):
                 continue
-            self.reported.add(task_id)
+            if group == "tune" and len({r[0] for r in rows}) < 2:
+                continue  # the group's first task is done, the others not yet created
+            self.reported.add(group)
             if all(s == "skipped" for s in states):
-                self.skipped.append(task_id)
+                self.skipped.append(group)
                 continue
-            names = [r[3] for r in rows if r[1] >= 0 and r[3]]
-            what = ", ".join(names) if names else WHAT.get(task_id, "")
+            mapped = sorted((r for r in rows if r[1] >= 0), key=lambda r: r[1])
+            if group == "tune":
+                trials = sum(
+                    r[0].startswith("tune.trial") and s == "success"
+                    for r, s in zip(rows, states, strict=True)
+                )
+                what = (
+                    f"the settings search, {trials} trial(s)"
+                    if trials
+                    else ("no settings search was asked")
+                )
+            elif mapped and len(mapped) == len(self.variants):
+                what = ", ".join(self.variants[r[1]] for r in mapped)
+            else:
+                what = WHAT.get(group, "")
             starts = [r[4] for r in rows if r[4] is not None]
             ends = [r[5] for r in rows if r[5] is not None]
             took = (
                 f" ({(max(ends) - min(starts)).total_seconds():.1f} s)" if starts and ends else ""
             )
-            verdict = (
-                "done"
-                if all(s in ("success", "skipped") for s in states)
-                else "/".join(sorted(set(states)))
-            )
-            self.console.line(f"      {task_id:<9} {what}: {verdict}{took}")
+            ok = all(s in ("success", "skipped") for s in states)
+            verdict = "done" if ok else "/".join(sorted(set(states)))
+            self.console.line(f"      {group:<9} {what}: {verdict}{took}")
 
     def _loop(self) -> None:
         while not self._stop.wait(1.0):
@@ -293,14 +308,7 @@ class TaskWatcher:
             return
         self.report()
         if self.skipped:
-            tune = [t for t in self.skipped if t.startswith("tune")]
-            other = [t for t in self.skipped if not t.startswith("tune")]
-            if tune:
-                self.console.line(
-                    f"      tune      skipped ({len(tune)} tasks: no settings search was asked)"
-                )
-            if other:
-                self.console.line(f"      skipped: {', '.join(other)}")
+            self.console.line(f"      skipped: {', '.join(self.skipped)}")
 
 
 def run_with_airflow(out_dir: Path, console: Console) -> int:
@@ -341,7 +349,7 @@ def run_with_airflow(out_dir: Path, console: Console) -> int:
         "policy": DEMO_POLICY,
     }
     print(f"running {DAG_ID} through Airflow with conf {json.dumps(conf)}", flush=True)
-    watcher = TaskWatcher(console, DAG_ID, model_uri)
+    watcher = TaskWatcher(console, DAG_ID, conf["variants"])
     with console.step("      the DAG run", watcher.progress) as step, watcher:
         run = dag.test(run_conf=conf)
         ok = str(run.state).lower().endswith("success")
