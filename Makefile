@@ -29,8 +29,8 @@ demo: $(STAMP)
 	@$(PY) -m graphtrim.demo
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check optimizer_core operators dags tests bench docs
-	$(VENV)/bin/ruff format --check optimizer_core operators dags tests bench docs
+	$(VENV)/bin/ruff check optimizer_core operators demo dags tests bench docs
+	$(VENV)/bin/ruff format --check optimizer_core operators demo dags tests bench docs
 
 # mypy reads the package as it installs (graphtrim/, see pyproject.toml), linked under build/
 typecheck: $(STAMP)
