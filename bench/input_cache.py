@@ -5,7 +5,8 @@ and the data. Without the cache each task fetches them from the artifact store a
 (:class:`graphtrim.integrations.artifacts.InputCache`) the first task of a worker fetches them and
 the others link them. This bench stores a model of ``--gb`` GB (MatMul layers of 4096 x 4096
 float32 weights in external data, 64 MiB each) in S3 (a moto server on 127.0.0.1: an S3 endpoint
-on the same machine, so a real bucket over a network takes longer, not shorter) and times the
+on the same machine, so a real bucket over a network takes longer, not shorter; transfers are
+whole objects, since moto copies the whole object for each ranged part) and times the
 inputs' fetch of ``--trials`` trial tasks both ways. Reported: each task's seconds, and the sum.
 
     python -m bench.input_cache [--gb 1] [--trials 6] [--json FILE]
@@ -67,7 +68,8 @@ def run(gb: float, trials: int, root: Path) -> dict[str, Any]:
         boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket="bench-inputs")
         src = _model(root / "src", gb)
         size = sum(p.stat().st_size for p in src.parent.iterdir())
-        store = S3Store("bench-inputs", "p", endpoint_url=endpoint)
+        # whole-object transfers: moto copies the whole object for each ranged GET of a part
+        store = S3Store("bench-inputs", "p", endpoint_url=endpoint, multipart_threshold=64 << 30)
         stored = store.put_model(src, model="m", version="1", stage="optimized")
         shutil.rmtree(src.parent)
 

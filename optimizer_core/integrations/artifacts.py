@@ -374,8 +374,8 @@ def local_path(uri: str) -> Path:
 class S3Store(_EntryStore):
     """An S3 bucket (any S3-compatible endpoint) under a key prefix.
 
-    Uploads use boto3's managed transfer (multipart above ``multipart_threshold``) with retries
-    and exponential backoff on top of botocore's own.
+    Uploads and downloads use boto3's managed transfer (in parts above ``multipart_threshold``)
+    with retries and exponential backoff on top of botocore's own.
     """
 
     def __init__(
@@ -549,11 +549,21 @@ class S3Store(_EntryStore):
         out = Path(dest)
         out.mkdir(parents=True, exist_ok=True)
         names = list(manifest["files"])
+        from boto3.s3.transfer import TransferConfig
+
+        # ranged parts above the same threshold as uploads (boto3's own default: 8 MB)
+        cfg = TransferConfig(
+            multipart_threshold=self.multipart_threshold, multipart_chunksize=16 << 20
+        )
         for name in names:
             self._retry(
                 f"download of {key}/{name}",
                 functools.partial(
-                    self.client.download_file, bucket, f"{key}/{name}", str(out / name)
+                    self.client.download_file,
+                    bucket,
+                    f"{key}/{name}",
+                    str(out / name),
+                    Config=cfg,
                 ),
             )
         # hashed before anything parses the files: tampered bytes are this error, not a crash
