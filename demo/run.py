@@ -349,7 +349,7 @@ def run_with_airflow(out_dir: Path, console: Console) -> int:
         "policy": DEMO_POLICY,
     }
     print(f"running {DAG_ID} through Airflow with conf {json.dumps(conf)}", flush=True)
-    watcher = TaskWatcher(console, DAG_ID, conf["variants"])
+    watcher = TaskWatcher(console, DAG_ID, DEMO_VARIANTS.split(","))
     with console.step("      the DAG run", watcher.progress) as step, watcher:
         run = dag.test(run_conf=conf)
         ok = str(run.state).lower().endswith("success")
