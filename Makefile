@@ -6,24 +6,31 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.graphtrim-installed
 TORCH_PIN := torch==2.13.0
 
-.PHONY: install demo test test-fast browser lint typecheck docs docs-serve bench bench-variants bench-tune bench-tune-pool bench-llm bench-llm-graph bench-llm-pipeline bench-scale bench-nodetests corpus sweep deployment clean
+.PHONY: install demo test test-fast browser lint typecheck docs docs-serve bench bench-variants bench-tune bench-tune-pool bench-input-cache bench-llm bench-llm-graph bench-llm-pipeline bench-scale bench-nodetests corpus sweep deployment clean
 
+INSTALL_LOG := build/install.log
+
+# pip's output goes to $(INSTALL_LOG) (its last lines are shown when the install fails)
 $(STAMP): pyproject.toml constraints.txt
-	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
-	# torch first: the CPU wheel is pinned so that later ranges resolve to it
-	$(PY) -m pip install --quiet $(TORCH_PIN)
-	$(PY) -m pip install --quiet -c constraints.txt -e '.[cpu,reports,dev,docs,bench,pipeline,airflow,kubeflow,distributed]'
-	touch $(STAMP)
+	@mkdir -p build
+	@echo "installing graphtrim and its dependencies into $(VENV) (minutes the first time; log: $(INSTALL_LOG))"
+	@{ $(PYTHON) -m venv $(VENV) && \
+	  $(PY) -m pip install --quiet --upgrade pip && \
+	  : "torch first: the CPU wheel is pinned so that later ranges resolve to it" && \
+	  $(PY) -m pip install --quiet $(TORCH_PIN) && \
+	  $(PY) -m pip install --quiet -c constraints.txt -e '.[cpu,reports,dev,docs,bench,pipeline,airflow,kubeflow,distributed]'; \
+	} > $(INSTALL_LOG) 2>&1 || { tail -n 30 $(INSTALL_LOG); echo "the install failed: $(INSTALL_LOG)"; exit 1; }
+	@touch $(STAMP)
 
 install: $(STAMP)
 
+# graphtrim's own lines on the console; everything else in out/demo/demo.log
 demo: $(STAMP)
-	$(PY) -m graphtrim.airflow.demo
+	@$(PY) -m graphtrim.demo
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check optimizer_core operators dags tests bench docs
-	$(VENV)/bin/ruff format --check optimizer_core operators dags tests bench docs
+	$(VENV)/bin/ruff check optimizer_core operators demo dags tests bench docs
+	$(VENV)/bin/ruff format --check optimizer_core operators demo dags tests bench docs
 
 # mypy reads the package as it installs (graphtrim/, see pyproject.toml), linked under build/
 typecheck: $(STAMP)
@@ -70,6 +77,10 @@ bench-tune: $(STAMP)
 # the settings search over a worker pool: one gpu worker against two (Celery deployment)
 bench-tune-pool: $(STAMP)
 	$(PY) -m bench.tune_pool $(BENCH_ARGS)
+
+# the fetch time a settings search's trial tasks save with the per-worker input cache
+bench-input-cache: $(STAMP)
+	$(PY) -m bench.input_cache $(BENCH_ARGS)
 
 # weight-only variants of a Llama-like decoder with its KV cache, against onnxruntime-genai's
 # model builder (installed into bench/.genai on first use)

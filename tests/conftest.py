@@ -20,6 +20,8 @@ os.environ["AIRFLOW_HOME"] = tempfile.mkdtemp(prefix="graphtrim-airflow-")
 os.environ["AIRFLOW__CORE__DAGS_FOLDER"] = str(REPO / "dags")
 os.environ["AIRFLOW__CORE__LOAD_EXAMPLES"] = "False"
 os.environ.setdefault("AIRFLOW__CORE__DAGBAG_IMPORT_ERROR_TRACEBACKS", "True")
+# the settings search's per-worker input cache: one per test process, never the user's
+os.environ.setdefault("GRAPHTRIM_INPUT_CACHE", tempfile.mkdtemp(prefix="graphtrim-inputs-"))
 
 BUCKET = "graphtrim-models"
 

@@ -101,6 +101,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("CLI", ("graphtrim.cli",)),
     ("orchestrator adapters", ("graphtrim.airflow", "graphtrim.kubeflow")),
     ("DAGs", ("dags",)),
+    ("the demo", ("graphtrim.demo",)),
 ]
 
 ROOT = Path(__file__).resolve().parents[1]

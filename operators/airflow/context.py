@@ -9,6 +9,7 @@ to the clients the context builds, never into ``os.environ`` (see ``graphtrim.ai
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from graphtrim.airflow.hooks import ArtifactStoreHook, MlflowRegistryHook
@@ -64,3 +65,41 @@ def stage_context(
         s3_endpoint_url=endpoint,
         **fields,
     )
+
+
+def task_instance(context: Any) -> dict[str, Any] | None:
+    """The task instance a stage runs as (recorded with the stage in its MLflow run), from the
+    task's Airflow context; None outside a task."""
+    ti = context.get("ti") if context else None
+    if ti is None:
+        return None
+    return {
+        "name": "Airflow",
+        "dag_id": ti.dag_id,
+        "run_id": ti.run_id,
+        "task_id": ti.task_id,
+        "map_index": int(ti.map_index if getattr(ti, "map_index", None) is not None else -1),
+        "try_number": int(getattr(ti, "try_number", 0) or 0),
+    }
+
+
+def airflow_task_state(worker: Mapping[str, Any]) -> str | None:
+    """Airflow's own state of the task instance a stage recorded (:func:`task_instance`),
+    asked through the Task SDK of the task that asks (the API server, not the metadata database
+    and not the other worker's host); None where it has none, or where the stage ran in another
+    orchestrator."""
+    ti = worker.get("orchestrator")
+    if not isinstance(ti, Mapping) or ti.get("name") != "Airflow":
+        return None
+    from airflow.sdk.execution_time.task_runner import RuntimeTaskInstance
+
+    index = int(ti.get("map_index", -1))
+    found = RuntimeTaskInstance.get_task_states(
+        dag_id=str(ti["dag_id"]),
+        task_ids=[str(ti["task_id"])],
+        run_ids=[str(ti["run_id"])],
+        map_index=index if index >= 0 else None,
+    )
+    key = str(ti["task_id"]) if index < 0 else f"{ti['task_id']}_{index}"
+    state = (found.get(str(ti["run_id"])) or {}).get(key)
+    return None if state is None else str(state)

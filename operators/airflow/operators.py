@@ -27,7 +27,12 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, ClassVar, TextIO
 
 from airflow.sdk import BaseOperator
-from graphtrim.airflow.context import artifact_store, stage_context
+from graphtrim.airflow.context import (
+    airflow_task_state,
+    artifact_store,
+    stage_context,
+    task_instance,
+)
 from graphtrim.airflow.hooks import ArtifactStoreHook, MlflowRegistryHook
 from graphtrim.airflow.links import EXTRA_LINKS
 from graphtrim.airflow.params import as_flag
@@ -240,7 +245,13 @@ class GraphtrimStageOperator(BaseOperator):
             workdir=self.workdir,
             orchestrator_run_id=f"airflow:{self.dag_id}:{run_id}" if run_id else None,
             progress=self.log.info,
-            worker={"queue": self.queue, "task": self.task_id, "device": self.device},
+            worker={
+                "queue": self.queue,
+                "task": self.task_id,
+                "device": self.device,
+                "orchestrator": task_instance(context),
+            },
+            task_state=airflow_task_state,
             allow_variant_source=as_flag(self.allow_variant_source),
             rejudge=as_flag(self.rejudge),
             force_promotion=as_flag(self.force_promotion),

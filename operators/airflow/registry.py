@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator
-from graphtrim.airflow.context import stage_context
+from graphtrim.airflow.context import airflow_task_state, stage_context
 from graphtrim.airflow.hooks import ArtifactStoreHook, MlflowRegistryHook
 from graphtrim.airflow.params import as_flag
 
@@ -75,7 +75,10 @@ class RegistryScanOperator(BaseOperator):
 
         artifacts = str(self.artifacts or "") or None
         ctx = stage_context(
-            artifacts or ".", mlflow_conn_id=self.mlflow_conn_id, aws_conn_id=self.aws_conn_id
+            artifacts or ".",
+            mlflow_conn_id=self.mlflow_conn_id,
+            aws_conn_id=self.aws_conn_id,
+            task_state=airflow_task_state,  # a run RUNNING on a dead worker is retried
         )
         found = unoptimized_versions(
             ctx,

@@ -301,10 +301,15 @@ def cmd_quantize(args: argparse.Namespace) -> int:
     from graphtrim.data import input_specs, load_npz, random_data
     from graphtrim.gates.accuracy import accuracy_check
     from graphtrim.gates.policy import GatePolicy
-    from graphtrim.modelio import read_proto
+    from graphtrim.graph.opset import passthrough_reason
+    from graphtrim.modelio import read_proto, temp_in_staging
     from graphtrim.quantize import build_variant
 
-    read_proto(args.input)
+    proto = read_proto(args.input)
+    reason = passthrough_reason({o.domain: o.version for o in proto.opset_import})
+    del proto
+    if reason is not None:
+        return _quantize_pass_through(args, reason)
     say = _progress(args)
     specs = input_specs(args.input)
     calib = (
@@ -327,15 +332,17 @@ def cmd_quantize(args: argparse.Namespace) -> int:
             device=args.device,
             tensorrt=args.tensorrt,
         )
-    build = build_variant(
-        args.input,
-        args.output,
-        args.variant,
-        config=_config(args),
-        calibration=calib.batches if calib else None,
-        accuracy_check=check,
-        progress=say,
-    )
+    # onnxruntime's own temporary files go beside the output, where a killed run's are removed
+    with temp_in_staging(args.output):
+        build = build_variant(
+            args.input,
+            args.output,
+            args.variant,
+            config=_config(args),
+            calibration=calib.batches if calib else None,
+            accuracy_check=check,
+            progress=say,
+        )
     if args.report:
         Path(args.report).write_text(json.dumps(build.to_json(), indent=2))
     last = build.attempts[-1]
@@ -357,6 +364,29 @@ def cmd_quantize(args: argparse.Namespace) -> int:
         if advice:
             print(f"{args.variant}: {advice}", file=sys.stderr)
         return EXIT_FAILED
+    return EXIT_OK
+
+
+def _quantize_pass_through(args: argparse.Namespace, reason: str) -> int:
+    """A model the converters cannot take (no default-domain opset, or one below the lowest
+    the passes support) is written out unchanged, as ``graphtrim optimize`` does, with the
+    same line; exit 0. The report records why."""
+    from graphtrim.optimize_file import optimize_file
+
+    report = optimize_file(args.input, args.output)  # the copy, written as optimize writes it
+    if args.report:
+        doc = {
+            "variant": args.variant,
+            "source": args.input,
+            "output": args.output,
+            "passed_through": reason,
+            "attempts": [],
+            "excluded": [],
+            "optimize": report.to_json(),
+        }
+        Path(args.report).write_text(json.dumps(doc, indent=2))
+    print(f"passed through: {reason}; the output is the input unchanged")
+    print(f"wrote {args.output} ({args.variant} not applied)")
     return EXIT_OK
 
 

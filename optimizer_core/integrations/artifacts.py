@@ -37,6 +37,10 @@ class ArtifactStoreError(GraphtrimError):
     """The artifact store cannot be reached or refused an operation."""
 
 
+class MissingEntryError(ArtifactStoreError):
+    """No complete model entry at the URI (never stored, half-written or deleted)."""
+
+
 @dataclasses.dataclass(frozen=True)
 class S3Auth:
     """One S3 connection: its key pair, region and endpoint. A store or client built from it
@@ -167,6 +171,8 @@ class ArtifactStore(Protocol):
 
     def put_file(self, path: str | os.PathLike[str], key: str) -> str: ...
 
+    def delete(self, uri: str) -> bool: ...
+
 
 def _manifest(
     files: Sequence[Path],
@@ -214,17 +220,21 @@ def _normalized(path: Path, tmp: Path) -> Path:
     return out
 
 
-class LocalStore:
-    """A directory on a local or mounted file system."""
+class _EntryStore:
+    """What both stores share: ``put_model`` over three primitives of the backend (where an
+    entry goes, the entry if it is complete, writing a staged entry)."""
 
-    def __init__(self, root: str | os.PathLike[str]):
-        self.root = Path(root).expanduser().resolve()
+    def _scratch(self) -> tempfile.TemporaryDirectory[str]:
+        raise NotImplementedError
 
-    def __repr__(self) -> str:
-        return f"LocalStore({self.root})"
+    def _locate(self, model: str, version: str, stage: str, sha: str) -> Any:
+        raise NotImplementedError
 
-    def _entry(self, model: str, version: str, stage: str, sha: str) -> Path:
-        return self.root / safe_part(model) / safe_part(str(version)) / safe_part(stage) / sha
+    def _complete(self, where: Any) -> StoredModel | None:
+        raise NotImplementedError
+
+    def _write(self, where: Any, files: Sequence[Path], manifest: dict[str, Any]) -> StoredModel:
+        raise NotImplementedError
 
     def put_model(
         self,
@@ -237,18 +247,16 @@ class LocalStore:
         config_hash: str | None = None,
         extra: Mapping[str, Any] | None = None,
     ) -> StoredModel:
-        self.root.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(prefix=".graphtrim-", dir=self.root) as tmp:
+        """Store the model at ``path`` (with its external data) under its content hash; the
+        same bytes stored again write nothing and return the entry already there."""
+        with self._scratch() as tmp:
             src = _normalized(Path(path), Path(tmp))
             files = model_files(src)
             sha = sha256_files(files)
-            entry = self._entry(model, version, stage, sha)
-            if (entry / MANIFEST).is_file():
-                return self._stored(entry)
-            staging = Path(tmp) / "entry"
-            staging.mkdir()
-            for f, name in zip(files, _staged_names(files), strict=True):
-                shutil.copyfile(f, staging / name)
+            where = self._locate(model, str(version), stage, sha)
+            done = self._complete(where)
+            if done is not None:
+                return done
             manifest = _manifest(
                 files,
                 sha,
@@ -259,15 +267,50 @@ class LocalStore:
                 config_hash=config_hash,
                 extra=extra,
             )
+            return self._write(where, files, manifest)
+
+
+_SHA = re.compile(r"[0-9a-f]{64}")
+
+
+class LocalStore(_EntryStore):
+    """A directory on a local or mounted file system."""
+
+    def __init__(self, root: str | os.PathLike[str]):
+        self.root = Path(root).expanduser().resolve()
+
+    def __repr__(self) -> str:
+        return f"LocalStore({self.root})"
+
+    def _entry(self, model: str, version: str, stage: str, sha: str) -> Path:
+        return self.root / safe_part(model) / safe_part(str(version)) / safe_part(stage) / sha
+
+    def _scratch(self) -> tempfile.TemporaryDirectory[str]:
+        self.root.mkdir(parents=True, exist_ok=True)
+        return tempfile.TemporaryDirectory(prefix=".graphtrim-", dir=self.root)
+
+    def _locate(self, model: str, version: str, stage: str, sha: str) -> Path:
+        return self._entry(model, version, stage, sha)
+
+    def _complete(self, where: Path) -> StoredModel | None:
+        return self._stored(where) if (where / MANIFEST).is_file() else None
+
+    def _write(self, where: Path, files: Sequence[Path], manifest: dict[str, Any]) -> StoredModel:
+        staging = Path(tempfile.mkdtemp(prefix=".graphtrim-entry-", dir=self.root))
+        try:
+            for f, name in zip(files, _staged_names(files), strict=True):
+                shutil.copyfile(f, staging / name)
             (staging / MANIFEST).write_text(json.dumps(manifest, indent=2))
-            entry.parent.mkdir(parents=True, exist_ok=True)
+            where.parent.mkdir(parents=True, exist_ok=True)
             try:
-                os.replace(staging, entry)  # a folder appears whole or not at all
+                os.replace(staging, where)  # a folder appears whole or not at all
             except OSError:
-                if not (entry / MANIFEST).is_file():  # not a concurrent writer of the same bytes
-                    shutil.rmtree(entry, ignore_errors=True)
-                    os.replace(staging, entry)
-        return self._stored(entry)
+                if not (where / MANIFEST).is_file():  # not a concurrent writer of the same bytes
+                    shutil.rmtree(where, ignore_errors=True)
+                    os.replace(staging, where)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+        return self._stored(where)
 
     def _stored(self, entry: Path) -> StoredModel:
         manifest = json.loads((entry / MANIFEST).read_text())
@@ -280,13 +323,35 @@ class LocalStore:
         if entry.name == MODEL_FILE:
             entry = entry.parent
         if not (entry / MANIFEST).is_file():
-            raise ArtifactStoreError(f"{uri}: no complete model entry (manifest missing)")
+            raise MissingEntryError(f"{uri}: no complete model entry (manifest missing)")
         out = Path(dest)
         out.mkdir(parents=True, exist_ok=True)
         manifest = json.loads((entry / MANIFEST).read_text())
         for name in manifest["files"]:
             shutil.copyfile(entry / name, out / name)
         return out / MODEL_FILE
+
+    def delete(self, uri: str) -> bool:
+        """Remove the model entry at ``uri`` (its folder or its model file) from this store;
+        False when there is none (deleting twice is not an error). The entry disappears whole
+        (renamed away, then removed); anything that is not an entry of this store is refused."""
+        entry = local_path(uri)
+        if entry.name == MODEL_FILE:
+            entry = entry.parent
+        entry = entry.resolve()
+        if not entry.is_relative_to(self.root) or not _SHA.fullmatch(entry.name):
+            raise ArtifactStoreError(f"{uri}: not a model entry of {self!r}")
+        if len(entry.relative_to(self.root).parts) != 4:
+            raise ArtifactStoreError(f"{uri}: not a model entry of {self!r}")
+        if not entry.exists():
+            return False
+        gone = self.root / f".graphtrim-deleted-{entry.name}-{os.getpid()}-{time.monotonic_ns()}"
+        try:
+            os.replace(entry, gone)
+        except FileNotFoundError:  # a concurrent delete
+            return False
+        shutil.rmtree(gone, ignore_errors=True)
+        return True
 
     def put_file(self, path: str | os.PathLike[str], key: str) -> str:
         target = self.root / key
@@ -306,11 +371,11 @@ def local_path(uri: str) -> Path:
     return Path(uri)
 
 
-class S3Store:
+class S3Store(_EntryStore):
     """An S3 bucket (any S3-compatible endpoint) under a key prefix.
 
-    Uploads use boto3's managed transfer (multipart above ``multipart_threshold``) with retries
-    and exponential backoff on top of botocore's own.
+    Uploads and downloads use boto3's managed transfer (in parts above ``multipart_threshold``)
+    with retries and exponential backoff on top of botocore's own.
     """
 
     def __init__(
@@ -400,12 +465,12 @@ class S3Store:
             )
         ) from last
 
-    def _exists(self, key: str) -> bool:
+    def _exists(self, key: str, bucket: str | None = None) -> bool:
         from botocore.exceptions import ClientError
 
         def head() -> bool:
             try:
-                self.client.head_object(Bucket=self.bucket, Key=key)
+                self.client.head_object(Bucket=bucket or self.bucket, Key=key)
                 return True
             except ClientError as exc:
                 if exc.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
@@ -425,44 +490,29 @@ class S3Store:
             lambda: self.client.upload_file(str(path), self.bucket, key, Config=cfg),
         )
 
-    def put_model(
-        self,
-        path: str | os.PathLike[str],
-        *,
-        model: str,
-        version: str,
-        stage: str,
-        parents: Sequence[str] = (),
-        config_hash: str | None = None,
-        extra: Mapping[str, Any] | None = None,
-    ) -> StoredModel:
-        with tempfile.TemporaryDirectory(prefix="graphtrim-s3-") as tmp:
-            src = _normalized(Path(path), Path(tmp))
-            files = model_files(src)
-            sha = sha256_files(files)
-            base = self._key(safe_part(model), safe_part(str(version)), safe_part(stage), sha)
-            manifest_key = f"{base}/{MANIFEST}"
-            if self._exists(manifest_key):
-                return self._stored(base)
-            for f, name in zip(files, _staged_names(files), strict=True):
-                self._upload(f, f"{base}/{name}")
-            manifest = _manifest(
-                files,
-                sha,
-                model=model,
-                version=version,
-                stage=stage,
-                parents=parents,
-                config_hash=config_hash,
-                extra=extra,
-            )
-            body = json.dumps(manifest, indent=2).encode()
-            self._retry(
-                f"upload of {manifest_key}",
-                lambda: self.client.put_object(Bucket=self.bucket, Key=manifest_key, Body=body),
-            )
+    def _scratch(self) -> tempfile.TemporaryDirectory[str]:
+        return tempfile.TemporaryDirectory(prefix="graphtrim-s3-")
+
+    def _locate(self, model: str, version: str, stage: str, sha: str) -> str:
+        return self._key(safe_part(model), safe_part(version), safe_part(stage), sha)
+
+    def _complete(self, where: str) -> StoredModel | None:
+        return self._stored(where) if self._exists(f"{where}/{MANIFEST}") else None
+
+    def _write(self, where: str, files: Sequence[Path], manifest: dict[str, Any]) -> StoredModel:
+        for f, name in zip(files, _staged_names(files), strict=True):
+            self._upload(f, f"{where}/{name}")
+        body = json.dumps(manifest, indent=2).encode()
+        manifest_key = f"{where}/{MANIFEST}"  # last: it marks the entry complete
+        self._retry(
+            f"upload of {manifest_key}",
+            lambda: self.client.put_object(Bucket=self.bucket, Key=manifest_key, Body=body),
+        )
         return StoredModel(
-            f"s3://{self.bucket}/{base}", f"s3://{self.bucket}/{base}/{MODEL_FILE}", sha, manifest
+            f"s3://{self.bucket}/{where}",
+            f"s3://{self.bucket}/{where}/{MODEL_FILE}",
+            manifest["sha256"],
+            manifest,
         )
 
     def _stored(self, base: str) -> StoredModel:
@@ -482,25 +532,78 @@ class S3Store:
         bucket, key = split_s3(uri)
         if key.endswith("/" + MODEL_FILE):
             key = key[: -len(MODEL_FILE) - 1]
-        obj = self._retry(
-            f"GET {key}/{MANIFEST}",
-            lambda: self.client.get_object(Bucket=bucket, Key=f"{key}/{MANIFEST}"),
-        )
+        from botocore.exceptions import ClientError
+
+        def get() -> Any:
+            try:
+                return self.client.get_object(Bucket=bucket, Key=f"{key}/{MANIFEST}")
+            except ClientError as exc:
+                if exc.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
+                    return None  # no entry (a missing bucket stays the error it is)
+                raise
+
+        obj = self._retry(f"GET {key}/{MANIFEST}", get)
+        if obj is None:
+            raise MissingEntryError(f"{uri}: no complete model entry (manifest missing)")
         manifest = json.loads(obj["Body"].read())
         out = Path(dest)
         out.mkdir(parents=True, exist_ok=True)
         names = list(manifest["files"])
+        from boto3.s3.transfer import TransferConfig
+
+        # ranged parts above the same threshold as uploads (boto3's own default: 8 MB)
+        cfg = TransferConfig(
+            multipart_threshold=self.multipart_threshold, multipart_chunksize=16 << 20
+        )
         for name in names:
             self._retry(
                 f"download of {key}/{name}",
                 functools.partial(
-                    self.client.download_file, bucket, f"{key}/{name}", str(out / name)
+                    self.client.download_file,
+                    bucket,
+                    f"{key}/{name}",
+                    str(out / name),
+                    Config=cfg,
                 ),
             )
         # hashed before anything parses the files: tampered bytes are this error, not a crash
         if sha256_files([out / n for n in names], names) != manifest["sha256"]:
             raise ArtifactStoreError(f"{uri}: downloaded files do not match the manifest's sha256")
         return out / MODEL_FILE
+
+    def delete(self, uri: str) -> bool:
+        """Remove the model entry at ``uri`` (its folder or its model file) from this store;
+        False when there is none (deleting twice is not an error). The manifest goes first,
+        so a half-deleted entry is never visible as an entry; anything that is not an entry
+        under this store's bucket and prefix is refused."""
+        bucket, key = split_s3(uri)
+        if key.endswith("/" + MODEL_FILE):
+            key = key[: -len(MODEL_FILE) - 1]
+        parts = key.split("/")
+        inside = bucket == self.bucket and (not self.prefix or key.startswith(self.prefix + "/"))
+        depth = len(parts) - (len(self.prefix.split("/")) if self.prefix else 0)
+        if not inside or depth != 4 or not _SHA.fullmatch(parts[-1]):
+            raise ArtifactStoreError(f"{uri}: not a model entry of {self!r}")
+        found = self._exists(f"{key}/{MANIFEST}", bucket)
+        self._retry(
+            f"DELETE {key}/{MANIFEST}",
+            lambda: self.client.delete_object(Bucket=bucket, Key=f"{key}/{MANIFEST}"),
+        )
+
+        def rest() -> list[str]:
+            pages = self.client.get_paginator("list_objects_v2").paginate(
+                Bucket=bucket, Prefix=key + "/"
+            )
+            return [o["Key"] for page in pages for o in page.get("Contents", [])]
+
+        keys = self._retry(f"LIST {key}/", rest)
+        for i in range(0, len(keys), 1000):
+            batch = {"Objects": [{"Key": k} for k in keys[i : i + 1000]], "Quiet": True}
+            self._retry(
+                f"DELETE {key}/",
+                functools.partial(self.client.delete_objects, Bucket=bucket, Delete=batch),
+            )
+        return found or bool(keys)
 
     def put_file(self, path: str | os.PathLike[str], key: str) -> str:
         full = self._key(key)
@@ -564,3 +667,135 @@ def fetch_file(
     if not path.is_file():
         raise ArtifactStoreError(f"{uri}: no such file")
     return path
+
+
+CACHE_ENV = "GRAPHTRIM_INPUT_CACHE"  # the folder, or "off"
+CACHE_SIZE_ENV = "GRAPHTRIM_INPUT_CACHE_GB"  # its size limit, 20 GB unless set
+
+
+class InputCache:
+    """A worker's copies of the inputs its tasks fetch (stored models, data files), each kept
+    under its sha256: a content hash names the same bytes wherever they were read from, so a
+    second task on this worker that needs them links them from here instead of fetching them
+    again. A copy enters the cache whole (fetched into a folder of its own, checked against
+    its hash, renamed into place) and is handed out as hard links (a copy across file
+    systems), so evicting it never pulls a file from under a task. The least recently used
+    copies go when the cache exceeds ``max_bytes``."""
+
+    def __init__(self, root: str | os.PathLike[str], *, max_bytes: int = 20 << 30):
+        self.root = Path(root).expanduser().resolve()
+        self.max_bytes = max_bytes
+
+    def __repr__(self) -> str:
+        return f"InputCache({self.root})"
+
+    @classmethod
+    def from_env(cls, workdir: str | None = None) -> InputCache | None:
+        """The cache ``GRAPHTRIM_INPUT_CACHE`` names (``off``: none); unset, a folder in the
+        user's cache folder (``$XDG_CACHE_HOME/graphtrim/inputs``)."""
+        where = os.environ.get(CACHE_ENV, "").strip()
+        if where.lower() in ("off", "0", "false", "none"):
+            return None
+        if not where:
+            base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+            where = str(Path(base) / "graphtrim" / "inputs")
+        raw = os.environ.get(CACHE_SIZE_ENV, "").strip()
+        try:
+            size = float(raw) if raw else 20.0
+        except ValueError:
+            raise ArtifactStoreError(f"{CACHE_SIZE_ENV}={raw!r}: a number of GB") from None
+        if size <= 0:
+            raise ArtifactStoreError(f"{CACHE_SIZE_ENV}={raw!r}: a number of GB above 0")
+        return cls(where, max_bytes=int(size * (1 << 30)))
+
+    def model(
+        self, uri: str, sha256: str, dest: str | os.PathLike[str], fetch: Callable[..., Path]
+    ) -> Path:
+        """The model entry at ``uri`` (content hash ``sha256``) in ``dest``, its model file
+        returned; ``fetch(uri, folder)`` fetches it when this worker has no copy."""
+
+        def get(folder: Path) -> None:
+            path = fetch(uri, folder)
+            names = [MODEL_FILE, *sorted(p.name for p in folder.iterdir() if p != path)]
+            if sha256_files([folder / n for n in names], names) != sha256:
+                raise ArtifactStoreError(f"{uri}: fetched files do not match sha256 {sha256}")
+
+        entry = self._entry(sha256, get)
+        out = Path(dest)
+        out.mkdir(parents=True, exist_ok=True)
+        for f in sorted(entry.iterdir()):
+            _link(f, out / f.name)
+        return out / MODEL_FILE
+
+    def file(
+        self, uri: str, sha256: str, dest: str | os.PathLike[str], fetch: Callable[..., Path]
+    ) -> Path:
+        """The single file at ``uri`` (sha256 ``sha256``) as ``dest``; ``fetch(uri, path)``
+        fetches it when this worker has no copy."""
+        from graphtrim.hashing import file_sha256
+
+        def get(folder: Path) -> None:
+            got = fetch(uri, folder / "file")
+            if got != folder / "file":  # a local file used in place
+                shutil.copyfile(got, folder / "file")
+            if file_sha256(folder / "file") != sha256:
+                raise ArtifactStoreError(f"{uri}: fetched file does not match sha256 {sha256}")
+
+        entry = self._entry(sha256, get)
+        out = Path(dest)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        _link(entry / "file", out)
+        return out
+
+    def _entry(self, sha256: str, get: Callable[[Path], None]) -> Path:
+        if not _SHA.fullmatch(sha256):
+            raise ArtifactStoreError(f"not a sha256: {sha256!r}")
+        entry = self.root / sha256
+        if entry.is_dir():
+            os.utime(entry)  # recently used
+            return entry
+        self.root.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(prefix=".fetch-", dir=self.root) as tmp:
+            folder = Path(tmp) / "entry"
+            folder.mkdir()
+            get(folder)
+            for f in folder.iterdir():  # shared by links: no task may write into them
+                f.chmod(0o444)
+            try:
+                os.replace(folder, entry)
+            except OSError:  # a concurrent task of this worker put the same bytes first
+                if not entry.is_dir():
+                    raise
+        self._evict(keep=entry)
+        return entry
+
+    def _evict(self, keep: Path) -> None:
+        entries = []
+        for e in self.root.iterdir():
+            if e == keep or not _SHA.fullmatch(e.name):
+                continue
+            try:
+                size = sum(f.stat().st_size for f in e.iterdir())
+                entries.append((e.stat().st_mtime, size, e))
+            except OSError:
+                continue
+        total = sum(s for _, s, _ in entries) + sum(f.stat().st_size for f in keep.iterdir())
+        for _, size, e in sorted(entries, key=lambda t: t[0]):
+            if total <= self.max_bytes:
+                break
+            gone = self.root / f".evicted-{e.name}-{os.getpid()}-{time.monotonic_ns()}"
+            try:
+                os.replace(e, gone)
+            except OSError:
+                continue
+            shutil.rmtree(gone, ignore_errors=True)
+            total -= size
+
+
+def _link(src: Path, dst: Path) -> None:
+    """``dst`` as a hard link to ``src`` (a copy where the file systems differ)."""
+    dst.unlink(missing_ok=True)
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copyfile(src, dst)

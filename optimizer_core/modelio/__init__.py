@@ -49,6 +49,7 @@ from graphtrim.modelio.save import (
     remove_stale_staging,
     save_model,
     staging_dir,
+    temp_in_staging,
 )
 
 __all__ = [
@@ -75,5 +76,6 @@ __all__ = [
     "runtime_defined_ops",
     "save_model",
     "staging_dir",
+    "temp_in_staging",
     "unknown_dim",
 ]

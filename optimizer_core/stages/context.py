@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from graphtrim.integrations.registry import MlflowAuth
 
 ProgressFn = Callable[[str], None]
+TaskStateFn = Callable[[Mapping[str, Any]], str | None]
 
 
 class PipelineError(GraphtrimError):
@@ -260,6 +261,9 @@ class StageContext:
     # built here and nowhere else (not the process environment, not :meth:`to_json`)
     mlflow_auth: MlflowAuth | None = dataclasses.field(default=None, repr=False, compare=False)
     s3_auth: S3Auth | None = dataclasses.field(default=None, repr=False, compare=False)
+    # the orchestrator's state of the task instance a stage recorded (``worker()``'s doc), or
+    # None where it cannot tell: how a run left RUNNING on another host is found dead
+    task_state: TaskStateFn | None = dataclasses.field(default=None, repr=False, compare=False)
 
     def say(self, line: str) -> None:
         if self.progress is not None:

@@ -18,6 +18,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from graphtrim.errors import GraphtrimError
 from graphtrim.redact import redact
 from graphtrim.stages.context import DataFiles, PipelineConfig, PipelineError, StageContext
 from graphtrim.stages.records import ExportRecord, OptimizeRecord, QuantizeRecord
@@ -96,6 +97,7 @@ def build_job(variant: str, **job: Any) -> Any:
     :class:`VariantBuild`."""
     from graphtrim.gates.accuracy import accuracy_check
     from graphtrim.isolation import step
+    from graphtrim.modelio import temp_in_staging
     from graphtrim.quantize.build import build_variant
     from graphtrim.stages.context import parse_policy
 
@@ -114,16 +116,18 @@ def build_job(variant: str, **job: Any) -> Any:
             tensorrt=job["tensorrt"],
         )
     step(f"building {variant}")
-    return build_variant(
-        job["src"],
-        Path(job["dst_root"]) / variant / "model.onnx",
-        variant,
-        config=job["config"],
-        calibration=job["calibration"],
-        accuracy_check=check,
-        progress=step,  # the parent relays each line as progress
-        probe_timeout=job["probe_timeout"],
-    )
+    dst = Path(job["dst_root"]) / variant / "model.onnx"
+    with temp_in_staging(dst):  # onnxruntime's own temporary files too (a child: no threads)
+        return build_variant(
+            job["src"],
+            dst,
+            variant,
+            config=job["config"],
+            calibration=job["calibration"],
+            accuracy_check=check,
+            progress=step,  # the parent relays each line as progress
+            probe_timeout=job["probe_timeout"],
+        )
 
 
 def _tuned(
@@ -149,6 +153,7 @@ def _tuned(
     store each champion as the variant of its kind (with what the search found in its record),
     keep the winning settings on the source's registered model, log every trial; returns the
     kinds with no champion, to be built with their fixed recipes."""
+    from graphtrim.integrations.artifacts import MissingEntryError
     from graphtrim.integrations.registry import RegistryTuneMemory
     from graphtrim.isolation import map_isolated
     from graphtrim.tune.memory import graph_signature
@@ -169,6 +174,7 @@ def _tuned(
         "tensorrt": config.tensorrt,
     }
     fixed = []
+    state = None
     if tuned is not None:
         from graphtrim.stages.tune import search_state
         from graphtrim.tune.rounds import to_judge
@@ -180,11 +186,14 @@ def _tuned(
         for kind in searched:
             picked = to_judge(state.kinds[kind], state.tune_settings())
             ctx.say(f"quantize: judging the {len(picked)} best trial(s) of {kind}'s search")
-            paths = {
-                t["number"]: str(ctx.fetch(t["uri"], tmp / "trials" / str(t["number"])))
-                for t in picked
-                if t.get("uri")
-            }
+            paths = {}
+            for t in picked:
+                if not t.get("uri"):
+                    continue
+                try:
+                    paths[t["number"]] = str(ctx.fetch(t["uri"], tmp / "trials" / str(t["number"])))
+                except MissingEntryError:  # deleted after an earlier attempt's judgement
+                    ctx.say(f"quantize: trial {t['number']} of {kind}: its model was deleted")
             items.append({"kind": kind, "state": state.to_json(), "paths": paths})
         target, wanted = "graphtrim.stages.tune:judge_job", searched
     else:
@@ -230,6 +239,8 @@ def _tuned(
         if champion is None or result.output is None:
             mlflow.set_tag(run_id, f"{T}tune.champion.{kind}", "none")
             fixed.append(kind)
+            if state is not None:
+                _clean_trials(ctx, store, state.kinds[kind].trials, None)
             continue
         if remember is not None:
             memories[kind].remember(signature, config.device, remember)
@@ -262,7 +273,37 @@ def _tuned(
                 "against_recipe": result.against_recipe(),
             },
         }
+        if state is not None:  # the champion is stored as the variant: the rest can go
+            _clean_trials(ctx, store, state.kinds[kind].trials, champion.number)
     return fixed
+
+
+KEEP_TRIALS_ENV = "GRAPHTRIM_KEEP_TRIALS"
+
+
+def _clean_trials(
+    ctx: StageContext, store: Any, trials: Sequence[Mapping[str, Any]], champion: int | None
+) -> None:
+    """Delete the stored models of a judged search's trials from the artifact store, all but
+    the champion's (``champion``: its trial number; None: there is none), unless
+    ``GRAPHTRIM_KEEP_TRIALS`` is set (to look at them). The champion's trial entry stays, so a
+    retry of this stage judges it again and comes to the same champion. A trial model that
+    cannot be deleted is a warning: the variant is built either way."""
+    import os
+
+    uris = sorted({t["uri"] for t in trials if t.get("uri") and t.get("number") != champion})
+    if not uris:
+        return
+    if os.environ.get(KEEP_TRIALS_ENV, "").strip().lower() not in ("", "0", "false", "no"):
+        ctx.say(f"quantize: {len(uris)} trial model(s) kept in the store ({KEEP_TRIALS_ENV})")
+        return
+    deleted = 0
+    for uri in uris:
+        try:
+            deleted += bool(store.delete(uri))
+        except GraphtrimError as exc:
+            logger.warning("quantize: trial model %s not deleted: %s", uri, exc)
+    ctx.say(f"quantize: {deleted} trial model(s) deleted from the store, the champion's kept")
 
 
 def tune_job(item: Mapping[str, Any], **job: Any) -> Any:

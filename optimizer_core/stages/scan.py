@@ -3,8 +3,9 @@
 A version is done when a variant of it with that config hash is registered, or a pipeline run
 for it with the same config hash finished (whatever its gates decided: a version whose
 variants all failed is not retried every scan), or such a run is alive. A run that FAILED or
-was KILLED is retried; so is one still RUNNING whose stage process is gone (it ran on this host
-and its pid is no longer there) or that started longer ago than ``stale_after`` seconds
+was KILLED is retried; so is one still RUNNING whose stage process is gone (the orchestrator's
+task instance it recorded no longer runs, or, where the orchestrator cannot tell, it ran on this
+host and its pid is no longer there) or that started longer ago than ``stale_after`` seconds
 (``$GRAPHTRIM_SCAN_STALE_HOURS``, 6 hours): a crashed process never ends its MLflow run. Each
 retry gets a new run id (``run_key`` with the number of attempts that did not finish), so the
 orchestrator does not refuse it as the run that already happened.
@@ -24,7 +25,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from graphtrim.stages.context import DEFAULT_VARIANTS, PipelineConfig, StageContext
+from graphtrim.stages.context import DEFAULT_VARIANTS, PipelineConfig, StageContext, TaskStateFn
 
 T = "graphtrim."
 STALE_ENV = "GRAPHTRIM_SCAN_STALE_HOURS"
@@ -137,13 +138,32 @@ def _stages_in_progress(tags: Mapping[str, str]) -> list[dict[str, Any]]:
     return out
 
 
-def dead_stages(tags: Mapping[str, str]) -> str | None:
+# the orchestrator's states of a task instance that no longer runs (Airflow's names)
+ENDED_STATES = frozenset(
+    {"success", "failed", "up_for_retry", "upstream_failed", "skipped", "removed"}
+)
+
+
+def dead_stages(tags: Mapping[str, str], task_state: TaskStateFn | None = None) -> str | None:
     """Why a run's stage processes are known to be gone, or None: every stage it started and
-    did not end ran on this host in a process that no longer exists (between two stages, with
-    none in progress, nothing is known to be dead)."""
+    did not end is, by the orchestrator's own state of the task instance the stage recorded
+    (``task_state``, on any host), a task that no longer runs; or, where the orchestrator
+    cannot tell, it ran on this host in a process that no longer exists. Between two stages,
+    with none in progress, nothing is known to be dead."""
     host = socket.gethostname()
     started = _stages_in_progress(tags)
-    if started and all(
+    if not started:
+        return None
+    if task_state is not None:
+        states = [_task_state(w, task_state) for w in started]
+        if all(state is not None for state in states):
+            if not all(state in ENDED_STATES for state in states):
+                return None  # a stage's task runs (or waits to): the run is alive
+            return "; ".join(
+                f"its task {_task_name(w)} is {state} in {w['orchestrator']['name']}"
+                for w, state in zip(started, states, strict=True)
+            )
+    if all(
         w.get("host") == host
         and isinstance(w.get("pid"), int)
         and w["pid"] != os.getpid()
@@ -155,13 +175,39 @@ def dead_stages(tags: Mapping[str, str]) -> str | None:
     return None
 
 
-def abandoned(run: Any, *, stale_after: float, now: float | None = None) -> str | None:
+def _task_state(worker: Mapping[str, Any], task_state: TaskStateFn) -> str | None:
+    """The orchestrator's state of the task instance ``worker`` recorded (lower case), or
+    None: none recorded, or the orchestrator cannot say."""
+    if not isinstance(worker.get("orchestrator"), Mapping):
+        return None
+    try:
+        state = task_state(worker)
+    except Exception as exc:  # the orchestrator cannot be asked: fall back to the pid
+        logger.info("task state of %s unknown: %s", _task_name(worker), exc)
+        return None
+    return None if state is None else str(state).rsplit(".", 1)[-1].lower()
+
+
+def _task_name(worker: Mapping[str, Any]) -> str:
+    ti = worker.get("orchestrator") or {}
+    index = ti.get("map_index", -1)
+    where = f"{ti.get('dag_id')}/{ti.get('run_id')}/{ti.get('task_id')}"
+    return where + (f"[{index}]" if isinstance(index, int) and index >= 0 else "")
+
+
+def abandoned(
+    run: Any,
+    *,
+    stale_after: float,
+    now: float | None = None,
+    task_state: TaskStateFn | None = None,
+) -> str | None:
     """Why a run still RUNNING (or SCHEDULED) is abandoned, or None while it may be alive:
     its stage processes are gone (:func:`dead_stages`), or it started more than
     ``stale_after`` seconds ago."""
     if run.info.status not in ("RUNNING", "SCHEDULED") or run.info.end_time:
         return None
-    dead = dead_stages(dict(run.data.tags or {}))
+    dead = dead_stages(dict(run.data.tags or {}), task_state)
     if dead is not None:
         return dead
     now = time.time() if now is None else now
@@ -179,6 +225,7 @@ def _done(
     experiment: str,
     *,
     stale_after: float,
+    task_state: TaskStateFn | None = None,
 ) -> tuple[bool, int]:
     """Whether ``name`` v``version`` needs no run under ``config_hash``, and how many runs of
     that work ended without finishing (FAILED, KILLED, abandoned)."""
@@ -203,7 +250,7 @@ def _done(
         if status == "FINISHED":
             return True, 0
         if status in ("RUNNING", "SCHEDULED"):
-            why = abandoned(r, stale_after=stale_after)
+            why = abandoned(r, stale_after=stale_after, task_state=task_state)
             if why is None:
                 live = True
                 continue
@@ -255,6 +302,7 @@ def unoptimized_versions(
                 config.config_hash,
                 config.experiment,
                 stale_after=stale,
+                task_state=ctx.task_state,
             )
             if done:
                 continue

@@ -15,7 +15,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from graphtrim.redact import redact
-from graphtrim.stages.context import PipelineConfig, PipelineError, StageContext
+from graphtrim.stages.context import PipelineConfig, PipelineError, StageContext, TaskStateFn
 
 logger = logging.getLogger("graphtrim.stages")
 
@@ -78,7 +78,7 @@ def open_run(ctx: StageContext, config: PipelineConfig, source: Any) -> str:
         T + "config_hash": config.config_hash,
         T + "pipeline": "1",
     }
-    close_dead_runs(mlflow, exp)
+    close_dead_runs(mlflow, exp, ctx.task_state)
     if ctx.orchestrator_run_id:
         tags[T + "orchestrator_run_id"] = ctx.orchestrator_run_id
         found = mlflow.search_runs(
@@ -107,10 +107,14 @@ def open_run(ctx: StageContext, config: PipelineConfig, source: Any) -> str:
     return run_id
 
 
-def close_dead_runs(client: Any, experiment_id: str) -> list[str]:
-    """End as KILLED the pipeline runs still RUNNING whose stage processes, on this host, are
-    gone (killed, crashed, out of memory; :func:`..scan.dead_stages`): a run never stays
-    RUNNING for a dead process, and the registry scan retries its version."""
+def close_dead_runs(
+    client: Any, experiment_id: str, task_state: TaskStateFn | None = None
+) -> list[str]:
+    """End as KILLED the pipeline runs still RUNNING whose stages are gone (killed, crashed,
+    out of memory; :func:`..scan.dead_stages`): by the orchestrator's state of the task
+    instance each stage recorded (``task_state``, wherever it ran), else, on this host, by its
+    process. A run never stays RUNNING for a dead worker, and the registry scan retries its
+    version."""
     from graphtrim.stages.scan import dead_stages
 
     closed: list[str] = []
@@ -123,7 +127,7 @@ def close_dead_runs(client: Any, experiment_id: str) -> list[str]:
     except Exception:  # a store that cannot filter on status: nothing to close
         return closed
     for run in runs:
-        why = dead_stages(dict(run.data.tags or {}))
+        why = dead_stages(dict(run.data.tags or {}), task_state)
         if why is None:
             continue
         with contextlib.suppress(Exception):

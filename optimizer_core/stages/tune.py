@@ -45,18 +45,52 @@ def _wanted(config: PipelineConfig, exp: ExportRecord) -> list[str]:
     return [v for v in config.variants if v not in known]
 
 
+class _CachedData(DataFiles):
+    """The data files of a config, S3 objects read through this worker's input cache (by the
+    content hashes the resolved config carries)."""
+
+    def __init__(self, ctx: StageContext, config: PipelineConfig, folder: Path, cache: Any):
+        super().__init__(ctx, config, folder)
+        self.cache = cache
+        self.digests = dict(config.data_sha256 or {})
+
+    def path(self, key: str) -> Path:
+        uri = self.uris[key]
+        digest = self.digests.get(key)
+        if uri not in self.local and digest and uri.startswith("s3://"):
+            self.local[uri] = self.cache.file(
+                uri, digest, self.folder / self.NAMES[key], self.ctx.fetch_file
+            )
+        return super().path(key)
+
+
 @contextlib.contextmanager
 def _inputs(
     ctx: StageContext, config: PipelineConfig, exp: ExportRecord, opt: OptimizeRecord
 ) -> Iterator[tuple[PipelineConfig, Path, Any, Any, Path]]:
-    """What a step reads, fetched into its scratch folder: the resolved config, the optimized
-    model (the search's reference), the calibration and evaluation data, the folder."""
+    """What a step reads, in its scratch folder: the resolved config, the optimized model (the
+    search's reference), the calibration and evaluation data, the folder. The models and the
+    S3 data files come from this worker's input cache
+    (:class:`~graphtrim.integrations.artifacts.InputCache`, ``GRAPHTRIM_INPUT_CACHE``)."""
     assert exp.model is not None and opt.model is not None
+    from graphtrim.integrations.artifacts import InputCache
+
+    cache = InputCache.from_env()
     with ctx.scratch("tune") as tmp:
-        data = DataFiles(ctx, config, tmp / "data")
+        data = (
+            DataFiles(ctx, config, tmp / "data")
+            if cache is None
+            else _CachedData(ctx, config, tmp / "data", cache)
+        )
         config = config.resolved(ctx, data)
-        reference = ctx.fetch(exp.model["uri"], tmp / "reference")
-        base = ctx.fetch(opt.model["uri"], tmp / "optimized")
+        if cache is None:
+            reference = ctx.fetch(exp.model["uri"], tmp / "reference")
+            base = ctx.fetch(opt.model["uri"], tmp / "optimized")
+        else:  # every trial of a search reads the same inputs: fetched once per worker
+            reference = cache.model(
+                exp.model["uri"], exp.model["sha256"], tmp / "reference", ctx.fetch
+            )
+            base = cache.model(opt.model["uri"], opt.model["sha256"], tmp / "optimized", ctx.fetch)
         calib, evald = data.load(reference)
         yield config, base, calib, evald, tmp
 

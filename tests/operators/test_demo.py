@@ -1,4 +1,5 @@
-"""The README's main command: the Airflow demo, twice in one folder."""
+"""The README's main command: the Airflow demo, twice in one folder, its console a page a
+person reads (graphtrim's own lines; everything else in the log file it names)."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ def test_airflow_demo_runs_and_a_second_run_registers_nothing_new(tmp_path: Path
 
     def run() -> str:
         proc = subprocess.run(
-            [sys.executable, "-m", "graphtrim.airflow.demo", str(out)],
+            [sys.executable, "-m", "graphtrim.demo", str(out)],
             capture_output=True,
             text=True,
             cwd=REPO,
@@ -34,15 +35,40 @@ def test_airflow_demo_runs_and_a_second_run_registers_nothing_new(tmp_path: Path
         return proc.stdout
 
     first = run()
-    assert "DAG run manual__" in first and ": success" in first
+    lines = first.splitlines()
+    assert len(lines) <= 40, first
+    log = out / "demo.log"
+    assert str(log) in lines[0] and str(log) in lines[-1]
+    assert "the DAG run: manual__" in first and ": success" in first
     assert "int8-static" in first and "@int8-static-candidate" in first
+    # what other programs print is in the log, none of it on the console
+    for noise in ("Emitting event for inactive", "already registered", "Warning", "alembic"):
+        assert noise not in first, noise
+    assert "task instances: " in log.read_text()
     tracking = f"sqlite:///{out / 'mlflow' / 'mlflow.db'}"
     client = mlflow.MlflowClient(tracking, tracking)
     versions = {v.version for v in client.search_model_versions("name='digits-cnn'")}
     second = run()
+    assert len(second.splitlines()) <= 40, second
     assert "reusing version 1 of 'digits-cnn'" in second
     assert "(existing)" in second
     assert {v.version for v in client.search_model_versions("name='digits-cnn'")} == versions
-    # each stage was its own task instance
+    # each stage was its own task instance (the log has them all)
+    text = log.read_text()
     for task in ("export=success", "optimize=success", "quantize[0]=success", "gate[3]=success"):
-        assert task in second
+        assert task in text
+    # the console named each stage as it ended, the mapped ones with their variants
+    for stage in ("export", "optimize", "quantize", "gate", "register", "promote"):
+        assert any(line.split()[:1] == [stage] for line in lines), stage
+
+
+def test_the_airflow_adapter_imports_no_examples() -> None:
+    from tests.test_layering import import_graph
+
+    edges = import_graph()
+    adapter = {m: e for m, e in edges.items() if m.startswith("graphtrim.airflow")}
+    assert adapter
+    bad = {
+        m: sorted(t for t in e if t.startswith("graphtrim.examples")) for m, e in adapter.items()
+    }
+    assert not {m: t for m, t in bad.items() if t}, bad

@@ -873,3 +873,162 @@ def test_s3_fetch_detects_non_onnx_tampering(
     s3.put_object(Bucket=bucket, Key=f"{key}/{MODEL_FILE}", Body=b"not an onnx model")
     with pytest.raises(ArtifactStoreError, match="sha256"):
         store.fetch_model(stored.uri, tmp_path / "bad")
+
+
+# ---------------------------------------------------------------------------------------------
+# 8. delete
+
+
+def test_local_delete_removes_one_entry_whole_and_only_it(tmp_path: Path) -> None:
+    store = LocalStore(tmp_path / "store")
+    one = store.put_model(save_model(tmp_path / "a", seed=1), model="m", version="1", stage="t")
+    two = store.put_model(save_model(tmp_path / "b", seed=2), model="m", version="1", stage="t")
+    assert store.delete(one.model_uri) is True  # the model file's URI names its entry too
+    assert not artifacts.local_path(one.uri).exists()
+    with pytest.raises(artifacts.MissingEntryError, match="no complete model entry"):
+        store.fetch_model(one.uri, tmp_path / "gone")
+    assert store.delete(one.uri) is False  # a retried clean-up is not an error
+    np.testing.assert_array_equal(
+        run(store.fetch_model(two.uri, tmp_path / "kept")), run(tmp_path / "b" / MODEL_FILE)
+    )
+    # nothing left over beside the entries (the entry is renamed away, then removed)
+    assert [p.name for p in (tmp_path / "store").iterdir()] == ["m"]
+
+
+def test_local_delete_refuses_what_is_not_an_entry(tmp_path: Path) -> None:
+    store = LocalStore(tmp_path / "store")
+    stored = store.put_model(save_model(tmp_path / "a", seed=1), model="m", version="1", stage="t")
+    entry = artifacts.local_path(stored.uri)
+    other = LocalStore(tmp_path / "other")
+    for uri in (str(entry.parent), str(tmp_path / "store"), (tmp_path / "a").as_uri()):
+        with pytest.raises(ArtifactStoreError, match="not a model entry"):
+            store.delete(uri)
+    with pytest.raises(ArtifactStoreError, match="not a model entry"):
+        other.delete(stored.uri)
+    assert (entry / MANIFEST).is_file()
+
+
+def test_s3_delete_removes_every_object_of_the_entry(
+    tmp_path: Path, s3_url: str, s3: Any, bucket: str
+) -> None:
+    store = S3Store(bucket, "pre", endpoint_url=s3_url)
+    gone = store.put_model(
+        save_model(tmp_path / "a", seed=1, location=DATA_FILE), model="m", version="1", stage="t"
+    )
+    kept = store.put_model(save_model(tmp_path / "b", seed=2), model="m", version="1", stage="t")
+    base = f"pre/m/1/t/{gone.sha256}"
+    assert keys(s3, bucket, base) == [f"{base}/{n}" for n in (MANIFEST, MODEL_FILE, DATA_FILE)]
+    s3.put_object(Bucket=bucket, Key=f"pre/m/1/t/{gone.sha256}x/keep", Body=b"x")  # a sibling
+    assert store.delete(gone.uri) is True
+    assert keys(s3, bucket, base + "/") == []
+    assert keys(s3, bucket) == sorted(
+        [f"pre/m/1/t/{gone.sha256}x/keep"]
+        + [f"pre/m/1/t/{kept.sha256}/{n}" for n in (MANIFEST, MODEL_FILE)]
+    )
+    with pytest.raises(artifacts.MissingEntryError):
+        store.fetch_model(gone.uri, tmp_path / "out")
+    assert store.delete(gone.model_uri) is False
+    out = store.fetch_model(kept.uri, tmp_path / "kept")
+    np.testing.assert_array_equal(run(out), run(tmp_path / "b" / MODEL_FILE))
+
+
+def test_s3_delete_refuses_what_is_not_an_entry(
+    tmp_path: Path, s3_url: str, s3: Any, bucket: str
+) -> None:
+    store = S3Store(bucket, "pre", endpoint_url=s3_url)
+    stored = store.put_model(save_model(tmp_path / "a", seed=1), model="m", version="1", stage="t")
+    before = keys(s3, bucket)
+    for uri in (
+        f"s3://{bucket}/pre/m/1/t",  # a folder of entries
+        f"s3://{bucket}/pre",
+        stored.uri.replace(bucket, "another-bucket"),
+        stored.uri.replace("/pre/", "/elsewhere/"),
+    ):
+        with pytest.raises(ArtifactStoreError, match="not a model entry"):
+            store.delete(uri)
+    assert keys(s3, bucket) == before
+
+
+# ---------------------------------------------------------------------------------------------
+# 9. the per-worker input cache
+
+
+def test_input_cache_fetches_each_content_once_and_links_it(
+    tmp_path: Path, s3_url: str, bucket: str
+) -> None:
+    store = S3Store(bucket, "pre", endpoint_url=s3_url)
+    src = save_model(tmp_path / "a", seed=1, location=DATA_FILE)
+    stored = store.put_model(src, model="m", version="1", stage="t")
+    cache = artifacts.InputCache(tmp_path / "cache")
+    fetched: list[str] = []
+
+    def counted(uri: str, dest: Path) -> Path:
+        fetched.append(uri)
+        return store.fetch_model(uri, dest)
+
+    outs = [
+        cache.model(stored.uri, stored.sha256, tmp_path / f"task{i}", counted) for i in range(3)
+    ]
+    assert fetched == [stored.uri]
+    for out in outs:
+        assert out.read_bytes() == src.read_bytes()
+        assert (out.parent / DATA_FILE).read_bytes() == (src.parent / DATA_FILE).read_bytes()
+        np.testing.assert_array_equal(run(out), run(src))
+    # each task has its own names for the one copy: removing a task's folder keeps the cache
+    shutil.rmtree(tmp_path / "task0")
+    again = cache.model(stored.uri, stored.sha256, tmp_path / "task3", counted)
+    assert fetched == [stored.uri] and again.read_bytes() == src.read_bytes()
+
+
+def test_input_cache_refuses_bytes_that_do_not_match_the_hash(tmp_path: Path) -> None:
+    store = LocalStore(tmp_path / "store")
+    one = store.put_model(save_model(tmp_path / "a", seed=1), model="m", version="1", stage="t")
+    two = store.put_model(save_model(tmp_path / "b", seed=2), model="m", version="1", stage="t")
+    cache = artifacts.InputCache(tmp_path / "cache")
+    with pytest.raises(ArtifactStoreError, match="do not match sha256"):
+        cache.model(two.uri, one.sha256, tmp_path / "task", store.fetch_model)
+    assert [p.name for p in (tmp_path / "cache").iterdir()] == []  # nothing entered the cache
+    data = tmp_path / "eval.bin"
+    data.write_bytes(b"0123")
+    with pytest.raises(ArtifactStoreError, match="does not match sha256"):
+        cache.file(str(data), "0" * 64, tmp_path / "task" / "eval.bin", fetch_file)
+    digest = hashlib.sha256(b"0123").hexdigest()
+    out = cache.file(str(data), digest, tmp_path / "task" / "eval.bin", fetch_file)
+    assert out.read_bytes() == b"0123"
+
+
+def test_input_cache_evicts_the_least_recently_used(tmp_path: Path) -> None:
+    store = LocalStore(tmp_path / "store")
+    entries = [
+        store.put_model(save_model(tmp_path / f"m{i}", seed=i), model="m", version="1", stage="t")
+        for i in range(3)
+    ]
+    size = (tmp_path / "m0" / MODEL_FILE).stat().st_size
+    cache = artifacts.InputCache(tmp_path / "cache", max_bytes=2 * size + size // 2)
+    for i, e in enumerate(entries[:2]):
+        cache.model(e.uri, e.sha256, tmp_path / f"t{i}", store.fetch_model)
+    os.utime(tmp_path / "cache" / entries[1].sha256, (1, 1))  # the older one now
+    cache.model(entries[0].uri, entries[0].sha256, tmp_path / "t0b", store.fetch_model)
+    cache.model(entries[2].uri, entries[2].sha256, tmp_path / "t2", store.fetch_model)
+    assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == sorted(
+        [entries[0].sha256, entries[2].sha256]
+    )
+    # a task still holding the evicted copy keeps its files
+    assert run(tmp_path / "t1" / MODEL_FILE) is not None
+
+
+def test_input_cache_settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    monkeypatch.delenv(artifacts.CACHE_ENV, raising=False)
+    monkeypatch.delenv(artifacts.CACHE_SIZE_ENV, raising=False)
+    cache = artifacts.InputCache.from_env()
+    assert cache is not None and cache.root == (tmp_path / "xdg" / "graphtrim" / "inputs")
+    monkeypatch.setenv(artifacts.CACHE_ENV, str(tmp_path / "c"))
+    monkeypatch.setenv(artifacts.CACHE_SIZE_ENV, "0.5")
+    cache = artifacts.InputCache.from_env()
+    assert cache is not None and (cache.root, cache.max_bytes) == (tmp_path / "c", 1 << 29)
+    monkeypatch.setenv(artifacts.CACHE_SIZE_ENV, "lots")
+    with pytest.raises(ArtifactStoreError, match="a number of GB"):
+        artifacts.InputCache.from_env()
+    monkeypatch.setenv(artifacts.CACHE_ENV, "off")
+    assert artifacts.InputCache.from_env() is None
