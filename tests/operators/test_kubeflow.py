@@ -604,6 +604,8 @@ def test_local_paths_are_the_launchers(monkeypatch: pytest.MonkeyPatch, tmp_path
     assert outputs_module.local_path("s3://b/k/report") == tmp_path / "s3/b/k/report"
     assert outputs_module.local_path("gs://b/k") == tmp_path / "gcs/b/k"
     assert outputs_module.local_path("minio://mlpipeline/x") == tmp_path / "minio/mlpipeline/x"
+    # kfp.local hands a step its artifacts' local paths
+    assert outputs_module.local_path("/runs/p-1/gate/report") == Path("/runs/p-1/gate/report")
     with pytest.raises(GraphtrimError, match="not on an object store"):
         outputs_module.local_path("https://example.com/x")
 
