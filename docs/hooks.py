@@ -162,8 +162,9 @@ def run_parameters() -> str:
     ]
     for p in RUN_PARAMS:
         taken = ", ".join(_SURFACE_NAMES[s] for s in SURFACES if s in p.surfaces)
+        option = f"`{p.flag}`" if "cli" in p.surfaces else ""
         out.append(
-            f"| `{p.name}` | `{p.flag}` | {p.type} | {_default_text(p)} | {_choices_text(p)} "
+            f"| `{p.name}` | {option} | {p.type} | {_default_text(p)} | {_choices_text(p)} "
             f"| {_HASHED[p.hashed]} | {taken} | {_cell(p.help)} |"
         )
     return "\n".join(out)
