@@ -33,9 +33,8 @@ from typing import Any
 
 from airflow.sdk import DAG, Param, task
 
-from graphtrim import run_params
 from graphtrim.airflow.operators import plan_run, variant_table
-from graphtrim.airflow.params import dag_param
+from graphtrim.airflow.params import dag_params
 from graphtrim.airflow.pipeline import stage_tasks
 from graphtrim.airflow.timeouts import task_timeout
 
@@ -46,12 +45,8 @@ TUNE_POOL = os.environ.get("GRAPHTRIM_TUNE_POOL") or None
 
 
 def _params(device: str) -> dict[str, Param]:
-    """The run parameters the DAGs take (``graphtrim.run_params``), as Params."""
-    params = {}
-    for p in run_params.on("dag"):
-        default, schema = dag_param(p, device)
-        params[p.name] = Param(default, **schema)
-    return params
+    """The run parameters the DAGs take (the run-parameter table, ``graphtrim.run_params``)."""
+    return {name: Param(default, **schema) for name, (default, schema) in dag_params(device)}
 
 
 def optimize_dag(dag_id: str, device: str) -> DAG:

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import graphtrim
-from graphtrim.run_params import REQUIRED, Names, RunParam
+from graphtrim.run_params import REQUIRED, Names, RunParam, on
 
 _CORE = Path(graphtrim.__file__).resolve().parent
 
@@ -131,3 +131,9 @@ def dag_param(param: RunParam, device: str) -> tuple[Any, dict[str, Any]]:
         description = f"{description}; for the other device use {other}"
     schema["description"] = description
     return default, schema
+
+
+def dag_params(device: str) -> list[tuple[str, tuple[Any, dict[str, Any]]]]:
+    """The optimize DAG's Params for ``device``, in the table's order: each parameter's name,
+    default and schema (:func:`dag_param`)."""
+    return [(p.name, dag_param(p, device)) for p in on("dag")]
