@@ -20,7 +20,6 @@ from tests.servers import register_onnx
 
 pytest.importorskip("kfp")
 
-from kfp import dsl
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("mlflow"), pytest.mark.timeout(2400)]
 
@@ -183,28 +182,13 @@ def test_kfp_local_runs_each_step_of_the_compiled_pipeline(
 # ---------------------------------------------------------------- what kfp.local does with loops
 
 
-@dsl.component
-def upper_item(x: str) -> str:
-    return x.upper()
-
-
-@dsl.component
-def count_items(xs: list) -> str:
-    return f"{len(xs)}:{','.join(xs)}"
-
-
-@dsl.pipeline
-def loop_then_collect(items: list) -> str:
-    with dsl.ParallelFor(items) as item:
-        each = upper_item(x=item)
-    return count_items(xs=dsl.Collected(each.output)).output  # type: ignore[no-any-return]
-
-
 def test_kfp_local_collects_a_loop_and_fails_on_a_loop_of_no_iterations(local_kfp: Path) -> None:
     """What docs/getting-started/kubeflow.md says of kfp.local's loops: a ``dsl.Collected``
     of a ``ParallelFor`` gets the iterations' outputs in order, and one of a loop over an empty
     list fails the step that reads it (the case of a search round after the search ended).
     When kfp changes this, the page changes with it."""
+    from tests.operators.kfp_loops import loop_then_collect
+
     assert loop_then_collect(items=["a", "b"]).output == "2:A,B"
     with pytest.raises(ValueError, match="for-loop-1' not found"):
         loop_then_collect(items=[])
