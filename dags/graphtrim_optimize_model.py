@@ -34,7 +34,7 @@ from typing import Any
 from airflow.sdk import DAG, Param, task
 
 from graphtrim.airflow.operators import plan_run, variant_table
-from graphtrim.airflow.params import default_variants, preset_choices, variant_choices
+from graphtrim.airflow.params import dag_params
 from graphtrim.airflow.pipeline import stage_tasks
 from graphtrim.airflow.timeouts import task_timeout
 
@@ -45,87 +45,8 @@ TUNE_POOL = os.environ.get("GRAPHTRIM_TUNE_POOL") or None
 
 
 def _params(device: str) -> dict[str, Param]:
-    other = "graphtrim_optimize_model" if device == "gpu" else "graphtrim_optimize_model_gpu"
-    return {
-        # placement is fixed when the DAG is parsed (queue, pod), so each device has its own
-        # DAG; a run asking this one for the other device is refused at trigger time
-        "device": Param(
-            device,
-            type="string",
-            enum=[device],
-            description=f"where quantize and gate run; for the other device use {other}",
-        ),
-        "model_name": Param("", type="string", description="registered model to optimize"),
-        "version": Param(None, type=["null", "string"], description="version (or use alias)"),
-        "alias": Param(None, type=["null", "string"], description="alias, e.g. champion"),
-        "variants": Param(
-            default_variants(),
-            type="array",
-            items={"type": "string", "enum": variant_choices()},
-            description="variants to build",
-        ),
-        "preset": Param(
-            "default",
-            type="string",
-            enum=preset_choices(),
-            description="graph optimization preset (graphtrim passes --presets lists them)",
-        ),
-        "opset": Param(
-            None,
-            type=["null", "integer"],
-            description="raise the model's opset to this before the graph passes (23: a "
-            "language model's Attention with its KV cache, RotaryEmbedding, RMSNormalization); "
-            "none: the export's",
-        ),
-        "policy": Param(
-            None,
-            type=["null", "object"],
-            description="gate policy document (thresholds per variant, promotion); none: the "
-            "workers' $GRAPHTRIM_POLICY, else the built-in defaults",
-        ),
-        "weights": Param(
-            None,
-            type=["null", "object"],
-            description="weight-only variants' settings (int4-weight, int8-weight), e.g. "
-            '{"weight_form": "ort", "quantize_embeddings": true}; keys: block_size, '
-            "weight_symmetric, weight_algorithm, weight_form, accuracy_level, "
-            "quantize_embeddings; none: the defaults",
-        ),
-        "tune": Param(
-            None,
-            type=["null", "string"],
-            description="search each variant's settings for this long (e.g. 10m; graphtrim "
-            "tune): a task per trial over the device's workers (task group tune), round by "
-            "round, the best judged by each variant's quantize task; none: the fixed recipes",
-        ),
-        "calibration": Param(None, type=["null", "string"], description=".npz calibration data"),
-        "eval_data": Param(None, type=["null", "string"], description=".npz evaluation data"),
-        "target_name": Param(
-            None,
-            type=["null", "string"],
-            description="registered model the variants go to (default: the source's)",
-        ),
-        "artifacts": Param(
-            os.environ.get("GRAPHTRIM_ARTIFACTS", ""),
-            type="string",
-            description="artifact store: s3://bucket/prefix or a folder",
-        ),
-        "allow_variant_source": Param(
-            False,
-            type="boolean",
-            description="optimize a version graphtrim registered itself (a variant)",
-        ),
-        "rejudge": Param(
-            False,
-            type="boolean",
-            description="build and measure again the variants judged before under this config",
-        ),
-        "force_promotion": Param(
-            False,
-            type="boolean",
-            description="move the champion even where a person holds it (promote / rollback)",
-        ),
-    }
+    """The run parameters the DAGs take (the run-parameter table, ``graphtrim.run_params``)."""
+    return {name: Param(default, **schema) for name, (default, schema) in dag_params(device)}
 
 
 def optimize_dag(dag_id: str, device: str) -> DAG:

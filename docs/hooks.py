@@ -4,8 +4,8 @@ hook, named in ``mkdocs.yml``).
 A page holds a marker where generated content goes, and :func:`on_page_markdown` replaces it:
 
 - ``<!-- generated: cli -->``: every ``graphtrim`` command from its argparse parser;
-- ``<!-- generated: run-parameters -->``: the optimize DAGs' Params and the Kubeflow pipeline's
-  parameters, read from their code;
+- ``<!-- generated: run-parameters -->``: the run-parameter table (``graphtrim.run_params``),
+  from which the CLI, the DAGs, the Kubeflow pipeline and the config hash take their parameters;
 - ``<!-- generated: helm-values -->``: the chart's values with their comments and schema types;
 - ``<!-- generated: timeouts -->``: each task's default ``execution_timeout``;
 - ``<!-- generated: passes -->``, ``rules``, ``variants``: the optimizer's passes and presets,
@@ -24,7 +24,6 @@ module names to folders one to one.
 from __future__ import annotations
 
 import argparse
-import ast
 import re
 import sys
 from collections.abc import Callable, Iterator
@@ -128,120 +127,46 @@ def cli_reference() -> str:
 # ---------------------------------------------------------------- run parameters
 
 
-def dag_params(path: Path | None = None) -> list[dict[str, str]]:
-    """The optimize DAGs' ``Param``s as their source writes them (name, default, type,
-    description), read without importing Airflow."""
-    path = path or ROOT / "dags" / "graphtrim_optimize_model.py"
-    tree = ast.parse(path.read_text(encoding="utf-8"))
-    found: list[dict[str, str]] = []
-    for fn in ast.walk(tree):
-        if not (isinstance(fn, ast.FunctionDef) and fn.name == "_params"):
-            continue
-        for node in ast.walk(fn):
-            if not isinstance(node, ast.Dict):
-                continue
-            for key, value in zip(node.keys, node.values, strict=True):
-                if not (
-                    isinstance(key, ast.Constant)
-                    and isinstance(value, ast.Call)
-                    and getattr(value.func, "id", None) == "Param"
-                ):
-                    continue
-                kw = {k.arg: k.value for k in value.keywords if k.arg}
-                description = kw.get("description")
-                found.append(
-                    {
-                        "name": str(key.value),
-                        "default": ast.unparse(value.args[0]) if value.args else "",
-                        "type": ast.unparse(kw["type"]) if "type" in kw else "",
-                        "description": _literal_text(description),
-                    }
-                )
-    return found
+_SURFACE_NAMES = {"cli": "`graphtrim pipeline`", "dag": "DAGs", "kfp": "Kubeflow"}
+_HASHED = {"yes": "yes", "when-set": "when set", "no": "no"}
 
 
-def _literal_text(node: ast.expr | None) -> str:
-    """A string literal's text (an f-string's expressions shown as an ellipsis)."""
-    if node is None:
+def _default_text(param: Any) -> str:
+    from graphtrim.run_params import REQUIRED, Names
+
+    if param.default is REQUIRED:
+        return f"required (CLI: `${param.env}`)" if param.env else "required"
+    if isinstance(param.default, Names):
+        return _code(", ".join(param.default.load()))
+    return "none" if param.default is None else _code(repr(param.default))
+
+
+def _choices_text(param: Any) -> str:
+    from graphtrim.run_params import Names
+
+    if param.choices is None:
         return ""
-    if isinstance(node, ast.Constant):
-        return str(node.value)
-    if isinstance(node, ast.JoinedStr):
-        return "".join(
-            str(v.value) if isinstance(v, ast.Constant) else "…"
-            for v in node.values
-            if isinstance(v, (ast.Constant, ast.FormattedValue))
-        )
-    return ast.unparse(node)
-
-
-def kfp_params() -> list[dict[str, str]]:
-    """The Kubeflow pipeline's run parameters (name, the stage option, default)."""
-    import inspect
-
-    from graphtrim.kubeflow import pipeline as kfp_pipeline
-
-    rows = []
-    for p in (kfp_pipeline.MODEL, *kfp_pipeline.CONFIG):
-        default = "" if p.default is inspect.Parameter.empty else repr(p.default)
-        rows.append({"name": p.name, "flag": p.flag, "default": default})
-    return rows
+    if isinstance(param.choices, Names):
+        return _code(", ".join(param.choices.load()))
+    return _code(", ".join(param.choices))
 
 
 def run_parameters() -> str:
-    """The run parameters of each surface, and which surface lacks which."""
-    dag, kfp = dag_params(), kfp_params()
-    if not dag:  # the DAG's Params are written another way now: this page must follow
-        raise RuntimeError(
-            "no Param(...) found in _params() of dags/graphtrim_optimize_model.py: "
-            "point docs/hooks.py run_parameters() at where the run parameters are listed"
-        )
+    """The run-parameter table (``graphtrim.run_params``): each parameter, its type, default,
+    choices, whether it enters the config hash, and the surfaces that take it."""
+    from graphtrim.run_params import RUN_PARAMS, SURFACES
+
     out = [
-        "### The optimize DAGs' Params",
-        "",
-        "`graphtrim_optimize_model` and `graphtrim_optimize_model_gpu` (`dags/graphtrim_optimize_model.py`):",
-        "",
-        "| param | type | default | meaning |",
-        "|---|---|---|---|",
+        "| parameter | option | type | default | choices | config hash | taken by | meaning |",
+        "|---|---|---|---|---|---|---|---|",
     ]
-    out += [
-        f"| `{p['name']}` | {_code(p['type'])} | {_code(p['default'])} | {_cell(p['description'])} |"
-        for p in dag
-    ]
-    out += [
-        "",
-        "### The Kubeflow pipeline's parameters",
-        "",
-        "`graphtrim kfp compile` (`operators/kubeflow/pipeline.py`); each reaches every step as "
-        "the `graphtrim pipeline stage` option named:",
-        "",
-        "| parameter | stage option | default |",
-        "|---|---|---|",
-    ]
-    out += [
-        f"| `{p['name']}` | `{p['flag']}` | {_code(p['default']) if p['default'] else 'required'} |"
-        for p in kfp
-    ]
-    dag_names = {p["name"] for p in dag}
-    kfp_names = {p["name"] for p in kfp}
-    # the DAG names a model by name and version or alias, the KFP pipeline by one URI
-    model = {"model_name", "version", "alias", "model_uri"}
-    only_dag = sorted(dag_names - kfp_names - model)
-    only_kfp = sorted(kfp_names - dag_names - model)
-    out += ["", "### Where the surfaces differ", ""]
-    out.append(
-        "The DAGs take the model as `model_name` with `version` or `alias`, the Kubeflow "
-        "pipeline as one `model_uri` (`models:/NAME/VERSION` or `models:/NAME@ALIAS`)."
-    )
-    out.append("")
-    out.append(
-        "- Params of the DAGs that the Kubeflow pipeline lacks: "
-        + (", ".join(f"`{n}`" for n in only_dag) or "none")
-    )
-    out.append(
-        "- Parameters of the Kubeflow pipeline that the DAGs lack: "
-        + (", ".join(f"`{n}`" for n in only_kfp) or "none")
-    )
+    for p in RUN_PARAMS:
+        taken = ", ".join(_SURFACE_NAMES[s] for s in SURFACES if s in p.surfaces)
+        option = f"`{p.flag}`" if "cli" in p.surfaces else ""
+        out.append(
+            f"| `{p.name}` | {option} | {p.type} | {_default_text(p)} | {_choices_text(p)} "
+            f"| {_HASHED[p.hashed]} | {taken} | {_cell(p.help)} |"
+        )
     return "\n".join(out)
 
 

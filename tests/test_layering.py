@@ -75,6 +75,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "graphtrim.isolation",
             "graphtrim.hashing",
             "graphtrim.dtypes",
+            "graphtrim.run_params",
         ),
     ),
     ("IR I/O", ("graphtrim.modelio", "graphtrim.runtime")),

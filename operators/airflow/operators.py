@@ -27,6 +27,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, ClassVar, TextIO
 
 from airflow.sdk import BaseOperator
+from graphtrim import run_params
 from graphtrim.airflow.context import (
     airflow_task_state,
     artifact_store,
@@ -567,29 +568,37 @@ def plan_run(params: Mapping[str, Any] | None, device: str) -> dict[str, Any]:
         raise AirflowFailException("conf needs exactly one of version or alias")
     uri = f"models:/{name}/{p['version']}" if p.get("version") else f"models:/{name}@{p['alias']}"
     try:
-        config = PipelineConfig(
-            variants=tuple(p["variants"]),
-            preset=p["preset"],
-            device=device,
-            policy=p.get("policy"),
-            calibration=p.get("calibration"),
-            eval_data=p.get("eval_data"),
-            target_name=p.get("target_name"),
-            weights=p.get("weights") or None,
-            tune=_budget(p.get("tune")),
-            opset=p.get("opset"),
-        )
+        config = PipelineConfig(device=device, **_config_values(p))
     except GraphtrimError as exc:
         raise AirflowFailException(str(exc)) from exc
-    return {
+    planned: dict[str, Any] = {
         "model_uri": uri,
         "config": config.to_json(),
         "variants": list(config.variants),
         "artifacts": p.get("artifacts") or None,
-        "allow_variant_source": bool(p.get("allow_variant_source")),
-        "rejudge": bool(p.get("rejudge")),
-        "force_promotion": bool(p.get("force_promotion")),
     }
+    for row in run_params.on("dag"):
+        if row.into == "context":  # how the stages treat the registry and earlier results
+            planned[row.name] = bool(p.get(row.name))
+    return planned
+
+
+def _config_values(params: Mapping[str, Any]) -> dict[str, Any]:
+    """The ``PipelineConfig`` fields a DAG run's params give (the run-parameter table's config
+    parameters the DAGs take; the device is the DAG's own)."""
+    values: dict[str, Any] = {}
+    for row in run_params.on("dag"):
+        if row.into != "config" or row.name == "device":
+            continue
+        value = params.get(row.name)
+        if row.type == "duration":
+            value = _budget(value)
+        elif value is None:
+            continue  # the config's default
+        elif row.type == "array":
+            value = tuple(value)
+        values[row.name] = value
+    return values
 
 
 def variant_table(validated: Any, registered: Any, promoted: Any) -> str:

@@ -13,10 +13,12 @@ from __future__ import annotations
 import ast
 import functools
 import importlib
+import os
 from pathlib import Path
 from typing import Any
 
 import graphtrim
+from graphtrim.run_params import REQUIRED, Names, RunParam, on
 
 _CORE = Path(graphtrim.__file__).resolve().parent
 
@@ -91,3 +93,47 @@ def default_variants() -> list[str]:
     from graphtrim.quantize.kinds import DEFAULT_VARIANTS
 
     return list(DEFAULT_VARIANTS)
+
+
+_DAG_TYPES = {"duration": "string"}  # a duration is written as text: 600, 90s, 10m
+
+
+def dag_param(param: RunParam, device: str) -> tuple[Any, dict[str, Any]]:
+    """A run parameter (:mod:`graphtrim.run_params`) as the Param of the optimize DAG for
+    ``device``: its default and its schema (type, choices, description). A parameter without a
+    default may be null; a location's default is the scheduler's environment
+    (``$GRAPHTRIM_ARTIFACTS``); the DAG's device is fixed (each device has its own DAG)."""
+    kind = _DAG_TYPES.get(param.type, param.type)
+    default = param.default
+    if isinstance(default, Names):
+        default = list(_names(default.module, default.name))
+    schema: dict[str, Any] = {"type": kind}
+    if default is None:
+        schema["type"] = ["null", kind]
+    elif default is REQUIRED:
+        default = os.environ.get(param.env, "") if param.env else ""
+    if param.choices is not None:
+        choices = (
+            list(_names(param.choices.module, param.choices.name))
+            if isinstance(param.choices, Names)
+            else list(param.choices)
+        )
+        if param.type == "array":
+            schema["items"] = {"type": "string", "enum": choices}
+        else:
+            schema["enum"] = choices
+    description = param.help
+    if param.name == "device":
+        # placement is fixed when the DAG is parsed (queue, pod), so each device has its own
+        # DAG; a run asking this one for the other device is refused at trigger time
+        other = "graphtrim_optimize_model" if device == "gpu" else "graphtrim_optimize_model_gpu"
+        default, schema["enum"] = device, [device]
+        description = f"{description}; for the other device use {other}"
+    schema["description"] = description
+    return default, schema
+
+
+def dag_params(device: str) -> list[tuple[str, tuple[Any, dict[str, Any]]]]:
+    """The optimize DAG's Params for ``device``, in the table's order: each parameter's name,
+    default and schema (:func:`dag_param`)."""
+    return [(p.name, dag_param(p, device)) for p in on("dag")]

@@ -6,6 +6,7 @@ artifact goes, and the *output file*), and after the container exits uploads eac
 artifact from its local path (``s3://b/k`` is ``/s3/b/k``, ``gs://`` ``/gcs/``, ``minio://``
 ``/minio/``) and reads the output file, an ``ExecutorOutput`` JSON whose artifacts' ``metadata``
 it records (a ``system.Metrics`` artifact's metadata are the run's scalar metrics in the UI).
+Run locally (``kfp.local``), an artifact's URI is a path on this machine.
 
 This module writes both from a stage record: no KFP import (the step's image needs none), and
 the report comes from the artifact store the stage published it to, so the KFP artifact is a
@@ -37,7 +38,10 @@ MOUNT_ROOT = Path("/")
 
 
 def local_path(uri: str) -> Path:
-    """The path in the step's container of the artifact at ``uri``, as KFP's launcher maps it."""
+    """The path in the step's container of the artifact at ``uri``, as KFP's launcher maps it;
+    a local path (what ``kfp.local``'s runners hand a step) is itself."""
+    if uri.startswith("/"):
+        return Path(uri)
     for scheme, mount in MOUNTS.items():
         if uri.startswith(scheme):
             return MOUNT_ROOT / mount / uri[len(scheme) :]

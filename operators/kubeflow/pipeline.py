@@ -35,9 +35,9 @@ from typing import Any
 from kfp import compiler, dsl, kubernetes
 
 import graphtrim.stages
+from graphtrim import run_params
 from graphtrim.kubeflow.outputs import METRICS, REPORT
 from graphtrim.stages import Stage, record_arg, variant_loops
-from graphtrim.stages.context import DEFAULT_VARIANTS
 
 DEFAULT_IMAGE = os.environ.get("GRAPHTRIM_IMAGE", "ghcr.io/graphtrim/graphtrim:0.1.0")
 
@@ -90,32 +90,35 @@ class RunParameter:
         )
 
 
-MODEL = RunParameter("model_uri", "--model", str)
+def _from_table(row: run_params.RunParam) -> RunParameter:
+    """A row of the run-parameter table as this pipeline's parameter: a list stays a list and
+    a boolean a boolean; everything else travels as a string, "" (or ``{}`` for a JSON
+    document) standing for none."""
+    kind: type = {"array": list, "boolean": bool}.get(row.type, str)
+    default = row.default_value()
+    if default is run_params.REQUIRED:
+        return RunParameter(row.name, row.flag, kind)
+    if default is None:
+        default = "{}" if row.type == "object" else ""
+    elif kind is str:
+        default = str(default)
+    return RunParameter(row.name, row.flag, kind, default)
+
+
+MODEL = _from_table(run_params.BY_NAME["model_uri"])
 """The source model, read by the stage without inputs (export)."""
 
-VARIANTS = RunParameter("variants", "--variants", list, list(DEFAULT_VARIANTS))
-"""The variants to build: the per-variant steps run once for each (``ParallelFor``)."""
-
-CONFIG: tuple[RunParameter, ...] = (
-    RunParameter("tracking_uri", "--tracking-uri", str),
-    RunParameter("artifacts", "--artifacts", str),
-    RunParameter("s3_endpoint_url", "--s3-endpoint-url", str, ""),
-    VARIANTS,
-    RunParameter("preset", "--preset", str, "default"),
-    # the opset the optimize step raises the model to first (graphtrim pipeline --opset);
-    # "": the export's
-    RunParameter("opset", "--opset", str, ""),
-    RunParameter("policy", "--policy-json", str, "{}"),
-    RunParameter("calibration", "--calibration", str, ""),
-    RunParameter("eval_data", "--eval-data", str, ""),
-    # the weight-only variants' settings (JSON; graphtrim pipeline --weights-json); {}: defaults
-    RunParameter("weights", "--weights-json", str, "{}"),
-    # each variant's settings search (e.g. "10m"; graphtrim tune), in its ParallelFor step;
-    # "": the fixed recipes
-    RunParameter("tune", "--tune", str, ""),
+CONFIG: tuple[RunParameter, ...] = tuple(
+    _from_table(p)
+    for p in sorted(run_params.on("kfp"), key=lambda p: p.into != "location")
+    if p.into != "source"
 )
 """The run's configuration, passed to every step: the pipeline's parameters after ``model_uri``
-and every step's options, in this order."""
+and every step's options, the run-parameter table's (:data:`graphtrim.run_params.RUN_PARAMS`)
+with the locations first."""
+
+VARIANTS = next(p for p in CONFIG if p.name == "variants")
+"""The variants to build: the per-variant steps run once for each (``ParallelFor``)."""
 
 ONLY = RunParameter("variant", "--only", str)
 """The variant a per-variant step builds: the ``ParallelFor``'s item."""

@@ -35,120 +35,90 @@ def _add_location_args(p: argparse.ArgumentParser) -> None:
     )
 
 
-def _preset_names() -> list[str]:
-    return sorted(literal_names("graphtrim.graph.presets", "PRESETS"))
-
-
 def _stage_names() -> tuple[str, ...]:
     from graphtrim.stages import STAGE_NAMES
 
     return STAGE_NAMES
 
 
-def _add_pipeline_args(p: argparse.ArgumentParser) -> None:
-    from graphtrim.quantize.kinds import DEFAULT_VARIANTS, VARIANTS
+# the defaults the command line falls back on where a run parameter's environment variable is
+# unset (an orchestrator always passes them)
+_CLI_FALLBACK = {"artifacts": "graphtrim-artifacts"}
+_METAVARS = {"integer": "N", "object": "JSON", "duration": "DURATION"}
 
-    _add_location_args(p)
-    p.add_argument(
-        "--artifacts",
-        default=os.environ.get("GRAPHTRIM_ARTIFACTS", "graphtrim-artifacts"),
-        help="artifact store: s3://bucket/prefix or a local folder (default: "
-        "$GRAPHTRIM_ARTIFACTS, else ./graphtrim-artifacts)",
-    )
-    p.add_argument(
-        "--s3-endpoint-url",
-        default=os.environ.get("AWS_ENDPOINT_URL_S3"),
-        help="S3-compatible endpoint (default: $AWS_ENDPOINT_URL_S3; AWS when unset)",
-    )
-    p.add_argument(
-        "--variants",
-        type=_csv,
-        default=list(DEFAULT_VARIANTS),
-        help=f"comma-separated variants to build: {', '.join(VARIANTS)}",
-    )
-    lazy_choices(p.add_argument("--preset", default="default"), _preset_names)
-    p.add_argument(
-        "--opset",
-        type=opset_arg,
-        default=None,
-        metavar="N",
-        help="optimize: raise the model's opset to N first, so that fusions into newer standard "
-        "ops fire (23: a language model's Attention with its KV cache, RotaryEmbedding and "
-        "RMSNormalization); never lowered (default: the export's opset)",
-    )
-    p.add_argument("--device", default="cpu", choices=("cpu", "gpu"), help="where gates measure")
-    p.add_argument("--tensorrt", action="store_true", help="with --device gpu: TensorRT first")
-    policy = p.add_mutually_exclusive_group()
-    policy.add_argument(
-        "--policy",
-        metavar="GATES.yaml",
-        help="gate and promotion policy file (default: the file $GRAPHTRIM_POLICY names, else "
-        "the built-in policy)",
-    )
-    policy.add_argument(
-        "--policy-json", metavar="JSON", help="the same policy as a JSON document (orchestrators)"
-    )
-    p.add_argument(
-        "--calibration", metavar="NPZ", help=".npz calibration data (path, file:// or s3://)"
-    )
-    p.add_argument(
-        "--eval-data",
-        metavar="NPZ",
-        help=".npz evaluation data, optionally with labels (default: the calibration data, "
-        "else seeded random inputs)",
-    )
-    p.add_argument(
-        "--target-name",
-        help="registered model that receives the variants (default: the source model's name)",
-    )
-    p.add_argument("--experiment", default="graphtrim", help="MLflow experiment of the runs")
-    p.add_argument("--no-fallback", action="store_true", help="no sensitivity fallback")
-    p.add_argument(
-        "--fx-simplify",
-        action="store_true",
-        help="PyTorch models: torch.fx dead-code elimination and constant folding before export",
-    )
-    add_weight_args(p)
-    p.add_argument(
-        "--weights-json",
-        metavar="JSON",
-        help="the weight-only settings as one JSON object (orchestrators), e.g. "
-        '\'{"weight_form": "ort", "quantize_embeddings": true}\'; keys: block_size, '
-        "weight_symmetric, weight_algorithm, weight_form, accuracy_level, quantize_embeddings; "
-        "not with the flags above",
-    )
-    p.add_argument(
-        "--tune",
-        type=tune_budget,
-        default=None,
-        metavar="DURATION",
-        help="search each variant's settings over its own knobs for that long (e.g. 10m; "
-        "graphtrim tune): the champion is the variant, a kind whose search finds none gets its "
-        "fixed recipe; the winning settings are kept on the source's registered model, and the "
-        "next version of the same graph starts from them",
-    )
+
+def _add_run_param(p: Any, row: Any) -> None:
+    """The ``graphtrim pipeline`` option of a run parameter (``graphtrim.run_params``)."""
+    from graphtrim.run_params import REQUIRED, Names, parse_flag
+
+    help_text = row.help
+    kwargs: dict[str, Any] = {}
+    default = row.default
+    if row.type == "boolean":
+        if default:  # on unless turned off: --no-NAME
+            p.add_argument(row.flag, action="store_true", help=help_text)
+            return
+        # --NAME alone, or --NAME true|false (what an orchestrator renders a boolean as)
+        kwargs |= {"nargs": "?", "const": True, "type": parse_flag, "metavar": "BOOL"}
+    elif row.type == "array":
+        kwargs["type"] = _csv
+        help_text = f"{help_text}, comma-separated"
+    elif row.type == "integer":
+        kwargs["type"] = opset_arg
+    elif row.type == "duration":
+        kwargs["type"] = tune_budget
+    if row.type in _METAVARS:
+        kwargs["metavar"] = _METAVARS[row.type]
+    if default is REQUIRED:
+        default = None
+        if row.env:
+            default = os.environ.get(row.env, _CLI_FALLBACK.get(row.name))
+            fallback = _CLI_FALLBACK.get(row.name)
+            help_text += f" (default: ${row.env}" + (f", else {fallback})" if fallback else ")")
+    elif row.env:
+        default = os.environ.get(row.env, default)
+        help_text += f" (default: ${row.env})"
+    if isinstance(default, Names):
+        default = default.load()
+    if isinstance(row.choices, Names):
+        names = row.choices
+        if row.type == "array":
+            help_text = f"{help_text}: {', '.join(names.load())}"
+        else:
+            action = p.add_argument(row.flag, default=default, help=help_text, **kwargs)
+            lazy_choices(action, lambda: sorted(literal_names(names.module, names.name)))
+            return
+    elif row.choices:
+        kwargs["choices"] = row.choices
+    p.add_argument(row.flag, default=default, help=help_text, **kwargs)
+
+
+def _add_pipeline_args(p: argparse.ArgumentParser) -> None:
+    """The run parameters (``graphtrim.run_params``, the model aside: ``run`` and ``stage``
+    take it each in their way), then the options of the command itself."""
+    from graphtrim.run_params import on
+
+    for row in on("cli"):
+        if row.into == "source":
+            continue
+        if row.name == "policy":
+            policy = p.add_mutually_exclusive_group()
+            policy.add_argument(
+                "--policy",
+                metavar="GATES.yaml",
+                help="gate and promotion policy file (default: the file $GRAPHTRIM_POLICY "
+                "names, else the built-in policy)",
+            )
+            _add_run_param(policy, row)
+            continue
+        if row.name == "weights":
+            add_weight_args(p)  # the same settings as flags, not with the JSON
+        _add_run_param(p, row)
     p.add_argument("--workdir", help="scratch folder (default: the system's temporary folder)")
     p.add_argument(
         "--orchestrator-run-id",
         help="the orchestrator's run id, recorded in the lineage; a retry with the same id "
         "logs into the same MLflow run",
-    )
-    p.add_argument(
-        "--rejudge",
-        action="store_true",
-        help="build and measure again the variants earlier runs already judged under this "
-        "config (by default they are reported with their recorded verdicts)",
-    )
-    p.add_argument(
-        "--allow-variant-source",
-        action="store_true",
-        help="optimize a version that graphtrim itself registered (refused by default: the "
-        "pipeline would feed on its own output)",
-    )
-    p.add_argument(
-        "--force-promotion",
-        action="store_true",
-        help="move the champion alias even where a person holds it (promote / rollback)",
     )
     p.add_argument(
         "--child-timeout",

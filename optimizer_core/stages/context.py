@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from graphtrim.errors import GraphtrimError
 from graphtrim.hashing import file_sha256
 from graphtrim.quantize.kinds import DEFAULT_VARIANTS
+from graphtrim.run_params import hashed_config
 
 if TYPE_CHECKING:
     from graphtrim.gates.policy import GatePolicy
@@ -186,17 +187,9 @@ class PipelineConfig:
     def hash_for(self, *parts: str) -> str:
         """sha256 of the config fields that decide a result (locations of data files do not;
         their content hashes do), narrowed to ``parts`` when given."""
-        doc = self.to_json()
-        for k in ("calibration", "eval_data", "experiment", "target_name"):
-            doc.pop(k)
-        if not doc["fx_simplify"]:
-            doc.pop("fx_simplify")  # off: the hash of configs from before the option existed
-        if not doc["weights"]:
-            doc.pop("weights")  # the defaults: likewise
-        if doc["tune"] is None:
-            doc.pop("tune")  # no search: likewise
-        if doc["opset"] is None:
-            doc.pop("opset")  # the export's opset: likewise
+        # the run-parameter table says which fields enter it, and which only when set (so
+        # that a config without them hashes as before they existed)
+        doc = hashed_config(self.to_json())
         if parts:
             doc = {k: doc[k] for k in parts if k in doc}
         return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()

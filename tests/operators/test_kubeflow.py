@@ -9,7 +9,6 @@ import io
 import json
 import re
 import tokenize
-from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -199,34 +198,23 @@ def test_steps_are_the_stages(
     assert report["benchmarked"]["parameterType"] == "LIST"  # all variants' records
 
 
-def test_config_parameters_are_declared_once() -> None:
-    """The run's configuration is one list in the Kubeflow module, used for the pipeline's
-    parameters and every step's command line."""
+def test_config_parameters_come_from_the_run_parameter_table() -> None:
+    """The run's configuration is the run-parameter table's (``graphtrim.run_params``), used
+    for the pipeline's parameters and every step's command line; the module names none of them
+    itself (tests/test_run_params.py checks the compiled pipeline against the table)."""
     import graphtrim.kubeflow.pipeline as module
+    from graphtrim.run_params import on
 
-    config = (
-        "tracking_uri",
-        "artifacts",
-        "s3_endpoint_url",
-        "variants",
-        "preset",
-        "opset",
-        "policy",
-        "calibration",
-        "eval_data",
-        "weights",
-        "tune",
-    )
-    read = [
+    wanted = [p.name for p in on("kfp") if p.into != "source"]
+    assert sorted(c.name for c in module.CONFIG) == sorted(wanted)
+    read = {
         t.string.strip("\"'")
         for t in tokenize.generate_tokens(io.StringIO(Path(module.__file__).read_text()).readline)
-        if t.type in (tokenize.NAME, tokenize.STRING)
-    ]
-    # `graphtrim pipeline tune`: the command, not the parameter
-    tokens = Counter(
-        t for i, t in enumerate(read) if not (t == "tune" and read[i - 1] == "pipeline")
-    )
-    assert {name: tokens[name] for name in config} == dict.fromkeys(config, 1)
+        if t.type == tokenize.STRING
+    }
+    # `variants`: the loop's parameter, looked up by name; "tune": the command `graphtrim
+    # pipeline tune`; everything else comes from the table
+    assert read & set(wanted) <= {"variants", "tune"}
 
 
 def test_gpu_pipeline_requests_gpus_for_quantize_and_gate(
@@ -356,6 +344,10 @@ def _kfp_run(
             "eval_data": str(digits_task.eval),
             "weights": "{}",  # the run's default: the weight-only defaults
             "tune": "",  # the run's default: no settings search
+            "target_name": "",
+            "allow_variant_source": False,  # KFP renders a boolean as false / true
+            "rejudge": False,
+            "force_promotion": False,
             **params,
         },
         work,
@@ -612,6 +604,8 @@ def test_local_paths_are_the_launchers(monkeypatch: pytest.MonkeyPatch, tmp_path
     assert outputs_module.local_path("s3://b/k/report") == tmp_path / "s3/b/k/report"
     assert outputs_module.local_path("gs://b/k") == tmp_path / "gcs/b/k"
     assert outputs_module.local_path("minio://mlpipeline/x") == tmp_path / "minio/mlpipeline/x"
+    # kfp.local hands a step its artifacts' local paths
+    assert outputs_module.local_path("/runs/p-1/gate/report") == Path("/runs/p-1/gate/report")
     with pytest.raises(GraphtrimError, match="not on an object store"):
         outputs_module.local_path("https://example.com/x")
 
