@@ -295,6 +295,18 @@ RUN_PARAMS: tuple[RunParam, ...] = (
         into="context",
         example=True,
     ),
+    RunParam(
+        "unreached_retries",
+        "integer",
+        "a variant whose verdict was not reached (its child timed out or was killed from "
+        "outside) is measured again by up to this many later runs before that outcome is "
+        "reported as recorded; a measured failure is never measured again",
+        default=2,
+        into="context",
+        # the orchestrators' runs keep the default: their context parameters are switches
+        surfaces=frozenset({"cli"}),
+        example=0,
+    ),
     # the command line's alone: settings the orchestrators leave at their defaults
     RunParam(
         "tensorrt",

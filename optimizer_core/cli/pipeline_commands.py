@@ -129,15 +129,6 @@ def _add_pipeline_args(p: argparse.ArgumentParser) -> None:
         "or a hang there fails that variant only)",
     )
     p.add_argument(
-        "--unreached-retries",
-        type=int,
-        default=2,
-        metavar="N",
-        help="a variant whose verdict was not reached (its child timed out or was killed "
-        "from outside) is measured again by up to N later runs before that outcome is "
-        "reported as recorded; a measured failure is never measured again (default 2)",
-    )
-    p.add_argument(
         "-q", "--quiet", action="store_true", help="no progress lines, only the result table"
     )
 
@@ -307,6 +298,10 @@ def _context_and_config(args: argparse.Namespace) -> tuple[Any, Any]:
         except ValueError as exc:
             raise GraphtrimError(f"--policy-json: not JSON ({exc})") from exc
         policy = policy or None
+    if args.child_timeout <= 0:
+        raise GraphtrimError("--child-timeout must be a positive number of seconds")
+    if args.unreached_retries < 0:
+        raise GraphtrimError("--unreached-retries must be 0 or more")
     ctx = StageContext(
         tracking_uri=_tracking(args),
         artifacts=args.artifacts,
@@ -320,10 +315,6 @@ def _context_and_config(args: argparse.Namespace) -> tuple[Any, Any]:
         child_timeout=args.child_timeout,
         unreached_retries=args.unreached_retries,
     )
-    if args.child_timeout <= 0:
-        raise GraphtrimError("--child-timeout must be a positive number of seconds")
-    if args.unreached_retries < 0:
-        raise GraphtrimError("--unreached-retries must be 0 or more")
     if args.quiet:
         _quiet()
     config = PipelineConfig(
