@@ -2,7 +2,7 @@
 
 Every trial task of a search reads the same inputs: the reference model, the optimized model
 and the data. Without the cache each task fetches them from the artifact store again; with it
-(:class:`graphtrim.integrations.artifacts.InputCache`) the first task of a worker fetches them and
+(:class:`graphtrim.integrations.input_cache.InputCache`) the first task of a worker fetches them and
 the others link them. This bench stores a model of ``--gb`` GB (MatMul layers of 4096 x 4096
 float32 weights in external data, 64 MiB each) in S3 (a moto server on 127.0.0.1: an S3 endpoint
 on the same machine, so a real bucket over a network takes longer, not shorter; transfers are
@@ -61,7 +61,8 @@ def _model(folder: Path, gb: float) -> Path:
 def run(gb: float, trials: int, root: Path) -> dict[str, Any]:
     import boto3
 
-    from graphtrim.integrations.artifacts import InputCache, S3Store
+    from graphtrim.integrations.artifacts import S3Store
+    from graphtrim.integrations.input_cache import InputCache
     from tests.servers import fake_aws_credentials, moto_server
 
     with fake_aws_credentials(), moto_server(root / "s3") as endpoint:

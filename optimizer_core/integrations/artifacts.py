@@ -11,9 +11,7 @@ written last and marks the entry complete; a half-written upload is never visibl
 from __future__ import annotations
 
 import dataclasses
-import datetime as dt
 import functools
-import hashlib
 import json
 import os
 import re
@@ -24,17 +22,20 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
-from graphtrim.errors import GraphtrimError, transient
+from graphtrim.errors import transient
+from graphtrim.integrations.model_files import (
+    MANIFEST,
+    MODEL_FILE,
+    ArtifactStoreError,
+    _manifest,
+    _normalized,
+    _staged_names,
+    model_files,
+    sha256_files,
+)
 from graphtrim.redact import redact, register_secret
 
-MODEL_FILE = "model.onnx"
-DATA_FILE = "model.onnx.data"
-MANIFEST = "manifest.json"
 _SAFE = re.compile(r"[^A-Za-z0-9._-]+")
-
-
-class ArtifactStoreError(GraphtrimError):
-    """The artifact store cannot be reached or refused an operation."""
 
 
 class MissingEntryError(ArtifactStoreError):
@@ -75,72 +76,6 @@ def safe_part(part: str) -> str:
     return cleaned[:200]
 
 
-def model_files(path: str | os.PathLike[str]) -> list[Path]:
-    """The files of a model: the ``.onnx`` and the external data files it references."""
-    import onnx
-
-    p = Path(path)
-    files = [p]
-    proto = onnx.load(str(p), load_external_data=False)
-    seen: set[str] = set()
-    for t in _external_tensors(proto):
-        loc = next((e.value for e in t.external_data if e.key == "location"), "")
-        if loc and loc not in seen:
-            seen.add(loc)
-            target = (p.parent / loc).resolve()
-            if Path(loc).is_absolute() or not target.is_relative_to(p.parent.resolve()):
-                raise ArtifactStoreError(
-                    f"{p}: external data location '{loc}' points outside the model's folder"
-                )
-            if not target.is_file():
-                raise ArtifactStoreError(f"{p}: external data file '{loc}' is missing")
-            files.append(p.parent / loc)
-    return files
-
-
-def _external_tensors(proto: Any) -> list[Any]:
-    """Every tensor of the model stored outside it: initializers and tensor attributes, in
-    the main graph, in subgraphs (If / Loop / Scan bodies) and in functions."""
-    import onnx
-
-    out: list[Any] = []
-
-    def graph(g: Any) -> None:
-        out.extend(g.initializer)
-        out.extend(s.values for s in g.sparse_initializer)
-        nodes(g.node)
-
-    def nodes(ns: Any) -> None:
-        for n in ns:
-            for a in n.attribute:
-                if a.HasField("t"):
-                    out.append(a.t)
-                out.extend(a.tensors)
-                if a.HasField("g"):
-                    graph(a.g)
-                for sub in a.graphs:
-                    graph(sub)
-
-    graph(proto.graph)
-    for f in proto.functions:
-        nodes(f.node)
-    return [t for t in out if t.data_location == onnx.TensorProto.EXTERNAL]
-
-
-def sha256_files(files: Sequence[Path], names: Sequence[str] | None = None) -> str:
-    """One digest over the files' names inside an entry and their bytes. The names default to
-    the entry's (``model.onnx`` for the first file, the data files' own names), so the same
-    model has the same digest whatever its file is called."""
-    h = hashlib.sha256()
-    for f, name in zip(files, names or _staged_names(files), strict=True):
-        h.update(name.encode() + b"\0")
-        with open(f, "rb") as fh:
-            for block in iter(lambda: fh.read(1 << 20), b""):
-                h.update(block)
-        h.update(b"\0")
-    return h.hexdigest()
-
-
 @dataclasses.dataclass(frozen=True)
 class StoredModel:
     """Where a stored model lives and what it is."""
@@ -172,52 +107,6 @@ class ArtifactStore(Protocol):
     def put_file(self, path: str | os.PathLike[str], key: str) -> str: ...
 
     def delete(self, uri: str) -> bool: ...
-
-
-def _manifest(
-    files: Sequence[Path],
-    sha: str,
-    *,
-    model: str,
-    version: str,
-    stage: str,
-    parents: Sequence[str],
-    config_hash: str | None,
-    extra: Mapping[str, Any] | None,
-) -> dict[str, Any]:
-    names = _staged_names(files)
-    return {
-        "sha256": sha,
-        "model": model,
-        "version": str(version),
-        "stage": stage,
-        "files": {n: f.stat().st_size for n, f in zip(names, files, strict=True)},
-        "parents": list(parents),
-        "config_hash": config_hash,
-        "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        **dict(extra or {}),
-    }
-
-
-def _staged_names(files: Sequence[Path]) -> list[str]:
-    """Names inside an entry: the model is always ``model.onnx``; data files keep their names,
-    which the model references (a model whose data file is not ``model.onnx.data`` is
-    rewritten by the caller before storing)."""
-    return [MODEL_FILE if i == 0 else f.name for i, f in enumerate(files)]
-
-
-def _normalized(path: Path, tmp: Path) -> Path:
-    """``path`` itself when its external data (if any) is ``model.onnx.data``; else a copy in
-    ``tmp`` saved that way, so the stored entry is self-consistent."""
-    files = model_files(path)
-    if len(files) == 1 or (len(files) == 2 and files[1] == path.parent / DATA_FILE):
-        return path
-    import onnx
-
-    proto = onnx.load(str(path))
-    out = tmp / MODEL_FILE
-    onnx.save(proto, str(out), save_as_external_data=True, location=DATA_FILE)
-    return out
 
 
 class _EntryStore:
@@ -667,135 +556,3 @@ def fetch_file(
     if not path.is_file():
         raise ArtifactStoreError(f"{uri}: no such file")
     return path
-
-
-CACHE_ENV = "GRAPHTRIM_INPUT_CACHE"  # the folder, or "off"
-CACHE_SIZE_ENV = "GRAPHTRIM_INPUT_CACHE_GB"  # its size limit, 20 GB unless set
-
-
-class InputCache:
-    """A worker's copies of the inputs its tasks fetch (stored models, data files), each kept
-    under its sha256: a content hash names the same bytes wherever they were read from, so a
-    second task on this worker that needs them links them from here instead of fetching them
-    again. A copy enters the cache whole (fetched into a folder of its own, checked against
-    its hash, renamed into place) and is handed out as hard links (a copy across file
-    systems), so evicting it never pulls a file from under a task. The least recently used
-    copies go when the cache exceeds ``max_bytes``."""
-
-    def __init__(self, root: str | os.PathLike[str], *, max_bytes: int = 20 << 30):
-        self.root = Path(root).expanduser().resolve()
-        self.max_bytes = max_bytes
-
-    def __repr__(self) -> str:
-        return f"InputCache({self.root})"
-
-    @classmethod
-    def from_env(cls, workdir: str | None = None) -> InputCache | None:
-        """The cache ``GRAPHTRIM_INPUT_CACHE`` names (``off``: none); unset, a folder in the
-        user's cache folder (``$XDG_CACHE_HOME/graphtrim/inputs``)."""
-        where = os.environ.get(CACHE_ENV, "").strip()
-        if where.lower() in ("off", "0", "false", "none"):
-            return None
-        if not where:
-            base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-            where = str(Path(base) / "graphtrim" / "inputs")
-        raw = os.environ.get(CACHE_SIZE_ENV, "").strip()
-        try:
-            size = float(raw) if raw else 20.0
-        except ValueError:
-            raise ArtifactStoreError(f"{CACHE_SIZE_ENV}={raw!r}: a number of GB") from None
-        if size <= 0:
-            raise ArtifactStoreError(f"{CACHE_SIZE_ENV}={raw!r}: a number of GB above 0")
-        return cls(where, max_bytes=int(size * (1 << 30)))
-
-    def model(
-        self, uri: str, sha256: str, dest: str | os.PathLike[str], fetch: Callable[..., Path]
-    ) -> Path:
-        """The model entry at ``uri`` (content hash ``sha256``) in ``dest``, its model file
-        returned; ``fetch(uri, folder)`` fetches it when this worker has no copy."""
-
-        def get(folder: Path) -> None:
-            path = fetch(uri, folder)
-            names = [MODEL_FILE, *sorted(p.name for p in folder.iterdir() if p != path)]
-            if sha256_files([folder / n for n in names], names) != sha256:
-                raise ArtifactStoreError(f"{uri}: fetched files do not match sha256 {sha256}")
-
-        entry = self._entry(sha256, get)
-        out = Path(dest)
-        out.mkdir(parents=True, exist_ok=True)
-        for f in sorted(entry.iterdir()):
-            _link(f, out / f.name)
-        return out / MODEL_FILE
-
-    def file(
-        self, uri: str, sha256: str, dest: str | os.PathLike[str], fetch: Callable[..., Path]
-    ) -> Path:
-        """The single file at ``uri`` (sha256 ``sha256``) as ``dest``; ``fetch(uri, path)``
-        fetches it when this worker has no copy."""
-        from graphtrim.hashing import file_sha256
-
-        def get(folder: Path) -> None:
-            got = fetch(uri, folder / "file")
-            if got != folder / "file":  # a local file used in place
-                shutil.copyfile(got, folder / "file")
-            if file_sha256(folder / "file") != sha256:
-                raise ArtifactStoreError(f"{uri}: fetched file does not match sha256 {sha256}")
-
-        entry = self._entry(sha256, get)
-        out = Path(dest)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        _link(entry / "file", out)
-        return out
-
-    def _entry(self, sha256: str, get: Callable[[Path], None]) -> Path:
-        if not _SHA.fullmatch(sha256):
-            raise ArtifactStoreError(f"not a sha256: {sha256!r}")
-        entry = self.root / sha256
-        if entry.is_dir():
-            os.utime(entry)  # recently used
-            return entry
-        self.root.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(prefix=".fetch-", dir=self.root) as tmp:
-            folder = Path(tmp) / "entry"
-            folder.mkdir()
-            get(folder)
-            for f in folder.iterdir():  # shared by links: no task may write into them
-                f.chmod(0o444)
-            try:
-                os.replace(folder, entry)
-            except OSError:  # a concurrent task of this worker put the same bytes first
-                if not entry.is_dir():
-                    raise
-        self._evict(keep=entry)
-        return entry
-
-    def _evict(self, keep: Path) -> None:
-        entries = []
-        for e in self.root.iterdir():
-            if e == keep or not _SHA.fullmatch(e.name):
-                continue
-            try:
-                size = sum(f.stat().st_size for f in e.iterdir())
-                entries.append((e.stat().st_mtime, size, e))
-            except OSError:
-                continue
-        total = sum(s for _, s, _ in entries) + sum(f.stat().st_size for f in keep.iterdir())
-        for _, size, e in sorted(entries, key=lambda t: t[0]):
-            if total <= self.max_bytes:
-                break
-            gone = self.root / f".evicted-{e.name}-{os.getpid()}-{time.monotonic_ns()}"
-            try:
-                os.replace(e, gone)
-            except OSError:
-                continue
-            shutil.rmtree(gone, ignore_errors=True)
-            total -= size
-
-
-def _link(src: Path, dst: Path) -> None:
-    """``dst`` as a hard link to ``src`` (a copy where the file systems differ)."""
-    dst.unlink(missing_ok=True)
-    try:
-        os.link(src, dst)
-    except OSError:
-        shutil.copyfile(src, dst)

@@ -71,7 +71,7 @@ def save_onnx_model(path: str | os.PathLike[str], dest: str | os.PathLike[str], 
     import onnx
     from mlflow.models import Model
 
-    from graphtrim.integrations.artifacts import model_files
+    from graphtrim.integrations.model_files import model_files
 
     src = Path(path)
     files = model_files(src)

@@ -217,7 +217,7 @@ def export(ctx: StageContext, config: PipelineConfig, model_uri: str) -> ExportR
     files are checked against the model's signature (each file fetched once, for its hash and
     its check alike)."""
     from graphtrim.exporter import to_onnx
-    from graphtrim.integrations.artifacts import model_files
+    from graphtrim.integrations.model_files import model_files
     from graphtrim.modelio import read_proto
 
     with ctx.scratch("export") as tmp:

@@ -71,9 +71,9 @@ def _inputs(
     """What a step reads, in its scratch folder: the resolved config, the optimized model (the
     search's reference), the calibration and evaluation data, the folder. The models and the
     S3 data files come from this worker's input cache
-    (:class:`~graphtrim.integrations.artifacts.InputCache`, ``GRAPHTRIM_INPUT_CACHE``)."""
+    (:class:`~graphtrim.integrations.input_cache.InputCache`, ``GRAPHTRIM_INPUT_CACHE``)."""
     assert exp.model is not None and opt.model is not None
-    from graphtrim.integrations.artifacts import InputCache
+    from graphtrim.integrations.input_cache import InputCache
 
     cache = InputCache.from_env()
     with ctx.scratch("tune") as tmp:
@@ -108,8 +108,8 @@ def tune_plan(
     ``rounds``: the trial layers the orchestrator has (:data:`graphtrim.tune.rounds.ROUNDS`)."""
     from graphtrim.integrations.registry import RegistryTuneMemory
     from graphtrim.tune import rounds as steps
+    from graphtrim.tune.inputs import _model_ops, _subset
     from graphtrim.tune.memory import graph_signature
-    from graphtrim.tune.search import _model_ops, _subset
 
     if config.tune is None:
         return {"search": None, "batch": []}

@@ -37,7 +37,7 @@ AIRFLOW = str(Path(sys.executable).with_name("airflow"))
 
 _CHILD = """
 import ctypes, signal, sys
-from graphtrim.airflow.operators import fatal_signals_end_the_process
+from graphtrim.airflow.signals import fatal_signals_end_the_process
 
 def python_handler(signum, frame):  # what Airflow's DAG parser installs
     print("python handler", flush=True)

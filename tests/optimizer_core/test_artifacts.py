@@ -25,20 +25,22 @@ import onnx.numpy_helper as onh
 import onnxruntime as ort
 import pytest
 
-from graphtrim.integrations import artifacts
+from graphtrim.integrations import artifacts, input_cache
 from graphtrim.integrations.artifacts import (
-    DATA_FILE,
-    MANIFEST,
-    MODEL_FILE,
-    ArtifactStoreError,
     LocalStore,
     S3Store,
     fetch,
     fetch_file,
-    model_files,
     open_store,
-    sha256_files,
     split_s3,
+)
+from graphtrim.integrations.model_files import (
+    DATA_FILE,
+    MANIFEST,
+    MODEL_FILE,
+    ArtifactStoreError,
+    model_files,
+    sha256_files,
 )
 from tests.servers import free_port, moto_server
 
@@ -959,7 +961,7 @@ def test_input_cache_fetches_each_content_once_and_links_it(
     store = S3Store(bucket, "pre", endpoint_url=s3_url)
     src = save_model(tmp_path / "a", seed=1, location=DATA_FILE)
     stored = store.put_model(src, model="m", version="1", stage="t")
-    cache = artifacts.InputCache(tmp_path / "cache")
+    cache = input_cache.InputCache(tmp_path / "cache")
     fetched: list[str] = []
 
     def counted(uri: str, dest: Path) -> Path:
@@ -984,7 +986,7 @@ def test_input_cache_refuses_bytes_that_do_not_match_the_hash(tmp_path: Path) ->
     store = LocalStore(tmp_path / "store")
     one = store.put_model(save_model(tmp_path / "a", seed=1), model="m", version="1", stage="t")
     two = store.put_model(save_model(tmp_path / "b", seed=2), model="m", version="1", stage="t")
-    cache = artifacts.InputCache(tmp_path / "cache")
+    cache = input_cache.InputCache(tmp_path / "cache")
     with pytest.raises(ArtifactStoreError, match="do not match sha256"):
         cache.model(two.uri, one.sha256, tmp_path / "task", store.fetch_model)
     assert [p.name for p in (tmp_path / "cache").iterdir()] == []  # nothing entered the cache
@@ -1004,7 +1006,7 @@ def test_input_cache_evicts_the_least_recently_used(tmp_path: Path) -> None:
         for i in range(3)
     ]
     size = (tmp_path / "m0" / MODEL_FILE).stat().st_size
-    cache = artifacts.InputCache(tmp_path / "cache", max_bytes=2 * size + size // 2)
+    cache = input_cache.InputCache(tmp_path / "cache", max_bytes=2 * size + size // 2)
     for i, e in enumerate(entries[:2]):
         cache.model(e.uri, e.sha256, tmp_path / f"t{i}", store.fetch_model)
     os.utime(tmp_path / "cache" / entries[1].sha256, (1, 1))  # the older one now
@@ -1019,16 +1021,16 @@ def test_input_cache_evicts_the_least_recently_used(tmp_path: Path) -> None:
 
 def test_input_cache_settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
-    monkeypatch.delenv(artifacts.CACHE_ENV, raising=False)
-    monkeypatch.delenv(artifacts.CACHE_SIZE_ENV, raising=False)
-    cache = artifacts.InputCache.from_env()
+    monkeypatch.delenv(input_cache.CACHE_ENV, raising=False)
+    monkeypatch.delenv(input_cache.CACHE_SIZE_ENV, raising=False)
+    cache = input_cache.InputCache.from_env()
     assert cache is not None and cache.root == (tmp_path / "xdg" / "graphtrim" / "inputs")
-    monkeypatch.setenv(artifacts.CACHE_ENV, str(tmp_path / "c"))
-    monkeypatch.setenv(artifacts.CACHE_SIZE_ENV, "0.5")
-    cache = artifacts.InputCache.from_env()
+    monkeypatch.setenv(input_cache.CACHE_ENV, str(tmp_path / "c"))
+    monkeypatch.setenv(input_cache.CACHE_SIZE_ENV, "0.5")
+    cache = input_cache.InputCache.from_env()
     assert cache is not None and (cache.root, cache.max_bytes) == (tmp_path / "c", 1 << 29)
-    monkeypatch.setenv(artifacts.CACHE_SIZE_ENV, "lots")
+    monkeypatch.setenv(input_cache.CACHE_SIZE_ENV, "lots")
     with pytest.raises(ArtifactStoreError, match="a number of GB"):
-        artifacts.InputCache.from_env()
-    monkeypatch.setenv(artifacts.CACHE_ENV, "off")
-    assert artifacts.InputCache.from_env() is None
+        input_cache.InputCache.from_env()
+    monkeypatch.setenv(input_cache.CACHE_ENV, "off")
+    assert input_cache.InputCache.from_env() is None

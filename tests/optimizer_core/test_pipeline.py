@@ -199,7 +199,7 @@ def test_the_mlflow_copy_is_the_stored_bytes(
     servers: dict[str, str], digits_run: dict[str, Any], tmp_path: Path
 ) -> None:
     """The files MLflow serves for a registered variant hash to its graphtrim.sha256 tag."""
-    from graphtrim.integrations.artifacts import model_files, sha256_files
+    from graphtrim.integrations.model_files import model_files, sha256_files
 
     client = mlflow.MlflowClient(servers["mlflow"], servers["mlflow"])
     for variant, rec in digits_run["register"]["registered"].items():

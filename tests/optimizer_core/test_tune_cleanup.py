@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 
 from graphtrim.examples.digits import DigitsTask
-from graphtrim.integrations.artifacts import MANIFEST, LocalStore
+from graphtrim.integrations.artifacts import LocalStore
+from graphtrim.integrations.model_files import MANIFEST
 from graphtrim.stages import pipeline, tune
 from graphtrim.stages.context import PipelineConfig, StageContext
 from graphtrim.stages.quantize import KEEP_TRIALS_ENV, _clean_trials
