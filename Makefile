@@ -6,7 +6,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.graphtrim-installed
 TORCH_PIN := torch==2.13.0
 
-.PHONY: install demo test browser lint typecheck docs docs-serve bench bench-variants bench-tune bench-tune-pool bench-llm bench-llm-graph bench-llm-pipeline bench-scale bench-nodetests corpus sweep deployment clean
+.PHONY: install demo test faults browser lint typecheck docs docs-serve bench bench-variants bench-tune bench-tune-pool bench-llm bench-llm-graph bench-llm-pipeline bench-scale bench-nodetests corpus sweep deployment clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -50,6 +50,11 @@ docs-serve: $(STAMP)
 
 test: $(STAMP) lint typecheck docs browser
 	$(PY) -m pytest -q -n 2 --dist loadgroup
+
+# every fault at every point (tests/faults; `make test` runs one point per fault), and the outcome
+# table the documentation shows (docs/operations/data/faults.json, with the commit and date)
+faults: $(STAMP)
+	GRAPHTRIM_FAULTS=full GRAPHTRIM_FAULTS_PUBLISH=1 $(PY) -m pytest -q tests/faults -m faults
 
 bench: $(STAMP)
 	$(PY) -m bench $(BENCH_ARGS)

@@ -29,6 +29,7 @@ import threading
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from graphtrim import faults
 from graphtrim.errors import GraphtrimError, transient
 from graphtrim.redact import redact, register_secret
 
@@ -577,6 +578,7 @@ class Registry:
         model_id = None
         if model_uri.startswith("models:/m-"):
             model_id = model_uri.removeprefix("models:/").split("/")[0]
+        faults.point("register.create_version.before")
         mv = self._call(
             f"registering {model_uri} as '{name}'",
             self.client.create_model_version,
@@ -588,6 +590,7 @@ class Registry:
             description=description,
             await_creation_for=300,
         )
+        faults.point("register.create_version.after")
         # two writers racing past the search both created a version: keep the oldest
         winner = self.find_by_key(name, key)
         if winner is not None and str(winner.version) != str(mv.version):
@@ -611,6 +614,7 @@ class Registry:
         previous = self.alias_version(name, alias)
         if previous == str(version):
             return previous
+        faults.point("promote.alias.before")
         self._call(
             f"setting alias '{alias}' of '{name}'",
             self.client.set_registered_model_alias,
@@ -618,10 +622,12 @@ class Registry:
             alias,
             str(version),
         )
+        faults.point("promote.alias.after")
         history = self._history(name, alias)
         if previous is not None:
             history.append(previous)
         self.client.set_registered_model_tag(name, HISTORY_TAG + alias, json.dumps(history[-50:]))
+        faults.point("promote.history.after")
         audit = _audit("promote", alias, previous, str(version), why, who)
         self._record_move(name, alias, audit, [str(version), *([previous] if previous else [])])
         return previous
