@@ -30,7 +30,7 @@ def fault_env(tmp_path_factory: pytest.TempPathFactory, digits_task: object) -> 
     from tests.servers import fake_aws_credentials, moto_server, register_onnx
 
     root = tmp_path_factory.mktemp("faults")
-    pg = PgCluster(root / "pg")
+    pg = PgCluster()
     pg.start()
     try:
         backend = pg.create_database("mlflow")
@@ -45,9 +45,7 @@ def fault_env(tmp_path_factory: pytest.TempPathFactory, digits_task: object) -> 
             ):
                 boto3.client("s3", endpoint_url=s3).create_bucket(Bucket=BUCKET)
                 register_onnx(mlflow.url, digits_task.model, "digits")  # type: ignore[attr-defined]
-                yield FaultEnv(
-                    pg, mlflow, mlflow_proxy, s3, s3_proxy, root, "models:/digits/1"
-                )
+                yield FaultEnv(pg, mlflow, mlflow_proxy, s3, s3_proxy, root, "models:/digits/1")
         finally:
             mlflow.stop()
     finally:

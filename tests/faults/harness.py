@@ -42,14 +42,18 @@ def _pg_bin(name: str) -> str:
 
 
 class PgCluster:
-    """A PostgreSQL cluster in ``folder`` on a free port, trust auth, TCP on 127.0.0.1 only.
-    As root the server runs as the ``postgres`` user (PostgreSQL refuses root)."""
+    """A PostgreSQL cluster in a temporary folder of its own on a free port, trust auth, TCP on
+    127.0.0.1 only. As root the server runs as the ``postgres`` user (PostgreSQL refuses root),
+    so the folder is directly under the system's temporary folder, where that user can reach
+    it; :meth:`stop` removes it."""
 
-    def __init__(self, folder: Path) -> None:
-        self.folder = folder
-        self.data = folder / "data"
+    def __init__(self) -> None:
+        import tempfile
+
+        self.folder = Path(tempfile.mkdtemp(prefix="graphtrim-faults-pg-"))
+        self.data = self.folder / "data"
         self.port = free_port()
-        self.log = folder / "postgres.log"
+        self.log = self.folder / "postgres.log"
         self._user: str | None = None
         if os.geteuid() == 0:
             self._user = "postgres"
@@ -92,6 +96,7 @@ class PgCluster:
     def stop(self) -> None:
         with contextlib.suppress(subprocess.CalledProcessError, subprocess.TimeoutExpired):
             self._run(_pg_bin("pg_ctl"), "-D", str(self.data), "-m", "immediate", "-w", "stop")
+        shutil.rmtree(self.folder, ignore_errors=True)
 
     def create_database(self, name: str) -> str:
         subprocess.run(

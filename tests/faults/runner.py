@@ -111,9 +111,7 @@ class Result:
 
 
 def _env(home: Path) -> dict[str, str]:
-    env = {
-        k: v for k, v in os.environ.items() if not k.startswith(("GRAPHTRIM_FAULT", "PYTEST_"))
-    }
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("GRAPHTRIM_FAULT", "PYTEST_"))}
     env.update(
         HOME=str(home),
         XDG_CACHE_HOME=str(home / "cache"),
@@ -440,7 +438,7 @@ def run_upload_case(env: FaultEnv, case: Case, tmp: Path) -> tuple[Result, list[
     client = boto3.client("s3", endpoint_url=env.s3)
     for up in client.list_multipart_uploads(Bucket=BUCKET).get("Uploads", []):
         diffs.append(f"unfinished multipart upload {up['Key']}")
-    left = sorted(str(p) for p in (home / "tmp").iterdir())
+    left = sorted(str(p) for p in (home / "tmp").iterdir() if p.name[0] != ".")
     if left:
         diffs.append(f"staging left: {left}")
     return result, diffs

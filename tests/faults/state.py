@@ -97,7 +97,8 @@ def snapshot(
     for bucket in [b["Name"] for b in s3c.list_buckets().get("Buckets", [])]:
         for up in s3c.list_multipart_uploads(Bucket=bucket).get("Uploads", []):
             out["problems"].append(f"unfinished multipart upload s3://{bucket}/{up['Key']}")
-    left = [str(p) for w in workdirs if w.exists() for p in w.iterdir()]
+    # graphtrim's staging folders (a library's dotfile in the temporary folder is not one)
+    left = [str(p) for w in workdirs if w.exists() for p in w.iterdir() if p.name[0] != "."]
     out["staging_left"] = sorted(left)
     return out
 
