@@ -93,6 +93,10 @@ class PgCluster:
             "-m", "fast", "-w", "-t", "120", "restart",
         )  # fmt: skip
 
+    def stop_fast(self) -> None:
+        """``pg_ctl stop -m fast`` (a restart that takes a while: :meth:`start` again)."""
+        self._run(_pg_bin("pg_ctl"), "-D", str(self.data), "-m", "fast", "-w", "stop")
+
     def stop(self) -> None:
         with contextlib.suppress(subprocess.CalledProcessError, subprocess.TimeoutExpired):
             self._run(_pg_bin("pg_ctl"), "-D", str(self.data), "-m", "immediate", "-w", "stop")

@@ -10,6 +10,7 @@ import json
 import os
 import platform
 import resource
+import shutil
 import subprocess
 import sys
 import time
@@ -23,6 +24,7 @@ from tests.faults.conftest import FaultEnv
 from tests.faults.harness import Rule
 
 RETRIES = 2  # dags/graphtrim_optimize_model.py default_args["retries"]
+PG_DOWN = 5.0  # seconds PostgreSQL stays down in a restart
 STAGE_LIMIT = 900  # seconds: a guard against a hang only
 VARIANTS = "graph,int8-static"
 NEEDS = {
@@ -139,17 +141,28 @@ def _last_line(text: str) -> str:
 
 
 class PipelineRun:
-    """One pipeline run into a registered model of its own (``--target-name``) and an MLflow
-    experiment of its own, so that runs compare one to one."""
+    """One pipeline run into a registered model of its own (``--target-name``), so that runs
+    compare one to one. Given ``base`` (the reference run), it takes that run's records of the
+    stages before the one its fault meets, and its MLflow run (the stages it runs log there):
+    only the stages from the fault on run again."""
 
     def __init__(
-        self, env: FaultEnv, digits: Any, slug: str, tmp: Path, *, broken_key: bool = False
+        self,
+        env: FaultEnv,
+        digits: Any,
+        slug: str,
+        tmp: Path,
+        *,
+        base: PipelineRun | None = None,
+        broken_key: bool = False,
     ) -> None:
         self.env = env
         self.slug = slug
         self.tmp = tmp
         self.target = f"t-{slug}"
-        self.experiment = f"e-{slug}"
+        self.experiment = base.experiment if base is not None else f"e-{slug}"
+        run_id = base.slug if base is not None else slug
+        self.base = base
         self.records = tmp / "records"
         self.records.mkdir(parents=True, exist_ok=True)
         self.workdir = tmp / "work"
@@ -175,7 +188,7 @@ class PipelineRun:
             "--policy", str(policy),
             "--target-name", self.target,
             "--experiment", self.experiment,
-            "--orchestrator-run-id", f"faults:{slug}",
+            "--orchestrator-run-id", f"faults:{run_id}",
             "--workdir", str(self.workdir),
             "-q",
         ]  # fmt: skip
@@ -238,8 +251,11 @@ class PipelineRun:
 
     def _inject(self, case: Case, pause: Path) -> None:
         if case.fault == "pg-restart":
-            self.env.pg.restart()
+            # a restart as a failover looks: cut every connection, down for a few seconds
+            self.env.pg.stop_fast()
             (pause / "go").write_text("")
+            time.sleep(PG_DOWN)
+            self.env.pg.start()
         elif case.fault == "mlflow-kill":
             self.env.mlflow.kill()
             (pause / "go").write_text("")  # the stage goes on against a dead server
@@ -301,7 +317,13 @@ class PipelineRun:
         run again afterwards, the resource back, as the next run."""
         result = Result()
         start = time.monotonic()
-        for name in NEEDS:
+        stages = list(NEEDS)
+        if self.base is not None:  # the stages before the fault's: the reference's records
+            first = min(stages.index(case.stage), stages.index("register"))
+            for name in stages[:first]:
+                shutil.copy(self.base.records / f"{name}.json", self.records / f"{name}.json")
+            stages = stages[first:]
+        for name in stages:
             if case.fault != "none" and name == case.stage:
                 if not self.stage(name, case, result):
                     assert case.fatal, result.log
@@ -461,8 +483,8 @@ def _commit() -> str:
 
 class Outcomes:
     """The fault x point -> outcome rows of one suite run; written to
-    ``.test-artifacts/faults/outcomes.json`` and, for the full form, to the documentation's
-    data file (rendered by :func:`tests.faults.table.render`)."""
+    ``.test-artifacts/faults/outcomes.json`` and, with ``$GRAPHTRIM_FAULTS_PUBLISH`` (``make
+    faults``), to the documentation's data file (rendered by :func:`tests.faults.table.render`)."""
 
     def __init__(self, *, full: bool) -> None:
         self.full = full
@@ -486,6 +508,7 @@ class Outcomes:
                 "seconds": round(result.seconds, 1),
             }
         )
+        self.write()  # row by row: a run cut short still shows what it measured
 
     def write(self) -> None:
         if not self.rows:
@@ -499,6 +522,6 @@ class Outcomes:
         }
         ARTIFACTS.mkdir(parents=True, exist_ok=True)
         (ARTIFACTS / "outcomes.json").write_text(json.dumps(doc, indent=2) + "\n")
-        if self.full and os.environ.get("GRAPHTRIM_FAULTS_PUBLISH"):
+        if os.environ.get("GRAPHTRIM_FAULTS_PUBLISH"):
             DATA.parent.mkdir(parents=True, exist_ok=True)
             DATA.write_text(json.dumps(doc, indent=2) + "\n")
