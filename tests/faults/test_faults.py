@@ -30,7 +30,13 @@ from tests.faults.runner import (
     run_upload_case,
 )
 
-pytestmark = [pytest.mark.faults, pytest.mark.slow, pytest.mark.xdist_group("faults")]
+# a guard against a hang only: the servers, the reference run and each case on a busy machine
+pytestmark = [
+    pytest.mark.faults,
+    pytest.mark.slow,
+    pytest.mark.xdist_group("faults"),
+    pytest.mark.timeout(3600),
+]
 
 FULL = os.environ.get("GRAPHTRIM_FAULTS", "") == "full"
 
