@@ -243,6 +243,8 @@ class PipelineRun:
                 time.sleep(0.1)
             if proc.poll() is None:
                 raise AssertionError(f"{stage} still running after {STAGE_LIMIT} s")
+            if env.get("GRAPHTRIM_FAULT_ACTION") == "kill" and proc.returncode == -9:
+                reached = True  # killed at its point
         finally:
             if proc.poll() is None:
                 os.killpg(proc.pid, 9)
@@ -407,6 +409,7 @@ def run_upload_case(env: FaultEnv, case: Case, tmp: Path) -> tuple[Result, list[
     model = _big_model(tmp / "model", data_name)
     home = tmp / "home"
     result = Result()
+    start = time.monotonic()
 
     def put(prefix: str, *, through: str, fsize: int | None = None) -> tuple[int, str]:
         proc = subprocess.run(
@@ -463,6 +466,7 @@ def run_upload_case(env: FaultEnv, case: Case, tmp: Path) -> tuple[Result, list[
     left = sorted(str(p) for p in (home / "tmp").iterdir() if p.name[0] != ".")
     if left:
         diffs.append(f"staging left: {left}")
+    result.seconds = time.monotonic() - start
     return result, diffs
 
 

@@ -99,9 +99,10 @@ def test_an_s3_fault_mid_upload_stores_the_model_once_and_whole(
         assert any(word in result.line for word in case.names), result.line
 
 
+# (a lost answer to create_model_version is not here: MLflow's client sends the create again
+# in the same process, and the register stage's race check removes the second version)
 BROKEN_KEY = [
-    Case("mlflow-answer-lost", "register.create_version.during", short=True),
-    Case("pg-restart", "register.create_version.after"),
+    Case("pg-restart", "register.create_version.after", short=True),
     Case("mlflow-kill", "register.create_version.after"),
     Case("worker-kill", "register.create_version.after"),
 ]
