@@ -35,8 +35,8 @@ def fault_env(tmp_path_factory: pytest.TempPathFactory, digits_task: object) -> 
     try:
         backend = pg.create_database("mlflow")
         mlflow = MlflowProcess(root / "mlflow", backend)
-        mlflow.start()
         try:
+            mlflow.start()
             with (
                 fake_aws_credentials(),
                 moto_server(root / "s3") as s3,
