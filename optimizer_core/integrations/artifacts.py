@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import errno
 import functools
 import hashlib
 import json
@@ -306,6 +307,16 @@ def local_path(uri: str) -> Path:
     return Path(uri)
 
 
+# the local disk, not the store: out of space, over the file size limit, over quota
+_DISK_FULL = (errno.ENOSPC, errno.EFBIG, errno.EDQUOT)
+
+
+def _disk_full(what: str, exc: OSError) -> ArtifactStoreError:
+    """One line for an S3 transfer that the local disk stopped: the file and the reason."""
+    where = f" writing {exc.filename}" if exc.filename else ""
+    return transient(ArtifactStoreError(f"S3 {what}: local disk full{where} ({exc.strerror})"))
+
+
 class S3Store:
     """An S3 bucket (any S3-compatible endpoint) under a key prefix.
 
@@ -390,6 +401,8 @@ class S3Store:
                     ) from exc
                 last = exc
             except (BotoCoreError, OSError) as exc:
+                if isinstance(exc, OSError) and exc.errno in _DISK_FULL:
+                    raise _disk_full(what, exc) from exc  # not S3's: no retry helps here
                 last = exc
             if attempt + 1 < self.attempts:
                 self._sleep(self.backoff * (2**attempt))
