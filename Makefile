@@ -6,7 +6,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.graphtrim-installed
 TORCH_PIN := torch==2.13.0
 
-.PHONY: install demo test test-fast browser lint typecheck docs docs-serve bench bench-variants bench-tune bench-tune-pool bench-input-cache bench-llm bench-llm-graph bench-llm-pipeline bench-scale bench-nodetests corpus sweep deployment clean
+.PHONY: install demo test test-fast faults browser lint typecheck docs docs-serve bench bench-variants bench-tune bench-tune-pool bench-input-cache bench-llm bench-llm-graph bench-llm-pipeline bench-scale bench-nodetests corpus sweep deployment clean
 
 INSTALL_LOG := build/install.log
 
@@ -63,6 +63,11 @@ test: $(STAMP) lint typecheck docs browser
 test-fast: $(STAMP)
 	GRAPHTRIM_TEST_TIER=fast $(PY) -m pytest -q -n 2 --dist loadgroup \
 	  -m "not slow and not server and not venv and not browser"
+
+# every fault at every point (tests/faults; `make test` runs one point per fault), and the outcome
+# table the documentation shows (docs/operations/data/faults.json, with the commit and date)
+faults: $(STAMP)
+	GRAPHTRIM_FAULTS=full GRAPHTRIM_FAULTS_PUBLISH=1 $(PY) -m pytest -q tests/faults -m faults
 
 bench: $(STAMP)
 	$(PY) -m bench $(BENCH_ARGS)

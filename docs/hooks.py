@@ -10,6 +10,7 @@ A page holds a marker where generated content goes, and :func:`on_page_markdown`
 - ``<!-- generated: timeouts -->``: each task's default ``execution_timeout``;
 - ``<!-- generated: passes -->``, ``rules``, ``variants``: the optimizer's passes and presets,
   every rewrite rule, and the variant table; ``tune-space``: the settings search's knobs;
+- ``<!-- generated: faults -->``: the fault suite's outcome table (``make faults``);
 - ``<!-- generated: layers -->``, ``package-map``: the import layers (from the test that enforces
   them) and the folder of each package; ``contributing-adding``: CONTRIBUTING.md's recipes;
 - ``<!-- bench-results: NAME -->``: a benchmark's published results (``bench.pages``).
@@ -405,6 +406,12 @@ def timeouts() -> str:
 # ---------------------------------------------------------------- the hook
 
 
+def faults() -> str:
+    from tests.faults.table import render
+
+    return render()
+
+
 def _bench(name: str) -> str:
     from bench.pages import section
 
@@ -423,6 +430,7 @@ GENERATORS: dict[str, Callable[[], str]] = {
     "layers": layers,
     "package-map": package_map,
     "contributing-adding": contributing("Adding"),
+    "faults": faults,
 }
 
 

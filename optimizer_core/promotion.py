@@ -178,6 +178,7 @@ def apply_policy(
     if policy.champion_alias is None:
         champion["reason"] = "the policy names no champion alias"
         return {"aliases": aliases, "champion": champion}
+    registry.complete_move(target, policy.champion_alias)  # one an earlier attempt left
     holder = registry.alias_version(target, policy.champion_alias)
     champion["holder"] = holder
     best = _best(policy, validated, registered)

@@ -74,6 +74,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "graphtrim.redact",
             "graphtrim.isolation",
             "graphtrim.hashing",
+            "graphtrim.faults",
             "graphtrim.dtypes",
             "graphtrim.run_params",
         ),

@@ -11,6 +11,7 @@ written last and marks the entry complete; a half-written upload is never visibl
 from __future__ import annotations
 
 import dataclasses
+import errno
 import functools
 import json
 import os
@@ -260,6 +261,16 @@ def local_path(uri: str) -> Path:
     return Path(uri)
 
 
+# the local disk, not the store: out of space, over the file size limit, over quota
+_DISK_FULL = (errno.ENOSPC, errno.EFBIG, errno.EDQUOT)
+
+
+def _disk_full(what: str, exc: OSError) -> ArtifactStoreError:
+    """One line for an S3 transfer that the local disk stopped: the file and the reason."""
+    where = f" writing {exc.filename}" if exc.filename else ""
+    return transient(ArtifactStoreError(f"S3 {what}: local disk full{where} ({exc.strerror})"))
+
+
 class S3Store(_EntryStore):
     """An S3 bucket (any S3-compatible endpoint) under a key prefix.
 
@@ -344,6 +355,8 @@ class S3Store(_EntryStore):
                     ) from exc
                 last = exc
             except (BotoCoreError, OSError) as exc:
+                if isinstance(exc, OSError) and exc.errno in _DISK_FULL:
+                    raise _disk_full(what, exc) from exc  # not S3's: no retry helps here
                 last = exc
             if attempt + 1 < self.attempts:
                 self._sleep(self.backoff * (2**attempt))

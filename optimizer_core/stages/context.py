@@ -11,7 +11,6 @@ import dataclasses
 import hashlib
 import json
 import os
-import tempfile
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -292,11 +291,12 @@ class StageContext:
 
     @contextmanager
     def scratch(self, stage: str) -> Iterator[Path]:
-        """A fresh folder for one stage's local files, removed afterwards."""
-        if self.workdir:
-            Path(self.workdir).mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(prefix=f"graphtrim-{stage}-", dir=self.workdir) as d:
-            yield Path(d)
+        """A fresh folder for one stage's local files, removed afterwards (and, should this
+        process be killed first, by the next stage on this host: :mod:`.staging`)."""
+        from graphtrim.stages.staging import scratch
+
+        with scratch(stage, self.workdir) as d:
+            yield d
 
     def to_json(self) -> dict[str, Any]:
         return {

@@ -22,6 +22,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from graphtrim import faults
 from graphtrim.redact import redact
 from graphtrim.stages.context import PipelineConfig, StageContext
 from graphtrim.stages.records import OptimizeRecord, RegisterRecord, ValidateRecord
@@ -430,6 +431,7 @@ def register(
                 )
             else:
                 model_uri = f"models:/{logged.model_id}"
+            faults.point("register.logged.after")
             version, created = registry.register(
                 model_uri, target, tags=tags, key=key, run_id=run_id, description=description
             )

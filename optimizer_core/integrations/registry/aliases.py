@@ -7,12 +7,15 @@ import contextlib
 import datetime as dt
 import getpass
 import json
+from collections.abc import Mapping
 from typing import Any
 
+from graphtrim import faults
 from graphtrim.integrations.registry.base import (
     HISTORY_TAG,
     HOLD_TAG,
     MOVES_TAG,
+    PENDING_TAG,
     TAG,
     RegistryBase,
     RegistryError,
@@ -36,10 +39,19 @@ class Aliases(RegistryBase):
         self, name: str, alias: str, version: str, *, why: str, who: str | None = None
     ) -> str | None:
         """Point ``alias`` at ``version``; returns the version it left (None if new). The
-        registered model keeps the alias's history (for rollback); both versions get audit tags."""
+        registered model keeps the alias's history (for rollback); both versions get audit tags.
+        A move stopped half way (the process killed, the server gone after the alias moved) is
+        completed by the next call for the alias (:meth:`complete_move`), never recorded twice."""
+        done = self.complete_move(name, alias)
         previous = self.alias_version(name, alias)
         if previous == str(version):
-            return previous
+            return done["from"] if done is not None and done["to"] == str(version) else previous
+        audit = _audit("promote", alias, previous, str(version), why, who)
+        history = self._history(name, alias) + ([previous] if previous is not None else [])
+        pending = {"audit": json.loads(audit), "history": history[-50:]}
+        # the intent first: what the rest of the move writes, so that a retry writes the same
+        self.client.set_registered_model_tag(name, PENDING_TAG + alias, json.dumps(pending))
+        faults.point("promote.alias.before")
         self._call(
             f"setting alias '{alias}' of '{name}'",
             self.client.set_registered_model_alias,
@@ -47,22 +59,57 @@ class Aliases(RegistryBase):
             alias,
             str(version),
         )
-        history = self._history(name, alias)
-        if previous is not None:
-            history.append(previous)
-        self.client.set_registered_model_tag(name, HISTORY_TAG + alias, json.dumps(history[-50:]))
-        audit = _audit("promote", alias, previous, str(version), why, who)
-        self._record_move(name, alias, audit, [str(version), *([previous] if previous else [])])
+        faults.point("promote.alias.after")
+        self._finish_move(name, alias, pending)
         return previous
+
+    def complete_move(self, name: str, alias: str) -> dict[str, Any] | None:
+        """Finish a move of ``alias`` an earlier call left half done (its history and audit
+        tags, each written once) and return its audit entry; a move that never reached the
+        alias is dropped. None when there was none."""
+        try:
+            rm = self._call(f"registered model '{name}'", self.client.get_registered_model, name)
+        except RegistryError as exc:
+            if exc.transient:
+                raise
+            return None  # no such model yet: nothing was moved
+        raw = (rm.tags or {}).get(PENDING_TAG + alias)
+        if not raw:
+            return None
+        try:
+            pending = json.loads(raw)
+            entry = dict(pending["audit"])
+        except (ValueError, KeyError, TypeError):
+            pending, entry = None, None
+        aliases = dict(getattr(rm, "aliases", None) or {})
+        if entry is None or str(aliases.get(alias)) != str(entry.get("to")):
+            self.client.delete_registered_model_tag(name, PENDING_TAG + alias)
+            return None
+        self._finish_move(name, alias, pending)
+        return entry
+
+    def _finish_move(self, name: str, alias: str, pending: dict[str, Any]) -> None:
+        """The writes after an alias moved: its history, the move's record and audit tags
+        (none twice), then the pending-move tag removed."""
+        entry = pending["audit"]
+        self.client.set_registered_model_tag(
+            name, HISTORY_TAG + alias, json.dumps(pending["history"])
+        )
+        faults.point("promote.history.after")
+        versions = [str(entry["to"]), *([str(entry["from"])] if entry["from"] else [])]
+        self._record_move(name, alias, json.dumps(entry), versions)
+        self.client.delete_registered_model_tag(name, PENDING_TAG + alias)
 
     def _record_move(self, name: str, alias: str, audit: str, versions: list[str]) -> None:
         """Keep the move: a numbered registered-model tag per move (the full history), and on
         each version involved the list of moves that touched it."""
         rm = self.client.get_registered_model(name)
         prefix = f"{MOVES_TAG}{alias}."
-        n = 1 + sum(1 for k in (rm.tags or {}) if k.startswith(prefix))
-        self.client.set_registered_model_tag(name, f"{prefix}{n:05d}", audit)
         entry = json.loads(audit)
+        recorded = [k for k, v in (rm.tags or {}).items() if k.startswith(prefix)]
+        if not any(_same_move(rm.tags[k], entry) for k in recorded):  # not a retry's
+            n = 1 + len(recorded)
+            self.client.set_registered_model_tag(name, f"{prefix}{n:05d}", audit)
         for version in versions:
             key = f"{TAG}audit.{alias}"
             try:
@@ -71,6 +118,8 @@ class Aliases(RegistryBase):
             except (ValueError, TypeError):
                 past = []
             past = past if isinstance(past, list) else [past]  # one entry before lists
+            if entry in past:  # recorded by an attempt that stopped after it
+                continue
             past.append(entry)
             text = json.dumps(past)
             while len(text) > 7500 and len(past) > 1:  # the tag's limit; moves.* keeps all
@@ -169,3 +218,10 @@ def _audit(action: str, alias: str, old: str | None, new: str, why: str, who: st
             "why": why,
         }
     )
+
+
+def _same_move(raw: str, entry: Mapping[str, Any]) -> bool:
+    try:
+        return bool(json.loads(raw) == entry)
+    except ValueError:
+        return False

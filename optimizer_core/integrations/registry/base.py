@@ -23,6 +23,9 @@ KEY_TAG = TAG + "key"
 VARIANT_TAG = TAG + "variant"
 HISTORY_TAG = TAG + "alias_history."  # registered-model tag, one per alias: JSON list of versions
 MOVES_TAG = TAG + "moves."  # registered-model tags ``moves.<alias>.<n>``: every move's audit
+# registered-model tag per alias while a move is under way: its audit entry and the history
+# it writes, so that a retry finishes that move instead of recording another
+PENDING_TAG = TAG + "pending_move."
 HOLD_TAG = TAG + "hold."  # registered-model tag per alias: set by a person, kept by the pipeline
 TUNE_TAG = TAG + "tune."  # registered-model tag per device and variant: the search's champion
 GATES_TAG = TAG + "gates"  # ``serving=pass,size=pass,...``

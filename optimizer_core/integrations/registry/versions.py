@@ -10,6 +10,7 @@ import threading
 from collections.abc import Mapping
 from typing import Any
 
+from graphtrim import faults
 from graphtrim.integrations.registry.aliases import Aliases
 from graphtrim.integrations.registry.base import (
     _INTEGER_METRICS,
@@ -189,6 +190,7 @@ class Registry(Aliases):
         model_id = None
         if model_uri.startswith("models:/m-"):
             model_id = model_uri.removeprefix("models:/").split("/")[0]
+        faults.point("register.create_version.before")
         with self._own_tracking_uri():
             mv = self._call(
                 f"registering {model_uri} as '{name}'",
@@ -201,6 +203,7 @@ class Registry(Aliases):
                 description=description,
                 await_creation_for=300,
             )
+        faults.point("register.create_version.after")
         # two writers racing past the search both created a version: keep the oldest
         winner = self.find_by_key(name, key)
         if winner is not None and str(winner.version) != str(mv.version):

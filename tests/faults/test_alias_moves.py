@@ -1,0 +1,62 @@
+"""An alias move killed half way, at each of its fault points, and run again: the registry ends
+as after one move (the alias where it should be, its history, one record of the move and one
+audit entry per version). Embedded registry (SQLite), the move in a process of its own."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.faults]
+
+MOVE = (
+    "import sys; from graphtrim.integrations.registry import Registry; "
+    "Registry(sys.argv[1]).move_alias('m', 'champion', sys.argv[2], why='test', who='ci')"
+)
+
+
+def _move(tracking: str, version: str, home: Path, point: str | None = None) -> int:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GRAPHTRIM_FAULT")}
+    env.update(HOME=str(home), MLFLOW_DISABLE_TELEMETRY="true")
+    if point:
+        env.update(GRAPHTRIM_FAULT_POINT=point, GRAPHTRIM_FAULT_ACTION="kill")
+    return subprocess.run(
+        [sys.executable, "-c", MOVE, tracking, version], env=env, capture_output=True, timeout=600
+    ).returncode
+
+
+@pytest.mark.parametrize(
+    "point", ["promote.alias.before", "promote.alias.after", "promote.history.after"]
+)
+def test_a_move_killed_half_way_is_finished_once_by_the_retry(point: str, tmp_path: Path) -> None:
+    from mlflow import MlflowClient
+
+    tracking = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = MlflowClient(tracking, tracking)
+    client.create_registered_model("m")
+    for _ in range(2):
+        client.create_model_version("m", (tmp_path / "model").as_uri())
+    assert _move(tracking, "1", tmp_path) == 0
+    assert _move(tracking, "2", tmp_path, point) == -9  # killed at the point
+    assert _move(tracking, "2", tmp_path) == 0  # the task's retry
+
+    rm = client.get_registered_model("m")
+    tags = dict(rm.tags)
+    assert {a: str(v) for a, v in rm.aliases.items()} == {"champion": "2"}  # int embedded
+    assert json.loads(tags["graphtrim.alias_history.champion"]) == ["1"]
+    moves = [json.loads(v) for k, v in sorted(tags.items()) if k.startswith("graphtrim.moves.")]
+    assert [(m["from"], m["to"]) for m in moves] == [(None, "1"), ("1", "2")]
+    assert not any(k.startswith("graphtrim.pending_move.") for k in tags)
+    audit = {
+        v: [
+            (e["from"], e["to"])
+            for e in json.loads(client.get_model_version("m", v).tags["graphtrim.audit.champion"])
+        ]
+        for v in ("1", "2")
+    }
+    assert audit == {"1": [(None, "1"), ("1", "2")], "2": [("1", "2")]}
