@@ -19,7 +19,8 @@ TIERS = {
     "browser": "drives the browser",
 }
 # session fixtures that start servers: a test asking for one is marked ``server`` (conftest)
-SERVER_FIXTURES = frozenset({"servers", "airflow_db"})
+# (``s3_url``: test_artifacts' moto server)
+SERVER_FIXTURES = frozenset({"servers", "airflow_db", "s3_url"})
 
 
 def require(marker: str) -> None:

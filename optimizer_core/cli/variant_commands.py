@@ -302,7 +302,7 @@ def cmd_quantize(args: argparse.Namespace) -> int:
     from graphtrim.gates.accuracy import accuracy_check
     from graphtrim.gates.policy import GatePolicy
     from graphtrim.graph.opset import passthrough_reason
-    from graphtrim.modelio import read_proto, temp_in_staging
+    from graphtrim.modelio import read_proto
     from graphtrim.quantize import build_variant
 
     proto = read_proto(args.input)
@@ -332,17 +332,16 @@ def cmd_quantize(args: argparse.Namespace) -> int:
             device=args.device,
             tensorrt=args.tensorrt,
         )
-    # onnxruntime's own temporary files go beside the output, where a killed run's are removed
-    with temp_in_staging(args.output):
-        build = build_variant(
-            args.input,
-            args.output,
-            args.variant,
-            config=_config(args),
-            calibration=calib.batches if calib else None,
-            accuracy_check=check,
-            progress=say,
-        )
+    # onnxruntime's own temporary files go into the build's staging folder (build_variant)
+    build = build_variant(
+        args.input,
+        args.output,
+        args.variant,
+        config=_config(args),
+        calibration=calib.batches if calib else None,
+        accuracy_check=check,
+        progress=say,
+    )
     if args.report:
         Path(args.report).write_text(json.dumps(build.to_json(), indent=2))
     last = build.attempts[-1]

@@ -49,7 +49,6 @@ from graphtrim.modelio.save import (
     remove_stale_staging,
     save_model,
     staging_dir,
-    temp_in_staging,
 )
 
 __all__ = [
@@ -76,6 +75,5 @@ __all__ = [
     "runtime_defined_ops",
     "save_model",
     "staging_dir",
-    "temp_in_staging",
     "unknown_dim",
 ]

@@ -8,14 +8,12 @@ that was killed is removed by the next write beside the same output.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
 import shutil
 import socket
 import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -108,24 +106,6 @@ def staging_dir(target: str | os.PathLike[str]) -> Path:
     return Path(
         tempfile.mkdtemp(prefix=f".{t.name}{_STAGING}{_host()}.{os.getpid()}.", dir=t.parent)
     )
-
-
-@contextlib.contextmanager
-def temp_in_staging(target: str | os.PathLike[str]) -> Iterator[Path]:
-    """While the block runs, the temporary files that libraries make for themselves in the
-    system's temporary folder (onnxruntime's ``quantize_static`` makes ``ort.quant.*``, with
-    the augmented model and calibration tensors, as large as the model) go to a staging folder
-    beside ``target`` (:func:`staging_dir`) instead: removed at the end, and, when the process
-    is killed, by the next write beside the same output like any staging folder. Not for
-    threads: Python's temporary folder is one setting per process."""
-    stage = staging_dir(target)
-    before = tempfile.tempdir
-    tempfile.tempdir = str(stage)
-    try:
-        yield stage
-    finally:
-        tempfile.tempdir = before
-        shutil.rmtree(stage, ignore_errors=True)
 
 
 def save_model(

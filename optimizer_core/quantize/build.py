@@ -18,6 +18,7 @@ import logging
 import os
 import shutil
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
@@ -133,6 +134,11 @@ def build_variant(
     t0 = time.perf_counter()
     target.parent.mkdir(parents=True, exist_ok=True)
     stage = staging_dir(target)  # what a killed build left beside the target goes first
+    # the temporary files libraries make for themselves (onnxruntime's quantize_static writes
+    # ``ort.quant.*``, the augmented model and calibration tensors, as large as the model) go
+    # into the staging folder, which a killed build's successor removes; one setting per process
+    system_temp = tempfile.tempdir
+    tempfile.tempdir = str(stage)
     try:
         _say(progress, f"{variant}: optimizing the graph ({cfg.preset})")
         pre_dir = stage / "pre"
@@ -314,6 +320,7 @@ def build_variant(
         built.stopped = stopped
         return built
     finally:
+        tempfile.tempdir = system_temp
         shutil.rmtree(stage, ignore_errors=True)
 
 

@@ -97,7 +97,6 @@ def build_job(variant: str, **job: Any) -> Any:
     :class:`VariantBuild`."""
     from graphtrim.gates.accuracy import accuracy_check
     from graphtrim.isolation import step
-    from graphtrim.modelio import temp_in_staging
     from graphtrim.quantize.build import build_variant
     from graphtrim.stages.context import parse_policy
 
@@ -117,17 +116,16 @@ def build_job(variant: str, **job: Any) -> Any:
         )
     step(f"building {variant}")
     dst = Path(job["dst_root"]) / variant / "model.onnx"
-    with temp_in_staging(dst):  # onnxruntime's own temporary files too (a child: no threads)
-        return build_variant(
-            job["src"],
-            dst,
-            variant,
-            config=job["config"],
-            calibration=job["calibration"],
-            accuracy_check=check,
-            progress=step,  # the parent relays each line as progress
-            probe_timeout=job["probe_timeout"],
-        )
+    return build_variant(
+        job["src"],
+        dst,
+        variant,
+        config=job["config"],
+        calibration=job["calibration"],
+        accuracy_check=check,
+        progress=step,  # the parent relays each line as progress
+        probe_timeout=job["probe_timeout"],
+    )
 
 
 def _tuned(

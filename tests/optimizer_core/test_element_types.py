@@ -56,6 +56,7 @@ def _same(a: np.ndarray, b: np.ndarray) -> bool:
     return a.shape == b.shape and a.dtype == b.dtype and a.tobytes() == b.tobytes()
 
 
+@pytest.mark.slow  # every pass alone and every preset, per type (make test runs it)
 @pytest.mark.parametrize("type_name", list(ELEMENT_TYPES))
 def test_every_pass_and_preset_holds(type_name: str, tmp_path: Path, request) -> None:
     from graphtrim.cli import main

@@ -86,12 +86,12 @@ def test_quantize_still_refuses_a_corrupt_model_it_would_pass_through(
 # (inside quantize_static, its temporary folder made)
 _KILLED = """
 import os, signal, sys
-import graphtrim.quantize.build as build
+from graphtrim.data import CalibrationReader
 
 def killed(self):
     os.kill(os.getpid(), signal.SIGKILL)
 
-build.CalibrationReader.get_next = killed
+CalibrationReader.get_next = killed
 from graphtrim.cli import main
 sys.exit(main(sys.argv[1:]))
 """

@@ -175,6 +175,7 @@ def searched(
     return result, out, memory
 
 
+@pytest.mark.slow  # a whole search on the digits model (make test runs it)
 def test_the_search_starts_from_the_recipes_and_its_champion_passes_every_gate(
     searched: tuple[Any, Path, Path], digits_task: DigitsTask
 ) -> None:
@@ -210,6 +211,7 @@ def test_the_search_starts_from_the_recipes_and_its_champion_passes_every_gate(
     assert sorted(p.name for p in output.parent.iterdir()) == ["digits_cnn.tuned.onnx"]
 
 
+@pytest.mark.slow  # a whole search on the digits model (make test runs it)
 def test_every_trial_is_recorded_with_its_settings_and_the_front_drawn(
     searched: tuple[Any, Path, Path],
 ) -> None:
@@ -232,6 +234,7 @@ def test_every_trial_is_recorded_with_its_settings_and_the_front_drawn(
     assert doc["champion"]["key"] in reports["markdown"].read_text()
 
 
+@pytest.mark.slow  # a whole search on the digits model (make test runs it)
 def test_the_next_version_starts_from_the_remembered_champion(
     searched: tuple[Any, Path, Path], digits_task: DigitsTask, tmp_path: Path
 ) -> None:
@@ -275,6 +278,7 @@ def test_the_next_version_starts_from_the_remembered_champion(
     assert second.champion is not None and second.champion.verdict["passed"]
 
 
+@pytest.mark.slow  # a whole search on the digits model (make test runs it)
 def test_settings_remembered_that_fail_here_fall_back_to_the_full_search(
     digits_task: DigitsTask, tmp_path: Path
 ) -> None:
@@ -297,6 +301,7 @@ def test_settings_remembered_that_fail_here_fall_back_to_the_full_search(
     assert memory.recall(signature, "cpu")["kind"] != "int4-weight"
 
 
+@pytest.mark.slow  # a whole search on the digits model (make test runs it)
 def test_a_kind_whose_recipe_misses_a_gate_is_searched_from_its_nearest_miss(
     digits_task: DigitsTask, tmp_path: Path
 ) -> None:
@@ -330,6 +335,7 @@ def test_a_kind_whose_recipe_misses_a_gate_is_searched_from_its_nearest_miss(
     assert result.champion.size_ratio < recipe.size_ratio
 
 
+@pytest.mark.slow  # a whole search on the digits model (make test runs it)
 def test_when_no_finalist_passes_the_next_candidates_are_judged(
     digits_task: DigitsTask, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -357,6 +363,7 @@ def test_when_no_finalist_passes_the_next_candidates_are_judged(
     assert result.champion is not None and result.champion.candidate.key in groups[1]
 
 
+@pytest.mark.slow  # a whole search on the digits model (make test runs it)
 def test_the_policy_chooses_what_the_champion_is_best_at(
     digits_task: DigitsTask, tmp_path: Path
 ) -> None:
@@ -399,6 +406,7 @@ def test_the_policy_chooses_what_the_champion_is_best_at(
             GatePolicy({"tune": bad})
 
 
+@pytest.mark.slow  # a whole search on the digits model (make test runs it)
 def test_a_gpu_search_takes_fp16_and_a_crashing_candidate_fails_alone(
     digits_task: DigitsTask, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -432,6 +440,7 @@ def test_a_gpu_search_takes_fp16_and_a_crashing_candidate_fails_alone(
     assert result.champion is not None
 
 
+@pytest.mark.slow  # a whole search on the digits model (make test runs it)
 def test_the_budget_ends_the_search_with_the_best_so_far_and_the_reason(
     digits_task: DigitsTask, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -489,6 +498,7 @@ def test_bad_settings_are_refused_before_any_work(digits_task: DigitsTask, tmp_p
 # -- the command line ------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # a whole search on the digits model (make test runs it)
 def test_the_command_writes_the_champion_reports_and_memory(
     digits_task: DigitsTask, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
