@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
 from collections.abc import Iterator
@@ -22,6 +23,12 @@ os.environ["AIRFLOW__CORE__LOAD_EXAMPLES"] = "False"
 os.environ.setdefault("AIRFLOW__CORE__DAGBAG_IMPORT_ERROR_TRACEBACKS", "True")
 # the settings search's per-worker input cache: one per test process, never the user's
 os.environ.setdefault("GRAPHTRIM_INPUT_CACHE", tempfile.mkdtemp(prefix="graphtrim-inputs-"))
+
+# Airflow configures logging when it is first imported (a dictConfig that replaces the root
+# logger's handlers, pytest's log capture among them): imported once here, before any test
+# captures logs, where it is installed
+with contextlib.suppress(ImportError):
+    import airflow  # noqa: F401
 
 BUCKET = "graphtrim-models"
 

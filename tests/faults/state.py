@@ -14,6 +14,10 @@ from typing import Any
 
 # tags that name this run, not what it registered
 VOLATILE = ("graphtrim.pipeline_run_id", "graphtrim.orchestrator_run_id")
+# a gate policy's verdict on a version (``graphtrim.verdict.<policy hash>``): what it decided is
+# the state; its run, its time and the timings measured differ from run to run
+VERDICT_TAG = "graphtrim.verdict."
+VERDICT_STATE = ("passed", "gates", "policy_hash", "measured")
 
 
 def snapshot(
@@ -50,6 +54,9 @@ def snapshot(
                 audits[k] = [(e["action"], named(e["from"]), named(e["to"])) for e in entries]
         for k in VOLATILE:
             tags.pop(k, None)
+        for k in [k for k in tags if k.startswith(VERDICT_TAG)]:
+            verdict = json.loads(tags[k])
+            tags[k] = json.dumps({f: verdict.get(f) for f in VERDICT_STATE}, sort_keys=True)
         out["versions"].append({"variant": variant, "tags": tags, "audit": audits})
         if mv.status != "READY":
             out["problems"].append(f"version {mv.version} is {mv.status}")
