@@ -213,9 +213,12 @@ class PipelineRun:
         elif case is not None and case.fault == "worker-kill":
             env.update(GRAPHTRIM_FAULT_POINT=case.point, GRAPHTRIM_FAULT_ACTION="kill")
         if self.broken_key:
+            # the variant's identity changes on every attempt, and nothing else finds the version
+            # an earlier attempt registered (no lookup by source, variant and sha256)
             code = (
-                "import sys, uuid, graphtrim.stages.register as r, graphtrim.stages.export as e;"
-                "k = lambda *a: uuid.uuid4().hex; r.lineage_key = k;"
+                "import sys, uuid, graphtrim.stages.register as r, graphtrim.integrations.lineage as l;"
+                "k = lambda *a, **kw: uuid.uuid4().hex; r.lineage_key = k; l.identity_key = k;"
+                "l.find_existing = lambda *a, **kw: None;"
                 "from graphtrim.cli.main import main; sys.exit(main(sys.argv[1:]))"
             )
             cmd = [sys.executable, "-c", code]
