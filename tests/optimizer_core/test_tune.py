@@ -574,17 +574,17 @@ def test_durations_read_as_a_user_writes_them() -> None:
 def test_static_quantization_writes_the_qoperator_form_and_reads_the_batches_asked_for(
     digits_task: DigitsTask, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from graphtrim.quantize import build as build_mod
+    from graphtrim.quantize import int8 as int8_mod
     from graphtrim.quantize.build import QuantizeConfig, QuantizeError, build_variant
 
     read: list[int] = []
-    real_reader = build_mod.CalibrationReader
+    real_reader = int8_mod.CalibrationReader
 
     def reader(batches: Any, **kwargs: Any) -> Any:
         read.append(len(list(batches)))
         return real_reader(batches, **kwargs)
 
-    monkeypatch.setattr(build_mod, "CalibrationReader", reader)
+    monkeypatch.setattr(int8_mod, "CalibrationReader", reader)
     _, calib = _data(digits_task)
     assert len(calib.batches) > 1
     dst = tmp_path / "q.onnx"
