@@ -8,10 +8,12 @@ onnxruntime), 3 a pass failed (a bug: the message names the pass).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import sys
-from collections.abc import Sequence
+import warnings
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from graphtrim import __version__
@@ -101,6 +103,40 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser(argv)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="graphtrim: %(levelname)s: %(message)s")
+    with _process_state_restored():
+        return _run(args)
+
+
+@contextlib.contextmanager
+def _process_state_restored() -> Iterator[None]:
+    """A command may change process-wide state for its own run: ``-q`` lowers loggers' levels,
+    ignores warnings and sets MLflow's printing switches in the environment. Called as a
+    function (``main([...])`` from Python), the caller gets its own state back afterwards."""
+    loggers = [
+        logging.getLogger(),
+        *(
+            lg
+            for lg in logging.Logger.manager.loggerDict.values()
+            if isinstance(lg, logging.Logger)
+        ),
+    ]
+    levels = [(lg, lg.level) for lg in loggers]
+    environ = dict(os.environ)
+    with warnings.catch_warnings():
+        try:
+            yield
+        finally:
+            for lg, level in levels:
+                lg.setLevel(level)
+            for key in set(os.environ) - set(environ):
+                del os.environ[key]
+            for key, value in environ.items():
+                if os.environ.get(key) != value:
+                    os.environ[key] = value
+
+
+def _run(args: argparse.Namespace) -> int:
+    """The command's handler, its errors mapped to the exit-code contract."""
     handler = args.handler
     try:
         return handler(args)

@@ -5,6 +5,7 @@ those of the others. Checked in a fresh interpreter per command (as a user runs 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -211,3 +212,27 @@ def test_lazy_choices_check_values_and_show_in_help(capsys):
     shown = capsys.readouterr().out
     assert "{" + ",".join(sorted(PRESETS)) + "}" in shown
     assert "{" + ",".join(TARGETS) + "}" in shown
+
+
+def test_a_quiet_command_called_as_a_function_gives_the_caller_its_state_back(monkeypatch):
+    """``-q`` lowers loggers' levels, ignores warnings and sets MLflow's switches for its own
+    run; ``main([...])`` called from Python restores them (a later caller's INFO logs reach it)."""
+    import logging
+    import warnings
+
+    from graphtrim.cli.main import _process_state_restored
+    from graphtrim.cli.pipeline_commands import _quiet
+
+    monkeypatch.delenv("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", raising=False)
+    named = logging.getLogger("graphtrim.triggers")
+    before = (logging.getLogger().level, logging.getLogger("graphtrim").level, named.level)
+    filters = list(warnings.filters)
+    with _process_state_restored():
+        _quiet()
+        assert logging.getLogger("graphtrim").level == logging.WARNING
+        assert os.environ["MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"] == "true"
+        assert warnings.filters != filters
+    after = (logging.getLogger().level, logging.getLogger("graphtrim").level, named.level)
+    assert after == before
+    assert "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT" not in os.environ
+    assert warnings.filters == filters
