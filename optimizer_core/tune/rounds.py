@@ -35,16 +35,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from graphtrim.tune.search import (
-    Trial,
-    TuneError,
-    TuneResult,
-    TuneSettings,
-    _Clock,
-    _Search,
-    nearest_misses,
-    ranked,
-)
+from graphtrim.tune.choice import nearest_misses, ranked
+from graphtrim.tune.engine import _Search
+from graphtrim.tune.inputs import _Clock
+from graphtrim.tune.records import Trial, TuneError, TuneResult, TuneSettings
 from graphtrim.tune.space import Candidate, neighbours, start_points
 
 # trial layers an orchestrator lays out by default: the recipes and four rounds of neighbours
