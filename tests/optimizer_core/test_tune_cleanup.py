@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from graphtrim.examples.digits import DigitsTask
-from graphtrim.integrations.artifacts import LocalStore
+from graphtrim.integrations.entries import LocalStore
 from graphtrim.integrations.model_files import MANIFEST
 from graphtrim.stages import pipeline, tune
 from graphtrim.stages.context import PipelineConfig, StageContext
