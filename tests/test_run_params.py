@@ -181,7 +181,7 @@ def _config_value(config: dict[str, Any], ctx: dict[str, Any], p: RunParam) -> A
 
 
 def test_the_command_line_passes_each_example_on(monkeypatch: pytest.MonkeyPatch) -> None:
-    from graphtrim.cli.pipeline_commands import _context_and_config
+    from graphtrim.cli.pipeline_context import _context_and_config
 
     monkeypatch.delenv("GRAPHTRIM_POLICY", raising=False)
     base = ["pipeline", "run", "--model", "models:/m/1", "--tracking-uri", "t", "-q"]
