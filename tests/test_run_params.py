@@ -216,7 +216,7 @@ def test_a_boolean_option_takes_an_orchestrator_s_value() -> None:
 
 def test_plan_run_passes_each_example_on(monkeypatch: pytest.MonkeyPatch) -> None:
     pytest.importorskip("airflow")
-    from graphtrim.airflow.operators import plan_run
+    from graphtrim.airflow.run_plan import plan_run
 
     monkeypatch.delenv("GRAPHTRIM_POLICY", raising=False)
     base = {"model_name": "m", "version": "1", "variants": ["graph"], "preset": "default"}
