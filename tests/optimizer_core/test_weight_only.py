@@ -16,12 +16,9 @@ import pytest
 from graphtrim.cli import main
 from graphtrim.quantize import QuantizeConfig
 from graphtrim.quantize.build import QuantizeError, build_variant
-from graphtrim.quantize.weight_only import (
-    WeightOnlyError,
-    WeightOnlySettings,
-    lower_matmul_nbits,
-    quantize_weights,
-)
+from graphtrim.quantize.nbits_lowering import lower_matmul_nbits
+from graphtrim.quantize.weight_only import quantize_weights
+from graphtrim.quantize.weight_settings import WeightOnlyError, WeightOnlySettings
 
 FLOAT = onnx.TensorProto.FLOAT
 K, N, N2 = 72, 40, 24  # K is no multiple of the block: the last block is padded
