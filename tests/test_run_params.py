@@ -33,7 +33,7 @@ PROCESS_OPTIONS = {"policy", "workdir", "orchestrator_run_id", "child_timeout", 
 
 
 def _weight_flags() -> set[str]:
-    from graphtrim.cli.variant_commands import add_weight_args
+    from graphtrim.cli.variant_args import add_weight_args
 
     p = argparse.ArgumentParser()
     add_weight_args(p)

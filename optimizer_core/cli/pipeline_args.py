@@ -16,7 +16,7 @@ from graphtrim.cli.argtypes import (
     positive_float,
     tune_budget,
 )
-from graphtrim.cli.variant_commands import add_weight_args
+from graphtrim.cli.variant_args import add_weight_args
 
 # the defaults the command line falls back on where a run parameter's environment variable is
 # unset (an orchestrator always passes them)

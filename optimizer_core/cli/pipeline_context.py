@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from graphtrim.cli.variant_commands import weight_settings
+from graphtrim.cli.variant_args import weight_settings
 from graphtrim.errors import GraphtrimError
 from graphtrim.redact import redact
 
