@@ -445,7 +445,7 @@ def test_embedding_tables_are_quantized_on_request(
     capsys.readouterr()
     assert main([*argv, "--quantize-embeddings"]) == 2  # the portable form has no such op
     assert "embedding tables" in capsys.readouterr().err
-    from graphtrim.stages.register import _conversion_tags
+    from graphtrim.stages.version_notes import _conversion_tags
 
     assert _conversion_tags(record)["graphtrim.weights.embeddings"] == "1"
 
