@@ -15,8 +15,8 @@ import onnx_ir as ir
 
 from graphtrim.errors import VerificationError, VerificationUnavailable
 from graphtrim.graph.framework import PassRecord
-from graphtrim.verify.compare import compare_outputs, random_outputs_of, reason_of
 from graphtrim.verify.inputs import make_inputs
+from graphtrim.verify.outputs import compare_outputs, random_outputs_of, reason_of
 from graphtrim.verify.records import Tolerance, shape_only_notes
 from graphtrim.verify.session import Session
 
