@@ -127,19 +127,10 @@ def node_domains(path: Path) -> set[str]:
     """The operator domains the model's nodes use (subgraphs included; '' is the standard one)."""
     import onnx
 
-    def walk(g: onnx.GraphProto) -> set[str]:
-        out = set()
-        for node in g.node:
-            out.add(node.domain if node.domain != "ai.onnx" else "")
-            for a in node.attribute:
-                if a.type == onnx.AttributeProto.GRAPH:
-                    out |= walk(a.g)
-                elif a.type == onnx.AttributeProto.GRAPHS:
-                    for sub in a.graphs:
-                        out |= walk(sub)
-        return out
+    from graphtrim.modelio.protos import all_nodes
 
-    return walk(onnx.load(str(path), load_external_data=False).graph)
+    graph = onnx.load(str(path), load_external_data=False).graph
+    return {node.domain if node.domain != "ai.onnx" else "" for node in all_nodes(graph)}
 
 
 def run_anchors(

@@ -12,6 +12,8 @@ from typing import Any
 
 import onnx
 
+from graphtrim.modelio.protos import all_nodes
+
 
 @dataclasses.dataclass
 class GateResult:
@@ -48,19 +50,7 @@ class ModelInfo:
     def of(cls, path: str | os.PathLike[str]) -> ModelInfo:
         p = Path(path)
         model = onnx.load(str(p), load_external_data=False)
-        counts: collections.Counter[str] = collections.Counter()
-
-        def walk(g: onnx.GraphProto) -> None:
-            for n in g.node:
-                counts[n.op_type] += 1
-                for a in n.attribute:
-                    if a.type == onnx.AttributeProto.GRAPH:
-                        walk(a.g)
-                    elif a.type == onnx.AttributeProto.GRAPHS:
-                        for sub in a.graphs:
-                            walk(sub)
-
-        walk(model.graph)
+        counts = collections.Counter(n.op_type for n in all_nodes(model.graph))
         return cls(str(p), cls.file_bytes(p), sum(counts.values()), dict(counts))
 
     def to_json(self) -> dict[str, Any]:

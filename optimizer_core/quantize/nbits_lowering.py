@@ -8,6 +8,7 @@ import numpy as np
 import onnx
 import onnx.numpy_helper as onh
 
+from graphtrim.modelio.protos import node_subgraphs
 from graphtrim.quantize.weight_settings import (
     PORTABLE_OPSET,
     WeightOnlyError,
@@ -72,19 +73,9 @@ def lower_matmul_nbits(model: onnx.ModelProto) -> int:
     return lowered
 
 
-def _subgraphs(node: onnx.NodeProto) -> list[onnx.GraphProto]:
-    out: list[onnx.GraphProto] = []
-    for attr in node.attribute:
-        if attr.type == onnx.AttributeProto.GRAPH:
-            out.append(attr.g)
-        elif attr.type == onnx.AttributeProto.GRAPHS:
-            out.extend(attr.graphs)
-    return out
-
-
 def _reads_domain(graph: onnx.GraphProto, domain: str) -> bool:
     return any(
-        n.domain == domain or any(_reads_domain(g, domain) for g in _subgraphs(n))
+        n.domain == domain or any(_reads_domain(g, domain) for g in node_subgraphs(n))
         for n in graph.node
     )
 
@@ -111,7 +102,7 @@ def _lower_graph(
     nodes: list[onnx.NodeProto] = []
     made: dict[tuple[str, ...], str] = {}  # this graph's DQ outputs, by MatMulNBits weights
     for node in graph.node:
-        for sub in _subgraphs(node):
+        for sub in node_subgraphs(node):
             lowered += _lower_graph(sub, stack, written, spent)
         if node.op_type != "MatMulNBits" or node.domain != "com.microsoft":
             nodes.append(node)
@@ -223,7 +214,7 @@ def _reads_graph(graph: onnx.GraphProto) -> set[str]:
 
 def _reads(node: onnx.NodeProto) -> set[str]:
     names = {i for i in node.input if i}
-    for sub in _subgraphs(node):
+    for sub in node_subgraphs(node):
         for inner in sub.node:
             names |= _reads(inner)
     return names

@@ -28,8 +28,8 @@ from typing import Any
 
 import onnx
 
+from graphtrim.modelio.protos import all_graphs, node_subgraphs
 from graphtrim.quantize.nbits_lowering import (
-    _subgraphs,
     lower_matmul_nbits,
 )
 from graphtrim.quantize.weight_settings import (
@@ -135,15 +135,6 @@ def quantize_weights(
     return record
 
 
-def _graphs(graph: onnx.GraphProto) -> list[onnx.GraphProto]:
-    """``graph`` and every graph nested in it."""
-    out = [graph]
-    for node in graph.node:
-        for sub in _subgraphs(node):
-            out.extend(_graphs(sub))
-    return out
-
-
 def _quantize_graph(
     quantize: Any,
     stack: list[onnx.GraphProto],
@@ -159,7 +150,7 @@ def _quantize_graph(
     graph = stack[-1]
     nodes: list[onnx.NodeProto] = []
     for node in graph.node:
-        for sub in _subgraphs(node):
+        for sub in node_subgraphs(node):
             _quantize_graph(quantize, [*stack, sub], excluded, base, ops)
         slot = ops.get(node.op_type)
         weight_name = node.input[slot] if slot is not None and len(node.input) > slot else ""
@@ -204,7 +195,7 @@ def _owner(stack: list[onnx.GraphProto], name: str) -> onnx.GraphProto | None:
 
 def _drop_unread(graph: onnx.GraphProto) -> None:
     """Initializers no node reads any more (the float weights now quantized), in every graph."""
-    graphs = _graphs(graph)
+    graphs = list(all_graphs(graph))
     read = {name for g in graphs for n in g.node for name in n.input}
     read |= {o.name for g in graphs for o in g.output}  # a branch may return a constant
     for g in graphs:
@@ -224,7 +215,7 @@ def _read_external(tensor: onnx.TensorProto, base: Path) -> None:
 
 def _load_external(graph: onnx.GraphProto, base: Path) -> None:
     """Read the data of every external initializer into the model, in every graph."""
-    for g in _graphs(graph):
+    for g in list(all_graphs(graph)):
         for tensor in g.initializer:
             if tensor.data_location == onnx.TensorProto.EXTERNAL:
                 _read_external(tensor, base)
@@ -234,6 +225,6 @@ def _count(graph: onnx.GraphProto, op_type: str, domain: str) -> int:
     """Nodes of ``op_type`` in ``domain`` in ``graph`` and its subgraphs."""
     return sum(
         (n.op_type == op_type and n.domain == domain)
-        + sum(_count(g, op_type, domain) for g in _subgraphs(n))
+        + sum(_count(g, op_type, domain) for g in node_subgraphs(n))
         for n in graph.node
     )
