@@ -28,6 +28,7 @@ from bench import publish
 from bench.suite import build_suite
 from bench.tables import render
 from bench.worker import TOOLS
+from graphtrim.modelio.protos import all_nodes
 
 ROOT = Path(__file__).resolve().parent
 log = logging.getLogger("bench")
@@ -35,33 +36,27 @@ log = logging.getLogger("bench")
 
 def count_nodes(path: Path) -> int:
     model = onnx.load(str(path), load_external_data=False)
+    return sum(1 for _ in all_nodes(model.graph))
 
-    def walk(g: onnx.GraphProto) -> int:
-        n = len(g.node)
-        for node in g.node:
-            for a in node.attribute:
-                if a.type == onnx.AttributeProto.GRAPH:
-                    n += walk(a.g)
-                elif a.type == onnx.AttributeProto.GRAPHS:
-                    n += sum(walk(s) for s in a.graphs)
-        return n
 
-    return walk(model.graph)
+def external_locations(model: onnx.ModelProto) -> list[str]:
+    """The external data files ``model``'s initializers reference, each once, in the order
+    first referenced."""
+    return list(
+        dict.fromkeys(
+            entry.value
+            for init in model.graph.initializer
+            for entry in init.external_data
+            if entry.key == "location"
+        )
+    )
 
 
 def model_bytes(path: Path) -> int:
     """The model file plus the external data files it references."""
-    total = path.stat().st_size
     model = onnx.load(str(path), load_external_data=False)
-    seen: set[str] = set()
-    for init in model.graph.initializer:
-        for entry in init.external_data:
-            if entry.key == "location" and entry.value not in seen:
-                seen.add(entry.value)
-                data = path.parent / entry.value
-                if data.exists():
-                    total += data.stat().st_size
-    return total
+    data = [path.parent / name for name in external_locations(model)]
+    return path.stat().st_size + sum(f.stat().st_size for f in data if f.exists())
 
 
 def run_tool(tool: str, src: Path, dst: Path, timeout: int) -> dict[str, Any]:
