@@ -15,22 +15,11 @@ from graphtrim.cli.argtypes import (
 )
 from graphtrim.cli.exits import add_allow_failed, variants_exit
 from graphtrim.cli.pipeline_args import _add_pipeline_args
-from graphtrim.cli.pipeline_context import (
-    _context_and_config,
-    _tracking,
-)
+from graphtrim.cli.pipeline_context import _context_and_config, add_tracking_uri, tracking_uri
 from graphtrim.errors import GraphtrimError
 from graphtrim.redact import masked_command
 
 Command = Callable[[argparse.Namespace], int]
-
-
-def _add_location_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--tracking-uri",
-        default=os.environ.get("MLFLOW_TRACKING_URI"),
-        help="MLflow tracking/registry URI (default: $MLFLOW_TRACKING_URI)",
-    )
 
 
 def _stage_names() -> tuple[str, ...]:
@@ -149,7 +138,7 @@ def add_parsers(sub: Any) -> None:
     )
     pr.add_argument("--why", required=True, help="reason, kept in the audit tags")
     pr.add_argument("--force", action="store_true", help="promote even if gates failed")
-    _add_location_args(pr)
+    add_tracking_uri(pr)
     pr.set_defaults(handler=cmd_promote)
 
     rb = sub.add_parser(
@@ -165,7 +154,7 @@ def add_parsers(sub: Any) -> None:
         "--alias", required=True, help="the alias to move back (champion, ...): no default"
     )
     rb.add_argument("--why", required=True, help="reason, kept in the audit tags")
-    _add_location_args(rb)
+    add_tracking_uri(rb)
     rb.set_defaults(handler=cmd_rollback)
 
 
@@ -316,7 +305,7 @@ def cmd_promote(args: argparse.Namespace) -> int:
     if version is None:
         raise GraphtrimError(f"promote takes models:/NAME/VERSION, not an alias ({args.model})")
     result = promote_version(
-        Registry(_tracking(args)), name, version, args.alias, why=args.why, force=args.force
+        Registry(tracking_uri(args)), name, version, args.alias, why=args.why, force=args.force
     )
     before = f" (was v{result['previous']})" if result["previous"] else ""
     print(f"{name}@{args.alias} -> v{version}{before}")
@@ -329,7 +318,7 @@ def cmd_rollback(args: argparse.Namespace) -> int:
     from graphtrim.integrations.registry import Registry
     from graphtrim.promotion import rollback_alias
 
-    result = rollback_alias(Registry(_tracking(args)), args.name, args.alias, why=args.why)
+    result = rollback_alias(Registry(tracking_uri(args)), args.name, args.alias, why=args.why)
     print(f"{args.name}@{args.alias}: v{result['from']} -> v{result['to']}")
     print(_held_line(result["held"].get("since_source")))
     return 0

@@ -17,7 +17,17 @@ from graphtrim.errors import GraphtrimError
 from graphtrim.redact import redact
 
 
-def _tracking(args: argparse.Namespace) -> str:
+def add_tracking_uri(p: argparse.ArgumentParser) -> None:
+    """``--tracking-uri``, for the commands that take no other run parameter."""
+    p.add_argument(
+        "--tracking-uri",
+        default=os.environ.get("MLFLOW_TRACKING_URI"),
+        help="MLflow tracking/registry URI (default: $MLFLOW_TRACKING_URI)",
+    )
+
+
+def tracking_uri(args: argparse.Namespace) -> str:
+    """The tracking URI given (or from the environment); refused when there is none."""
     if not args.tracking_uri:
         raise GraphtrimError("no tracking URI: pass --tracking-uri or set MLFLOW_TRACKING_URI")
     return str(args.tracking_uri)
@@ -57,7 +67,7 @@ def _context_and_config(args: argparse.Namespace) -> tuple[Any, Any]:
     if args.unreached_retries < 0:
         raise GraphtrimError("--unreached-retries must be 0 or more")
     ctx = StageContext(
-        tracking_uri=_tracking(args),
+        tracking_uri=tracking_uri(args),
         artifacts=args.artifacts,
         workdir=args.workdir,
         s3_endpoint_url=args.s3_endpoint_url,
