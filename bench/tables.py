@@ -4,6 +4,7 @@ against the anchors)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -72,6 +73,36 @@ def _fmt(v: Any, spec: str) -> str:
     return "-" if v is None else format(v, spec)
 
 
+def _per_tool(
+    title: str,
+    rows: list[dict[str, Any]],
+    tools: list[str],
+    cell: Callable[[dict[str, Any], dict[str, Any]], str],
+    *,
+    original: Callable[[dict[str, Any]], str] | None = None,
+    align: str = "---:|",
+) -> list[str]:
+    """A section with a table of a row per model and a cell per tool: ``cell(result, row)`` where
+    the tool succeeded, ✗ where it failed; ``original(row)`` first where given."""
+    out = ["", f"## {title}", ""]
+    out.append(("| model | original | " if original else "| model | ") + " | ".join(tools) + " |")
+    out.append(("|---|---:|" if original else "|---|") + align * len(tools))
+    for r in rows:
+        cells = []
+        for t in tools:
+            res = r["tools"].get(t, {})
+            cells.append(cell(res, r) if res.get("ok") else "✗")
+        first = f"| {r['model']} | " + (f"{original(r)} | " if original else "")
+        out.append(first + " | ".join(cells) + " |")
+    return out
+
+
+def _parity_cell(res: dict[str, Any], r: dict[str, Any]) -> str:
+    rel = res.get("max_rel_diff")
+    lat = f"{_fmt(res.get('latency_ratio_ort_off'), '.2f')}/{_fmt(res.get('latency_ratio_ort_on'), '.2f')}"
+    return f"{'ok' if res.get('parity_ok') else 'FAIL'} {_fmt(rel, '.0e')} {lat}"
+
+
 def render(rows: list[dict[str, Any]], tools: list[str]) -> str:
     out = ["## Nodes after (fewer is better; ✗ = failed or changed results)", ""]
     out.append("| model | original | " + " | ".join(tools) + " |")
@@ -96,46 +127,26 @@ def render(rows: list[dict[str, Any]], tools: list[str]) -> str:
         + " | ".join(f"**{totals[t]}**" for t in tools)
         + " |"
     )
-    out += ["", "## Optimize time, s (peak RSS, MB)", ""]
-    out.append("| model | " + " | ".join(tools) + " |")
-    out.append("|---|" + "---:|" * len(tools))
-    for r in rows:
-        cells = []
-        for t in tools:
-            res = r["tools"].get(t, {})
-            cells.append(
-                f"{res['seconds']:.2f} ({res['peak_rss_mb']:.0f})" if res.get("ok") else "✗"
-            )
-        out.append(f"| {r['model']} | " + " | ".join(cells) + " |")
-    out += ["", "## Model size after / before (file plus external data)", ""]
-    out.append("| model | original | " + " | ".join(tools) + " |")
-    out.append("|---|---:|" + "---:|" * len(tools))
-    for r in rows:
-        cells = []
-        for t in tools:
-            res = r["tools"].get(t, {})
-            cells.append(f"{res['bytes'] / r['original_bytes']:.2f}x" if res.get("ok") else "✗")
-        out.append(
-            f"| {r['model']} | {r['original_bytes'] / 1024:.0f} KiB | " + " | ".join(cells) + " |"
-        )
-    out += [
-        "",
-        "## Parity (max relative diff) and latency ratio to the original, p50 (ORT opt off / on)",
-        "",
-    ]
-    out.append("| model | " + " | ".join(tools) + " |")
-    out.append("|---|" + "---|" * len(tools))
-    for r in rows:
-        cells = []
-        for t in tools:
-            res = r["tools"].get(t, {})
-            if not res.get("ok"):
-                cells.append("✗")
-                continue
-            rel = res.get("max_rel_diff")
-            lat = f"{_fmt(res.get('latency_ratio_ort_off'), '.2f')}/{_fmt(res.get('latency_ratio_ort_on'), '.2f')}"
-            cells.append(f"{'ok' if res.get('parity_ok') else 'FAIL'} {_fmt(rel, '.0e')} {lat}")
-        out.append(f"| {r['model']} | " + " | ".join(cells) + " |")
+    out += _per_tool(
+        "Optimize time, s (peak RSS, MB)",
+        rows,
+        tools,
+        lambda res, r: f"{res['seconds']:.2f} ({res['peak_rss_mb']:.0f})",
+    )
+    out += _per_tool(
+        "Model size after / before (file plus external data)",
+        rows,
+        tools,
+        lambda res, r: f"{res['bytes'] / r['original_bytes']:.2f}x",
+        original=lambda r: f"{r['original_bytes'] / 1024:.0f} KiB",
+    )
+    out += _per_tool(
+        "Parity (max relative diff) and latency ratio to the original, p50 (ORT opt off / on)",
+        rows,
+        tools,
+        _parity_cell,
+        align="---|",
+    )
     fails = {
         t: sum(
             1
