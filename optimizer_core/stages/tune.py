@@ -227,18 +227,14 @@ def trial_job(item: Mapping[str, Any], **job: Any) -> Any:
     from graphtrim.tune.rounds import run_trial
 
     return run_trial(
-        item,
-        job["src"],
-        job["work"],
-        device=job["device"],
-        policy=job["policy"],
-        data=job["data"],
-        calibration=job["calibration"],
-        config=job["config"],
-        settings=job["settings"],
-        tensorrt=job["tensorrt"],
-        progress=step,
+        item, job["src"], job["work"], settings=job["settings"], progress=step, **_measured(job)
     )
+
+
+def _measured(job: Mapping[str, Any]) -> dict[str, Any]:
+    """What a trial and a judgement are measured with, from a child's job: the device, gate
+    policy, data, calibration, quantize config and TensorRT switch."""
+    return {k: job[k] for k in ("device", "policy", "data", "calibration", "config", "tensorrt")}
 
 
 def tune_select(
@@ -281,13 +277,8 @@ def judge_job(item: Mapping[str, Any], **job: Any) -> Any:
         job["src"],
         Path(job["out"]) / kind,
         {int(k): v for k, v in item["paths"].items()},
-        device=job["device"],
-        policy=job["policy"],
-        data=job["data"],
-        calibration=job["calibration"],
-        config=job["config"],
-        tensorrt=job["tensorrt"],
         progress=step,
+        **_measured(job),
     )
     return result, result.memory_entry()
 
