@@ -7,7 +7,8 @@ JSON record (URIs, versions, verdicts), never a model. The operator per stage
 Placement: ``device="gpu"`` sends the task to the Celery queue ``gpu_queue`` (default ``gpu``)
 and, for the KubernetesExecutor, adds a ``pod_override`` asking for ``gpus`` ``nvidia.com/gpu``
 on the ``base`` container; ``device="cpu"`` uses ``cpu_queue`` when given, else the default
-queue. The stage itself runs on the device its pipeline config names.
+queue (:func:`graphtrim.airflow.placement.placement`). The stage itself runs on the device its
+pipeline config names.
 
 A crash inside a stage (a segmentation fault in onnxruntime, an abort in a native library) ends
 the task process at once, with the Python stack of every thread in the task log, so that

@@ -6,6 +6,9 @@ their hashes, its parents and the config hash. The sha256 covers every file of t
 same bytes always land under the same key: a retried stage writes nothing new. The manifest is
 written last and marks the entry complete; a half-written upload is never visible as an entry
 (local files are staged and renamed; S3 objects only appear when their upload completes).
+
+The entry, the store protocol and the local store are in :mod:`graphtrim.integrations.entries`;
+this module holds the S3 store and opens either by its URI (:func:`open_store`, :func:`fetch`).
 """
 
 from __future__ import annotations
