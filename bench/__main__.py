@@ -22,12 +22,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import onnx
 
 from bench import publish
 from bench.suite import build_suite
+from bench.tables import render
 from bench.worker import TOOLS
+from graphtrim.modelio.protos import all_nodes
 
 ROOT = Path(__file__).resolve().parent
 log = logging.getLogger("bench")
@@ -35,33 +36,27 @@ log = logging.getLogger("bench")
 
 def count_nodes(path: Path) -> int:
     model = onnx.load(str(path), load_external_data=False)
+    return sum(1 for _ in all_nodes(model.graph))
 
-    def walk(g: onnx.GraphProto) -> int:
-        n = len(g.node)
-        for node in g.node:
-            for a in node.attribute:
-                if a.type == onnx.AttributeProto.GRAPH:
-                    n += walk(a.g)
-                elif a.type == onnx.AttributeProto.GRAPHS:
-                    n += sum(walk(s) for s in a.graphs)
-        return n
 
-    return walk(model.graph)
+def external_locations(model: onnx.ModelProto) -> list[str]:
+    """The external data files ``model``'s initializers reference, each once, in the order
+    first referenced."""
+    return list(
+        dict.fromkeys(
+            entry.value
+            for init in model.graph.initializer
+            for entry in init.external_data
+            if entry.key == "location"
+        )
+    )
 
 
 def model_bytes(path: Path) -> int:
     """The model file plus the external data files it references."""
-    total = path.stat().st_size
     model = onnx.load(str(path), load_external_data=False)
-    seen: set[str] = set()
-    for init in model.graph.initializer:
-        for entry in init.external_data:
-            if entry.key == "location" and entry.value not in seen:
-                seen.add(entry.value)
-                data = path.parent / entry.value
-                if data.exists():
-                    total += data.stat().st_size
-    return total
+    data = [path.parent / name for name in external_locations(model)]
+    return path.stat().st_size + sum(f.stat().st_size for f in data if f.exists())
 
 
 def run_tool(tool: str, src: Path, dst: Path, timeout: int) -> dict[str, Any]:
@@ -256,147 +251,6 @@ def main(argv: list[str] | None = None) -> int:
     publish.write(args.out / "results.json", "suite", rows, args, publish=args.publish)
     print(render(rows, args.tools))
     return 0
-
-
-ANCHORS = ("onnxsim", "onnxslim", "onnxoptimizer", "ort-basic", "onnxscript")
-
-
-def _geomean(values: list[float]) -> float | None:
-    return float(np.exp(np.mean(np.log(values)))) if values else None
-
-
-def _summary(rows: list[dict[str, Any]], tools: list[str], totals: dict[str, int]) -> list[str]:
-    out = ["", "## graphtrim against the best anchor per model (nodes; anchors with parity)", ""]
-    mine = [t for t in tools if t.startswith("graphtrim")]
-    anchors = [t for t in tools if t in ANCHORS]
-    out.append("| model | best anchor | " + " | ".join(mine) + " |")
-    out.append("|---|---|" + "---|" * len(mine))
-    wins = dict.fromkeys(mine, 0)
-    for r in rows:
-        ok = {
-            t: r["tools"][t]["nodes"]
-            for t in anchors
-            if r["tools"].get(t, {}).get("ok") and r["tools"][t].get("parity_ok")
-        }
-        if not ok:
-            continue
-        best = min(ok.values())
-        names = "/".join(t for t, n in ok.items() if n == best)
-        cells = []
-        for t in mine:
-            res = r["tools"].get(t, {})
-            if not res.get("ok"):
-                cells.append("✗")
-                continue
-            n = res["nodes"]
-            wins[t] += n <= best
-            cells.append(f"{n} ({'≤' if n <= best else '>'} {best})")
-        out.append(f"| {r['model']} | {names} {best} | " + " | ".join(cells) + " |")
-    out.append("")
-    out.append(
-        "models at or below the best anchor: "
-        + ", ".join(f"{t} {wins[t]}/{len(rows)}" for t in mine)
-    )
-    out.append("node totals: " + ", ".join(f"{t} {totals[t]}" for t in tools))
-    # optimize time: geometric mean over the models every tool optimized
-    common = [r for r in rows if all(r["tools"].get(t, {}).get("ok") for t in tools)]
-    times = {t: _geomean([r["tools"][t]["seconds"] for r in common]) for t in tools}
-    out.append(
-        f"optimize time geomean over {len(common)} models, s: "
-        + ", ".join(f"{t} {v:.3f}" for t, v in times.items() if v is not None)
-    )
-    for key, label in (("latency_ratio_ort_on", "on"), ("latency_ratio_ort_off", "off")):
-        geo = {
-            t: _geomean([r["tools"][t][key] for r in rows if r["tools"].get(t, {}).get(key)])
-            for t in tools
-        }
-        if any(v is not None for v in geo.values()):
-            out.append(
-                f"latency ratio to the original, geomean (ORT opt {label}): "
-                + ", ".join(f"{t} {v:.3f}" for t, v in geo.items() if v is not None)
-            )
-    return out
-
-
-def _fmt(v: Any, spec: str) -> str:
-    return "-" if v is None else format(v, spec)
-
-
-def render(rows: list[dict[str, Any]], tools: list[str]) -> str:
-    out = ["## Nodes after (fewer is better; ✗ = failed or changed results)", ""]
-    out.append("| model | original | " + " | ".join(tools) + " |")
-    out.append("|---|---:|" + "---:|" * len(tools))
-    totals = dict.fromkeys(tools, 0)
-    complete = dict.fromkeys(tools, True)
-    for r in rows:
-        cells = []
-        for t in tools:
-            res = r["tools"].get(t, {})
-            if res.get("ok"):
-                totals[t] += res["nodes"]
-                mark = "" if res.get("parity_ok") else " ✗"
-                cells.append(f"{res['nodes']}{mark}")
-            else:
-                complete[t] = False
-                totals[t] += r["original_nodes"]
-                cells.append("✗")
-        out.append(f"| {r['model']} | {r['original_nodes']} | " + " | ".join(cells) + " |")
-    out.append(
-        f"| **total** | {sum(r['original_nodes'] for r in rows)} | "
-        + " | ".join(f"**{totals[t]}**" for t in tools)
-        + " |"
-    )
-    out += ["", "## Optimize time, s (peak RSS, MB)", ""]
-    out.append("| model | " + " | ".join(tools) + " |")
-    out.append("|---|" + "---:|" * len(tools))
-    for r in rows:
-        cells = []
-        for t in tools:
-            res = r["tools"].get(t, {})
-            cells.append(
-                f"{res['seconds']:.2f} ({res['peak_rss_mb']:.0f})" if res.get("ok") else "✗"
-            )
-        out.append(f"| {r['model']} | " + " | ".join(cells) + " |")
-    out += ["", "## Model size after / before (file plus external data)", ""]
-    out.append("| model | original | " + " | ".join(tools) + " |")
-    out.append("|---|---:|" + "---:|" * len(tools))
-    for r in rows:
-        cells = []
-        for t in tools:
-            res = r["tools"].get(t, {})
-            cells.append(f"{res['bytes'] / r['original_bytes']:.2f}x" if res.get("ok") else "✗")
-        out.append(
-            f"| {r['model']} | {r['original_bytes'] / 1024:.0f} KiB | " + " | ".join(cells) + " |"
-        )
-    out += [
-        "",
-        "## Parity (max relative diff) and latency ratio to the original, p50 (ORT opt off / on)",
-        "",
-    ]
-    out.append("| model | " + " | ".join(tools) + " |")
-    out.append("|---|" + "---|" * len(tools))
-    for r in rows:
-        cells = []
-        for t in tools:
-            res = r["tools"].get(t, {})
-            if not res.get("ok"):
-                cells.append("✗")
-                continue
-            rel = res.get("max_rel_diff")
-            lat = f"{_fmt(res.get('latency_ratio_ort_off'), '.2f')}/{_fmt(res.get('latency_ratio_ort_on'), '.2f')}"
-            cells.append(f"{'ok' if res.get('parity_ok') else 'FAIL'} {_fmt(rel, '.0e')} {lat}")
-        out.append(f"| {r['model']} | " + " | ".join(cells) + " |")
-    fails = {
-        t: sum(
-            1
-            for r in rows
-            if r["tools"].get(t, {}).get("ok") and not r["tools"][t].get("parity_ok")
-        )
-        for t in tools
-    }
-    out += ["", "parity failures: " + ", ".join(f"{t} {n}" for t, n in fails.items())]
-    out += _summary(rows, tools, totals)
-    return "\n".join(out)
 
 
 if __name__ == "__main__":

@@ -244,17 +244,23 @@ def render(results: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+def add_decoder_arguments(ap: argparse.ArgumentParser, *, runs: int) -> None:
+    """The decoder's size, its prompt and cache lengths, and the timed runs and threads: the
+    options this benchmark and ``bench.llm_graph`` share."""
     ap.add_argument("--hidden", type=int, default=768)
     ap.add_argument("--layers", type=int, default=12)
     ap.add_argument("--intermediate", type=int, default=2048)
     ap.add_argument("--past", type=int, default=256, help="KV cache length of a decode step")
     ap.add_argument("--prompt", type=int, default=128, help="prefill length")
-    ap.add_argument("--runs", type=int, default=40)
+    ap.add_argument("--runs", type=int, default=runs)
     ap.add_argument("--threads", default="1,2")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    add_decoder_arguments(ap, runs=40)
     ap.add_argument("--out", default=str(ROOT / "results-llm"))
     publish.add_publish_argument(ap)
     args = ap.parse_args(argv)

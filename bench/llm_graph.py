@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 
 from bench import publish
-from bench.llm import ROOT, Decoder, _build, _llama, _time
+from bench.llm import ROOT, Decoder, _build, _llama, _time, add_decoder_arguments
 
 log = logging.getLogger("bench.llm_graph")
 
@@ -137,13 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    ap.add_argument("--hidden", type=int, default=768)
-    ap.add_argument("--layers", type=int, default=12)
-    ap.add_argument("--intermediate", type=int, default=2048)
-    ap.add_argument("--past", type=int, default=256, help="KV cache length of a decode step")
-    ap.add_argument("--prompt", type=int, default=128, help="prefill length")
-    ap.add_argument("--runs", type=int, default=60)
-    ap.add_argument("--threads", default="1,2")
+    add_decoder_arguments(ap, runs=60)
     ap.add_argument("--no-genai", action="store_true", help="leave the model builder out")
     ap.add_argument("--no-anchors", action="store_true", help="leave onnxslim and onnxsim out")
     ap.add_argument("--out", default=str(ROOT / "results-llm"))

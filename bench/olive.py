@@ -42,10 +42,8 @@ Worked around in Olive 0.13 (with pydantic 2.14):
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
-import re
 import shutil
 import signal
 import subprocess
@@ -53,10 +51,14 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from bench.olive_install import (
+    _env,
+    ensure_installed,
+)
+from bench.olive_results import _error_of, _find_output, _footprint_summary, _phases
 from bench.olive_workflow import (
     _USER_SCRIPT,
     _USER_SCRIPT_TEXT,
@@ -65,140 +67,11 @@ from bench.olive_workflow import (
     workflow_config,
 )
 
-OLIVE_DIR = Path(__file__).parent / ".olive"
-# Olive itself and the dependencies the project does not have, at the versions tried here.
-OLIVE_PINS = (
-    "olive-ai==0.13.0",
-    "optuna==5.1.0",
-    "questionary==2.1.1",
-    "torchmetrics==1.9.0",
-    "lightning-utilities==0.15.3",
-)
-# Modules Olive 0.13 needs to run these commands, and the distribution each comes from.
-_REQUIRED = {
-    "olive": "olive-ai==0.13.0",
-    "optuna": "optuna==5.1.0",
-    "questionary": "questionary==2.1.1",
-    "torchmetrics": "torchmetrics==1.9.0",
-    "lightning_utilities": "lightning-utilities==0.15.3",
-    "onnx": "onnx",
-    "onnxruntime": "onnxruntime",
-    "onnxscript": "onnxscript",
-    "onnx_ir": "onnx-ir",
-    "torch": "torch",
-    "transformers": "transformers",
-    "pydantic": "pydantic",
-    "pandas": "pandas",
-    "yaml": "pyyaml",
-    "sqlalchemy": "sqlalchemy",
-    "alembic": "alembic",
-    "colorlog": "colorlog",
-    "prompt_toolkit": "prompt-toolkit",
-    "psutil": "psutil",
-    "tqdm": "tqdm",
-    "hf_xet": "hf-xet",
-    "opentelemetry.sdk": "opentelemetry-sdk",
-}
-# Installed into OLIVE_DIR when missing from both; never into the project's environment.
-_INSTALLABLE = {
-    "olive",
-    "optuna",
-    "questionary",
-    "torchmetrics",
-    "lightning_utilities",
-    "colorlog",
-    "hf_xet",
-}
 LOG_TAIL = 40
 _MARKER = ".bench-olive"
 
 
-# ----------------------------------------------------------------------------- installation
-
-
-def _missing_modules() -> list[str]:
-    code = (
-        "import importlib.util, json, sys\n"
-        f"names = {sorted(_REQUIRED)!r}\n"
-        "missing = []\n"
-        "for n in names:\n"
-        "    try:\n"
-        "        ok = importlib.util.find_spec(n) is not None\n"
-        "    except Exception:\n"
-        "        ok = False\n"
-        "    if not ok:\n"
-        "        missing.append(n)\n"
-        "print(json.dumps(missing))\n"
-    )
-    proc = subprocess.run(
-        [sys.executable, "-c", code], env=_env(None), capture_output=True, text=True, timeout=120
-    )
-    if proc.returncode != 0:
-        raise RuntimeError(f"cannot check Olive's modules: {proc.stderr.strip()[-500:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
-
-
-def ensure_installed() -> None:
-    """Install Olive 0.13 and its missing dependencies into OLIVE_DIR (``pip --target --no-deps``).
-
-    The project's environment is never changed. Raises RuntimeError when a module is still
-    missing afterwards, or when one that only the project's environment can provide is absent.
-    """
-    missing = _missing_modules()
-    if not missing:
-        return
-    not_ours = [m for m in missing if m not in _INSTALLABLE]
-    if not_ours:
-        raise RuntimeError(
-            "Olive 0.13 needs modules that the project's environment lacks: "
-            + ", ".join(f"{m} ({_REQUIRED[m]})" for m in not_ours)
-        )
-    pins = sorted(
-        {_REQUIRED[m] for m in missing} | ({"olive-ai==0.13.0"} if "olive" in missing else set())
-    )
-    cmd = [
-        sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--upgrade",
-        "--target", str(OLIVE_DIR), *pins,
-    ]  # fmt: skip
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise RuntimeError(
-            f"installing {' '.join(pins)} into {OLIVE_DIR} failed: {proc.stderr.strip()[-1000:]}"
-        )
-    still = _missing_modules()
-    if still:
-        raise RuntimeError(
-            f"Olive's modules still missing after installing into {OLIVE_DIR}: {', '.join(still)}"
-        )
-
-
 # ----------------------------------------------------------------------------- process
-
-
-def _env(tmp: Path | None) -> dict[str, str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(
-        [str(OLIVE_DIR.resolve()), *filter(None, [os.environ.get("PYTHONPATH")])]
-    )
-    env.update(
-        HF_HUB_OFFLINE="1",
-        TRANSFORMERS_OFFLINE="1",
-        HF_DATASETS_OFFLINE="1",
-        HF_HUB_DISABLE_TELEMETRY="1",
-        OLIVE_DISABLE_TELEMETRY="1",
-        # Olive's telemetry is switched off before its start-up heartbeat only in "CI"
-        CI="1",
-        PYTHONUNBUFFERED="1",
-    )
-    if tmp is not None:
-        env.update(
-            HF_HOME=str(tmp / "hf"),
-            XDG_CACHE_HOME=str(tmp / "xdg"),
-            OLIVE_TELEMETRY_CACHE_DIR=str(tmp / "telemetry"),
-            MPLCONFIGDIR=str(tmp / "matplotlib"),
-            TORCHINDUCTOR_CACHE_DIR=str(tmp / "inductor"),
-        )
-    return env
 
 
 def _prepare_out(out: Path) -> Path:
@@ -216,62 +89,6 @@ def _prepare_out(out: Path) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     (out / _MARKER).write_text("written by bench/olive.py; emptied on the next run\n")
     return out
-
-
-_STAMP = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3})\]")
-
-
-def _stamp(line: str) -> float | None:
-    m = _STAMP.match(line)
-    if not m:
-        return None
-    return datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp()
-
-
-def _phases(lines: list[str], start: float, end: float) -> dict[str, float | None]:
-    """Start-up (imports, config) / engine / exit, from Olive's INFO log time stamps."""
-    begin = finish = None
-    for line in lines:
-        if begin is None and "Running workflow" in line:
-            begin = _stamp(line)
-        if "Saved output model" in line or "Run history for" in line:
-            finish = _stamp(line) or finish
-    return {
-        "startup_seconds": round(begin - start, 3) if begin else None,
-        "engine_seconds": round(finish - begin, 3) if begin and finish else None,
-        "exit_seconds": round(end - finish, 3) if finish else None,
-    }
-
-
-def _error_of(lines: list[str]) -> str | None:
-    """The last exception line of a traceback in Olive's log."""
-    pat = re.compile(r"^([A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit)|AssertionError)\b.*")
-    for line in reversed(lines):
-        if pat.match(line.strip()):
-            return line.strip()
-    return None
-
-
-def _find_output(out: Path) -> Path | None:
-    """The final model Olive saved under ``out``: model_config.json's path, else model.onnx, else newest .onnx."""
-    cfg = out / "model_config.json"
-    if cfg.is_file():
-        try:
-            c = json.loads(cfg.read_text()).get("config", {})
-            p = Path(c.get("model_path") or "")
-            if c.get("onnx_file_name") and p.is_dir():
-                p = p / c["onnx_file_name"]
-            if p.is_dir():
-                onnx_files = sorted(p.glob("*.onnx"))
-                p = onnx_files[0] if len(onnx_files) == 1 else Path("")
-            if p.suffix == ".onnx" and p.is_file():
-                return p.resolve()
-        except (OSError, ValueError, AttributeError):
-            pass
-    if (out / "model.onnx").is_file():
-        return (out / "model.onnx").resolve()
-    found = [p for p in out.rglob("*.onnx") if "olive-cli-tmp" not in str(p)]
-    return max(found, key=lambda p: p.stat().st_mtime).resolve() if found else None
 
 
 def _run(cmd: list[str], out: Path, tmp: Path, timeout: float) -> dict[str, Any]:
@@ -364,56 +181,6 @@ def run_auto_opt(
 
 
 # ----------------------------------------------------------------------------- workflow
-
-
-def _footprint_summary(out: Path) -> dict[str, Any]:
-    """Metrics of the input and of the output model, and the quantization settings it came from."""
-    summary: dict[str, Any] = {}
-    inp = out / "input_model_metrics.json"
-    if inp.is_file():
-        with contextlib.suppress(ValueError, AttributeError):
-            summary["input_metrics"] = {
-                k: v.get("value") for k, v in json.loads(inp.read_text()).items()
-            }
-    try:
-        nodes = json.loads((out / "footprint.json").read_text())  # {model_id: node}
-    except (OSError, ValueError):
-        return summary
-    evaluated = [
-        n
-        for n in nodes.values()
-        if (n.get("metrics") or {}).get("value") and n.get("parent_model_id")
-    ]
-    frontier = [n for n in evaluated if n.get("is_pareto_frontier")]
-    summary["models_evaluated"] = len(evaluated)
-    summary["frontier_size"] = len(frontier)
-
-    def rank(node: dict) -> tuple:  # Olive's own order: objectives in priority order, best first
-        m = node["metrics"]
-        return tuple(m["value"][k]["value"] * d for k, d in (m.get("cmp_direction") or {}).items())
-
-    if frontier:
-        best = max(frontier, key=rank)
-        summary["output_metrics"] = {k: v.get("value") for k, v in best["metrics"]["value"].items()}
-        chain = []
-        node = best
-        while node and node.get("from_pass"):
-            cfg = {
-                k: v
-                for k, v in (node.get("pass_run_config") or {}).items()
-                # a search parameter left in the config is one this sample did not use
-                if v is not None
-                and k not in ("data_config", "user_script", "script_dir")
-                and not (isinstance(v, dict) and "olive_parameter_type" in v)
-            }
-            chain.append({"pass": node["from_pass"], "config": cfg})
-            node = nodes.get(node.get("parent_model_id") or "")
-        summary["passes"] = chain[::-1]
-        settings = ((best.get("model_config_data") or {}).get("config") or {}).get(
-            "inference_settings"
-        )
-        summary["inference_settings"] = settings
-    return summary
 
 
 def run_workflow(

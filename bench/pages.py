@@ -87,7 +87,7 @@ BENCHES: dict[str, Bench] = {
 
 
 def _suite(results: Any, args: dict[str, Any]) -> str:
-    from bench.__main__ import render
+    from bench.tables import render
 
     return str(render(results, list(args.get("tools") or results[0]["tools"])))
 

@@ -61,17 +61,6 @@ def _memory_gib() -> float | None:
     return None
 
 
-def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def _versions() -> dict[str, str]:
     from importlib import metadata
 
@@ -86,14 +75,12 @@ def _versions() -> dict[str, str]:
 
 def machine() -> dict[str, Any]:
     """The hardware and software the numbers were measured on."""
-    try:
-        usable = len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        usable = os.cpu_count() or 0
+    from graphtrim.gates.fingerprint import cpu_model, usable_cpus
+
     return {
-        "cpu_model": _cpu_model(),
+        "cpu_model": cpu_model(),
         "cpu_count": os.cpu_count(),
-        "cpu_usable": usable,
+        "cpu_usable": usable_cpus(),
         "memory_gib": _memory_gib(),
         "system": f"{platform.system()} {platform.release()}",
         "python": platform.python_version(),

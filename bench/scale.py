@@ -21,10 +21,8 @@ import argparse
 import datetime as dt
 import json
 import os
-import signal
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -32,6 +30,7 @@ from typing import Any
 import requests
 
 from bench import publish
+from bench.deployed import deployment_work
 
 
 def _ts(value: str | None) -> float | None:
@@ -212,13 +211,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default="bench/results-scale", help="folder for the JSON results")
     publish.add_publish_argument(p)
     args = p.parse_args(argv)
-    os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
-    # SIGTERM unwinds like Ctrl-C: the deployment's processes stopped, its databases dropped
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    work = deployment_work("graphtrim-scale-")
     from graphtrim.examples.digits import make_digits_task
 
-    work = Path(tempfile.mkdtemp(prefix="graphtrim-scale-"))
-    print(f"work folder (deployment logs): {work}", file=sys.stderr, flush=True)
     task = make_digits_task(work / "digits", epochs=2)
     results = []
     for executor in ("celery", "local") if args.executor == "both" else (args.executor,):

@@ -112,19 +112,28 @@ class _LastHidden:
         return Wrapper(model)
 
 
-def _bert() -> tuple[Any, Any]:
-    import torch
+def bert_encoder(
+    vocab: int, hidden: int, layers: int, heads: int, intermediate: int, positions: int
+) -> Any:
+    """A BERT-like encoder of these sizes, random weights from torch's seed as it stands, that
+    takes token ids and returns its last hidden state."""
     from transformers import BertConfig, BertModel
 
     cfg = BertConfig(
-        vocab_size=1000,
-        hidden_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        intermediate_size=256,
-        max_position_embeddings=64,
+        vocab_size=vocab,
+        hidden_size=hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        intermediate_size=intermediate,
+        max_position_embeddings=positions,
     )
-    return _LastHidden(BertModel(cfg)), torch.randint(0, 8, (2, 16))
+    return _LastHidden(BertModel(cfg))
+
+
+def _bert() -> tuple[Any, Any]:
+    import torch
+
+    return bert_encoder(1000, 128, 2, 4, 256, 64), torch.randint(0, 8, (2, 16))
 
 
 def _gpt2() -> tuple[Any, Any]:

@@ -26,52 +26,32 @@ import json
 import logging
 import os
 import re
-import select
 import shutil
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from bench import publish
-from bench.__main__ import count_nodes, latency, model_bytes, parity
+from bench.__main__ import count_nodes, model_bytes, parity
 from bench.corpus import DEFAULT_DIR, Manifest
+from bench.sweep_measure import measure_latency, self_instability
 from bench.sweep_models import FolderModels, dim_values
-from bench.sweep_render import ANCHORS, SLOWER, best_anchor, render
+from bench.sweep_render import ANCHORS, best_anchor, render
+from bench.sweep_tools import (
+    _SCRATCH,
+    AnchorWorker,
+    _dim_args,
+    _wall,
+    anchor_versions,
+    run_anchors,
+)
 
 ROOT = Path(__file__).resolve().parent
 REPO = ROOT.parent
 BIN = Path(sys.executable).parent
 log = logging.getLogger("bench.sweep")
-
-
-def _child_env() -> dict[str, str]:
-    """The environment of a tool run by the sweep: bench importable from anywhere."""
-    path = os.environ.get("PYTHONPATH")
-    return dict(
-        os.environ,
-        PYTHONWARNINGS="ignore",
-        PYTHONPATH=f"{REPO}{os.pathsep}{path}" if path else str(REPO),
-    )
-
-
-def _scratch() -> Path:
-    """The working directory of the tools run by the sweep: some write scratch files into it
-    (onnxruntime's symbolic shape inference leaves ``sym_shape_infer_temp.onnx`` and its
-    external data there when it gives up), which must not land in the checkout."""
-    import tempfile
-
-    global _SCRATCH
-    if _SCRATCH is None or not _SCRATCH.is_dir():
-        _SCRATCH = Path(tempfile.mkdtemp(prefix="graphtrim-sweep-"))
-    return _SCRATCH
-
-
-_SCRATCH: Path | None = None
 
 
 def source_digest() -> str:
@@ -82,99 +62,6 @@ def source_digest() -> str:
     for path in sorted((REPO / "optimizer_core").rglob("*.py")):
         h.update(path.read_bytes())
     return h.hexdigest()[:16]
-
-
-class AnchorWorker:
-    """``python -m bench.worker --serve`` in the background; restarted after a crash or a
-    timeout (an anchor that hangs or takes the process down fails that model only)."""
-
-    def __init__(self) -> None:
-        self.proc: subprocess.Popen[str] | None = None
-
-    def _start(self) -> subprocess.Popen[str]:
-        return subprocess.Popen(
-            [sys.executable, "-m", "bench.worker", "--serve"],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            text=True,
-            cwd=_scratch(),
-            env=_child_env(),
-        )
-
-    def run(self, tool: str, src: Path, dst: Path, timeout: float) -> dict[str, Any]:
-        dst.unlink(missing_ok=True)
-        if self.proc is None or self.proc.poll() is not None:
-            self.proc = self._start()
-        assert self.proc.stdin and self.proc.stdout
-        self.proc.stdin.write(json.dumps({"tool": tool, "src": str(src), "dst": str(dst)}) + "\n")
-        self.proc.stdin.flush()
-        deadline = time.monotonic() + timeout
-        line = ""
-        while not line.startswith("{"):
-            ready, _, _ = select.select([self.proc.stdout], [], [], deadline - time.monotonic())
-            line = self.proc.stdout.readline() if ready else ""
-            if not line:
-                break
-        if not line:
-            crashed = self.proc.poll()
-            self.close()
-            return {
-                "ok": False,
-                "error": f"crashed (exit {crashed})"
-                if crashed is not None
-                else f"timeout after {timeout:.0f} s",
-            }
-        return json.loads(line)
-
-    def close(self) -> None:
-        if self.proc is not None:
-            self.proc.kill()
-            self.proc.wait()
-            self.proc = None
-
-
-def self_instability(src: Path, dims: dict[str, int]) -> float | None:
-    """The input's own max abs difference between onnxruntime without and with its graph
-    optimizations (same feeds): how far rounding alone moves this model's outputs."""
-    import onnxruntime as ort
-
-    from graphtrim.verify import make_inputs
-
-    outs = []
-    try:
-        for level in (
-            ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
-            ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
-        ):
-            so = ort.SessionOptions()
-            so.graph_optimization_level = level
-            so.log_severity_level = 3
-            sess = ort.InferenceSession(str(src), so, providers=["CPUExecutionProvider"])
-            specs = [(i.name, i.type, list(i.shape)) for i in sess.get_inputs()]
-            outs.append(sess.run(None, make_inputs(specs, seed=0, dim_values=dims)))
-    except Exception:
-        return None
-    worst = 0.0
-    for a, b in zip(*outs, strict=True):
-        if isinstance(a, np.ndarray) and a.dtype.kind == "f" and a.shape == b.shape and a.size:
-            worst = max(worst, float(np.nanmax(np.abs(a.astype(np.float64) - b))))
-    return worst
-
-
-def _wall(cmd: list[str], timeout: float) -> tuple[float, subprocess.CompletedProcess[str] | None]:
-    t0 = time.perf_counter()
-    try:
-        proc = subprocess.run(
-            cmd, capture_output=True, text=True, timeout=timeout, env=_child_env(), cwd=_scratch()
-        )
-    except subprocess.TimeoutExpired:
-        return timeout, None
-    return time.perf_counter() - t0, proc
-
-
-def _dim_args(dims: dict[str, int]) -> list[str]:
-    return [a for name, size in dims.items() for a in ("--dim", f"{name}={size}")]
 
 
 def _digest_file(path: Path) -> str | None:
@@ -188,63 +75,6 @@ def _digest_file(path: Path) -> str | None:
         for block in iter(lambda: f.read(1 << 20), b""):
             h.update(block)
     return h.hexdigest()
-
-
-def anchor_versions() -> dict[str, str]:
-    """The anchors' package versions: their kept results are reused only under the same ones."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    out = {}
-    for pkg in ("onnxsim", "onnxslim", "onnxoptimizer", "onnxruntime", "onnxscript", "onnx"):
-        try:
-            out[pkg] = version(pkg)
-        except PackageNotFoundError:
-            out[pkg] = "absent"
-    return out
-
-
-def node_domains(path: Path) -> set[str]:
-    """The operator domains the model's nodes use (subgraphs included; '' is the standard one)."""
-    import onnx
-
-    def walk(g: onnx.GraphProto) -> set[str]:
-        out = set()
-        for node in g.node:
-            out.add(node.domain if node.domain != "ai.onnx" else "")
-            for a in node.attribute:
-                if a.type == onnx.AttributeProto.GRAPH:
-                    out |= walk(a.g)
-                elif a.type == onnx.AttributeProto.GRAPHS:
-                    for sub in a.graphs:
-                        out |= walk(sub)
-        return out
-
-    return walk(onnx.load(str(path), load_external_data=False).graph)
-
-
-def run_anchors(
-    src: Path,
-    work: Path,
-    worker: AnchorWorker,
-    dims: dict[str, int],
-    args: argparse.Namespace,
-    key: str,
-) -> dict[str, Any]:
-    """Each anchor on ``src`` in the worker; nodes, bytes and parity of each output, and the
-    operator domains it adds (an output in onnxruntime's contrib ops is no portable model)."""
-    anchors: dict[str, Any] = {}
-    before = node_domains(src)
-    for tool in ANCHORS:
-        out = work / f"{key}.{tool}.onnx"
-        r = worker.run(tool, src, out, args.timeout)
-        if r.get("ok") and out.exists():
-            r.update(nodes=count_nodes(out), bytes=model_bytes(out))
-            r["domains_added"] = sorted(node_domains(out) - before)
-            r.update(parity(src, out, dims))
-        anchors[tool] = r
-        if not args.keep:
-            out.unlink(missing_ok=True)
-    return anchors
 
 
 def sweep_model(
@@ -321,35 +151,6 @@ def sweep_model(
     if not args.no_latency and gt.get("ok"):
         measure_latency(res, src, dst, dims, args)
     return res
-
-
-def measure_latency(
-    res: dict[str, Any], src: Path, dst: Path, dims: dict[str, int], args: argparse.Namespace
-) -> None:
-    """p50 of graphtrim's output over the input's, ORT_ENABLE_ALL, interleaved; measured again,
-    longer, while the median ratio is above ``SLOWER``."""
-    ratios = []
-    for min_seconds in (
-        args.latency_seconds,
-        4 * args.latency_seconds,
-        4 * args.latency_seconds,
-    ):
-        p50 = latency(
-            {"original": src, "graphtrim": dst},
-            10,
-            True,
-            min_seconds=min_seconds,
-            dim_values=dims,
-        )
-        if "original" not in p50 or "graphtrim" not in p50:
-            break
-        ratios.append(p50["graphtrim"] / p50["original"])
-        res["p50_ms"] = p50
-        if statistics.median(ratios) <= SLOWER:
-            break
-    if ratios:
-        res["latency_ratio"] = statistics.median(ratios)
-        res["latency_ratios"] = ratios
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -150,20 +150,11 @@ def _mobilenet_v2(seed: int) -> Any:
 
 def _encoder(seed: int) -> Any:
     import torch
-    from transformers import BertConfig, BertModel
 
-    from bench.suite import _LastHidden
+    from bench.suite import bert_encoder
 
     torch.manual_seed(seed)
-    cfg = BertConfig(
-        vocab_size=4096,
-        hidden_size=256,
-        num_hidden_layers=4,
-        num_attention_heads=4,
-        intermediate_size=1024,
-        max_position_embeddings=128,
-    )
-    return _LastHidden(BertModel(cfg).eval())
+    return bert_encoder(4096, 256, 4, 4, 1024, 128).eval()
 
 
 def _kws(seed: int) -> Any:

@@ -21,7 +21,6 @@ import json
 import os
 import signal
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -29,6 +28,7 @@ from typing import Any
 import requests
 
 from bench import publish
+from bench.deployed import deployment_work
 
 
 def _ts(value: str | None) -> float | None:
@@ -114,16 +114,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default="bench/results-tune-pool", help="folder for the JSON results")
     publish.add_publish_argument(p)
     args = p.parse_args(argv)
-    os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    work = deployment_work("graphtrim-bench-tune-pool-")
     import boto3
 
     from graphtrim.examples.digits import make_digits_task
     from tests.deployment import deployment
     from tests.servers import moto_server
 
-    work = Path(tempfile.mkdtemp(prefix="graphtrim-bench-tune-pool-"))
-    print(f"work folder (deployment logs): {work}", file=sys.stderr, flush=True)
     task = make_digits_task(work / "digits")
     os.environ.update(AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing")
     rows = []

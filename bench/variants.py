@@ -43,26 +43,11 @@ def _bert(cache: Path) -> tuple[Path, Path, Path]:
     if model.exists():
         return model, calib, evald
     import torch
-    from transformers import BertConfig, BertModel
 
-    class LastHidden(torch.nn.Module):
-        def __init__(self, inner: Any) -> None:
-            super().__init__()
-            self.inner = inner
-
-        def forward(self, input_ids: Any) -> Any:
-            return self.inner(input_ids=input_ids).last_hidden_state
+    from bench.suite import bert_encoder
 
     torch.manual_seed(0)
-    cfg = BertConfig(
-        vocab_size=8192,
-        hidden_size=384,
-        num_hidden_layers=6,
-        num_attention_heads=12,
-        intermediate_size=1536,
-        max_position_embeddings=512,
-    )
-    net = LastHidden(BertModel(cfg)).eval()
+    net = bert_encoder(8192, 384, 6, 12, 1536, 512).eval()
     log.info("exporting the BERT-like encoder to %s", model)
     with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")

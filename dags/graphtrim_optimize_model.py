@@ -33,9 +33,9 @@ from typing import Any
 
 from airflow.sdk import DAG, Param, task
 
-from graphtrim.airflow.operators import plan_run, variant_table
 from graphtrim.airflow.params import dag_params
 from graphtrim.airflow.pipeline import stage_tasks
+from graphtrim.airflow.run_plan import plan_run, variant_table
 from graphtrim.airflow.timeouts import task_timeout
 
 GPU_POOL = os.environ.get("GRAPHTRIM_GPU_POOL", "graphtrim_gpu")

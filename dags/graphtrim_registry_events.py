@@ -13,11 +13,10 @@ from __future__ import annotations
 import datetime as dt
 import os
 
-from airflow.providers.standard.operators.trigger_dagrun import TriggerDagRunOperator
 from airflow.sdk import DAG, Asset, AssetWatcher
 
 from graphtrim.airflow.params import env_flag
-from graphtrim.airflow.registry import RegistryEventsOperator
+from graphtrim.airflow.registry import RegistryEventsOperator, optimize_each
 from graphtrim.airflow.timeouts import task_timeout
 from graphtrim.airflow.triggers import MlflowNewModelVersionTrigger
 
@@ -53,9 +52,4 @@ with DAG(
         task_id="versions", execution_timeout=task_timeout("versions")
     )
 
-    TriggerDagRunOperator.partial(
-        task_id="optimize",
-        execution_timeout=task_timeout("trigger"),
-        trigger_dag_id="graphtrim_optimize_model",
-        skip_when_already_exists=True,
-    ).expand_kwargs(versions.output)
+    optimize_each(versions.output)

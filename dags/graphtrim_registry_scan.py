@@ -16,11 +16,10 @@ from __future__ import annotations
 import datetime as dt
 import os
 
-from airflow.providers.standard.operators.trigger_dagrun import TriggerDagRunOperator
 from airflow.sdk import DAG, Param
 
 from graphtrim.airflow.params import env_flag
-from graphtrim.airflow.registry import RegistryScanOperator
+from graphtrim.airflow.registry import RegistryScanOperator, optimize_each
 from graphtrim.airflow.timeouts import task_timeout
 
 with DAG(
@@ -65,9 +64,4 @@ with DAG(
         allow_variant_source="{{ params.allow_variant_source }}",
     )
 
-    TriggerDagRunOperator.partial(
-        task_id="optimize",
-        execution_timeout=task_timeout("trigger"),
-        trigger_dag_id="graphtrim_optimize_model",
-        skip_when_already_exists=True,
-    ).expand_kwargs(candidates.output)
+    optimize_each(candidates.output)

@@ -3,7 +3,7 @@
 Every surface that starts a run derives its parameters from :data:`RUN_PARAMS`: the flags of
 ``graphtrim pipeline run|stage|tune`` (``graphtrim.cli.pipeline_commands``), the Params of the
 optimize DAGs (``dags/graphtrim_optimize_model.py``) and the run's config their plan task makes
-(``graphtrim.airflow.operators.plan_run``), the Kubeflow pipeline's signature and every step's
+(``graphtrim.airflow.run_plan.plan_run``), the Kubeflow pipeline's signature and every step's
 options (``graphtrim.kubeflow.pipeline``), and which fields of
 :class:`~graphtrim.stages.context.PipelineConfig` enter the config hash. The reference page
 ``docs/reference/run-parameters.md`` is generated from it, and ``tests/test_run_params.py``

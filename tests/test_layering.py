@@ -86,7 +86,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
         "file optimizer and targets",
         ("graphtrim.stats", "graphtrim.ort_target", "graphtrim.optimize_file"),
     ),
-    ("data", ("graphtrim.data", "graphtrim.npz")),
+    ("data", ("graphtrim.data", "graphtrim.data_check", "graphtrim.npz")),
     ("quantize and gates", ("graphtrim.quantize", "graphtrim.gates")),
     ("tuning search", ("graphtrim.tune",)),
     (

@@ -33,7 +33,7 @@ PROCESS_OPTIONS = {"policy", "workdir", "orchestrator_run_id", "child_timeout", 
 
 
 def _weight_flags() -> set[str]:
-    from graphtrim.cli.variant_commands import add_weight_args
+    from graphtrim.cli.variant_args import add_weight_args
 
     p = argparse.ArgumentParser()
     add_weight_args(p)
@@ -181,7 +181,7 @@ def _config_value(config: dict[str, Any], ctx: dict[str, Any], p: RunParam) -> A
 
 
 def test_the_command_line_passes_each_example_on(monkeypatch: pytest.MonkeyPatch) -> None:
-    from graphtrim.cli.pipeline_commands import _context_and_config
+    from graphtrim.cli.pipeline_context import _context_and_config
 
     monkeypatch.delenv("GRAPHTRIM_POLICY", raising=False)
     base = ["pipeline", "run", "--model", "models:/m/1", "--tracking-uri", "t", "-q"]
@@ -216,7 +216,7 @@ def test_a_boolean_option_takes_an_orchestrator_s_value() -> None:
 
 def test_plan_run_passes_each_example_on(monkeypatch: pytest.MonkeyPatch) -> None:
     pytest.importorskip("airflow")
-    from graphtrim.airflow.operators import plan_run
+    from graphtrim.airflow.run_plan import plan_run
 
     monkeypatch.delenv("GRAPHTRIM_POLICY", raising=False)
     base = {"model_name": "m", "version": "1", "variants": ["graph"], "preset": "default"}

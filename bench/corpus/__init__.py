@@ -79,6 +79,31 @@ def spec(
     return Spec(name, family, source, build, exporters, tuple(sorted(args.items())), derive, env)
 
 
+def converted_specs(
+    prefix: str, module: str, family: str, env: str, sources: dict[str, str]
+) -> list[Spec]:
+    """The specs of a converter's module of the corpus (``bench.corpus.MODULE``): one per model
+    name of ``sources`` (name -> what it is), named ``PREFIX-NAME``, built by the module's
+    ``build`` and exported by the converter ``family`` alone, in the export environment ``env``."""
+    return [
+        spec(
+            f"{prefix}-{name}",
+            family,
+            source,
+            f"bench.corpus.{module}:build",
+            exporters=(family,),
+            env=env,
+            model=name,
+        )
+        for name, source in sources.items()
+    ]
+
+
+def opset_by_name(name: str, opsets: tuple[int, ...]) -> int:
+    """One of ``opsets``, the same for a name on every build (spread over them by name)."""
+    return opsets[sum(name.encode()) % len(opsets)]
+
+
 def all_specs() -> list[Spec]:
     """Every corpus spec, in build order (derived models last: they read exported ones)."""
     from bench.corpus import (
@@ -117,21 +142,18 @@ def describe(path: Path) -> dict[str, Any]:
     """Opset, node count (subgraphs included), bytes (with external data) and sha256 of a file."""
     import onnx
 
-    from bench.__main__ import count_nodes
+    from bench.__main__ import count_nodes, external_locations
 
     model = onnx.load(str(path), load_external_data=False)
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
     size = path.stat().st_size
     digest = hashlib.sha256(path.read_bytes())
-    seen: set[str] = set()
-    for init in model.graph.initializer:
-        for entry in init.external_data:
-            if entry.key == "location" and entry.value not in seen:
-                seen.add(entry.value)
-                data = path.parent / entry.value
-                if data.exists():
-                    size += data.stat().st_size
-                    digest.update(data.read_bytes())
+    locations = external_locations(model)
+    for name in locations:
+        data = path.parent / name
+        if data.exists():
+            size += data.stat().st_size
+            digest.update(data.read_bytes())
     domains = sorted({o.domain or "ai.onnx" for o in model.opset_import})
     return {
         "opset": opset,
@@ -139,7 +161,7 @@ def describe(path: Path) -> dict[str, Any]:
         "nodes": count_nodes(path),
         "bytes": size,
         "sha256": digest.hexdigest(),
-        "external_data": bool(seen),
+        "external_data": bool(locations),
     }
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from bench.corpus import Spec, spec
+from bench.corpus import Spec, converted_specs, opset_by_name
 
 # name -> (keras.applications constructor, input side, its keyword arguments)
 APPLICATIONS: dict[str, tuple[str, int, dict[str, Any]]] = {
@@ -27,37 +27,21 @@ APPLICATIONS: dict[str, tuple[str, int, dict[str, Any]]] = {
 LAYERS = ("lstm", "bigru", "attention", "conv1d", "unet", "separable", "mlp-normalization")
 OPSETS = (13, 17)
 
-SPECS: list[Spec] = [
-    *(
-        spec(
-            f"keras-{name}",
-            "tf2onnx",
-            f"keras.applications.{ctor}",
-            "bench.corpus.keras_tf:build",
-            exporters=("tf2onnx",),
-            env="tf",
-            model=name,
-        )
-        for name, (ctor, _, _) in APPLICATIONS.items()
-    ),
-    *(
-        spec(
-            f"keras-{name}",
-            "tf2onnx",
-            f"keras.layers ({name})",
-            "bench.corpus.keras_tf:build",
-            exporters=("tf2onnx",),
-            env="tf",
-            model=name,
-        )
-        for name in LAYERS
-    ),
-]
+SPECS: list[Spec] = converted_specs(
+    "keras",
+    "keras_tf",
+    "tf2onnx",
+    "tf",
+    {
+        **{name: f"keras.applications.{ctor}" for name, (ctor, _, _) in APPLICATIONS.items()},
+        **{name: f"keras.layers ({name})" for name in LAYERS},
+    },
+)
 
 
 def opset_for(name: str) -> int:
     """13 or 17, the same for a name on every build."""
-    return OPSETS[sum(name.encode()) % len(OPSETS)]
+    return opset_by_name(name, OPSETS)
 
 
 def _application(name: str) -> tuple[Any, list[tuple[list[int | None], str]]]:

@@ -12,7 +12,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from bench.corpus import Spec, spec
+from bench.corpus import Spec, converted_specs, opset_by_name
 
 # name -> (paddle.vision.models constructor, input side, its keyword arguments)
 VISION: dict[str, tuple[str, int, dict[str, Any]]] = {
@@ -28,36 +28,21 @@ VISION: dict[str, tuple[str, int, dict[str, Any]]] = {
 LAYERS = ("transformer-encoder", "lstm")
 OPSETS = (13, 17)
 
-SPECS: list[Spec] = [
-    *(
-        spec(
-            f"paddle-{name}",
-            "paddle2onnx",
-            f"paddle.vision.models.{ctor}",
-            "bench.corpus.paddle_models:build",
-            exporters=("paddle2onnx",),
-            env="paddle",
-            model=name,
-        )
-        for name, (ctor, _, _) in VISION.items()
-    ),
-    *(
-        spec(
-            f"paddle-{name}",
-            "paddle2onnx",
-            f"paddle.nn ({name})",
-            "bench.corpus.paddle_models:build",
-            exporters=("paddle2onnx",),
-            env="paddle",
-            model=name,
-        )
-        for name in LAYERS
-    ),
-]
+SPECS: list[Spec] = converted_specs(
+    "paddle",
+    "paddle_models",
+    "paddle2onnx",
+    "paddle",
+    {
+        **{name: f"paddle.vision.models.{ctor}" for name, (ctor, _, _) in VISION.items()},
+        **{name: f"paddle.nn ({name})" for name in LAYERS},
+    },
+)
 
 
 def opset_for(name: str) -> int:
-    return OPSETS[sum(name.encode()) % len(OPSETS)]
+    """13 or 17, the same for a name on every build."""
+    return opset_by_name(name, OPSETS)
 
 
 def _model(name: str) -> tuple[Any, list[Any], dict[str, list[int]]]:

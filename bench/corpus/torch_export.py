@@ -76,7 +76,8 @@ def export(built: Built, exporter: str, out: Path, name: str) -> dict[str, Any]:
                 {ax: torch.export.Dim.DYNAMIC for ax in built.dynamic.get(n, {})} or None
                 for n in names
             )
-            try:
+
+            def dynamo(dynamic_shapes: Any) -> None:
                 torch.onnx.export(
                     module,
                     args,
@@ -85,21 +86,16 @@ def export(built: Built, exporter: str, out: Path, name: str) -> dict[str, Any]:
                     external_data=False,
                     input_names=names,
                     output_names=built.outputs,
-                    dynamic_shapes=shapes if any(shapes) else None,
+                    dynamic_shapes=dynamic_shapes,
                 )
+
+            try:
+                dynamo(shapes if any(shapes) else None)
                 info["dynamic"] = any(shapes)
             except Exception:
                 if not any(shapes):
                     raise
-                torch.onnx.export(
-                    module,
-                    args,
-                    str(out),
-                    dynamo=True,
-                    external_data=False,
-                    input_names=names,
-                    output_names=built.outputs,
-                )
+                dynamo(None)  # the static export where the dynamic one failed
                 info["dynamic"] = False
         elif exporter == "torchscript":
             opset = built.opset or torchscript_opset(name)

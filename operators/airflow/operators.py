@@ -7,7 +7,8 @@ JSON record (URIs, versions, verdicts), never a model. The operator per stage
 Placement: ``device="gpu"`` sends the task to the Celery queue ``gpu_queue`` (default ``gpu``)
 and, for the KubernetesExecutor, adds a ``pod_override`` asking for ``gpus`` ``nvidia.com/gpu``
 on the ``base`` container; ``device="cpu"`` uses ``cpu_queue`` when given, else the default
-queue. The stage itself runs on the device its pipeline config names.
+queue (:func:`graphtrim.airflow.placement.placement`). The stage itself runs on the device its
+pipeline config names.
 
 A crash inside a stage (a segmentation fault in onnxruntime, an abort in a native library) ends
 the task process at once, with the Python stack of every thread in the task log, so that
@@ -17,12 +18,10 @@ Airflow marks the task failed: see :func:`fatal_signals_end_the_process`.
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
 from airflow.sdk import BaseOperator
-from graphtrim import run_params
 from graphtrim.airflow.context import (
     airflow_task_state,
     artifact_store,
@@ -32,67 +31,13 @@ from graphtrim.airflow.context import (
 from graphtrim.airflow.hooks import ArtifactStoreHook, MlflowRegistryHook
 from graphtrim.airflow.links import EXTRA_LINKS
 from graphtrim.airflow.params import as_flag
+from graphtrim.airflow.placement import (
+    placement,
+)
 from graphtrim.airflow.signals import fatal_signals_end_the_process
 from graphtrim.errors import GraphtrimError
 from graphtrim.redact import redact
 from graphtrim.stages import record_arg
-
-DEVICES = ("cpu", "gpu")
-
-
-GPU_NODE_SELECTOR = {"nvidia.com/gpu.present": "true"}
-GPU_IMAGE_ENV = "GRAPHTRIM_GPU_IMAGE"  # read when the DAG is parsed
-GPU_TOLERATIONS = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
-
-
-def placement(
-    device: str,
-    *,
-    gpu_queue: str = "gpu",
-    cpu_queue: str | None = None,
-    gpus: int = 1,
-    node_selector: Mapping[str, str] | None = None,
-    tolerations: Sequence[Mapping[str, str]] | None = None,
-) -> dict[str, Any]:
-    """The operator arguments that put a task on a ``device`` worker. On Kubernetes a GPU task
-    asks for ``gpus`` GPUs on its ``base`` container, runs ``$GRAPHTRIM_GPU_IMAGE`` there when
-    set (the Dockerfile's ``airflow`` target built with ``GPU=true``) and lands on GPU nodes
-    (``node_selector`` and ``tolerations``, by default those of NVIDIA's GPU operator and of
-    ``helm/airflow-values.yaml``)."""
-    if device not in DEVICES:
-        raise ValueError(f"device must be one of {', '.join(DEVICES)}, not {device!r}")
-    if device == "cpu":
-        return {"queue": cpu_queue} if cpu_queue else {}
-    out: dict[str, Any] = {"queue": gpu_queue}
-    try:
-        from kubernetes.client import models as k8s
-    except ImportError:  # no KubernetesExecutor without the client: the queue is enough
-        return out
-    out["executor_config"] = {
-        "pod_override": k8s.V1Pod(
-            spec=k8s.V1PodSpec(
-                node_selector=dict(GPU_NODE_SELECTOR if node_selector is None else node_selector),
-                tolerations=[
-                    k8s.V1Toleration(**t)
-                    for t in (GPU_TOLERATIONS if tolerations is None else tolerations)
-                ],
-                containers=[
-                    k8s.V1Container(
-                        name="base",
-                        # the GPU build of the image (onnxruntime-gpu, CUDA torch) where the
-                        # deployment names one; the pod template's image otherwise
-                        image=os.environ.get(GPU_IMAGE_ENV) or None,
-                        resources=k8s.V1ResourceRequirements(
-                            limits={"nvidia.com/gpu": str(gpus)},
-                            requests={"nvidia.com/gpu": str(gpus)},
-                        ),
-                    )
-                ],
-            )
-        )
-    }
-    return out
-
 
 logger = logging.getLogger(__name__)
 
@@ -341,84 +286,6 @@ class ModelQuantizeOperator(GraphtrimStageOperator):
         }
 
 
-class _TuneStepOperator(GraphtrimStageOperator):
-    """A step of the settings search over the worker pool (:mod:`graphtrim.stages.tune`)."""
-
-    ui_color = "#f4efe0"
-
-    def step(self, ctx: Any, config: Any) -> Any:
-        raise NotImplementedError
-
-    def execute(self, context: Any) -> Any:
-        out = self.delegate(self.step, self.stage_context(context), self.pipeline_config())
-        if isinstance(out, Mapping) and "batch" in out:
-            # the state for the next select and the quantize tasks; the round's trials are
-            # what the next trial task is mapped over (a mapped task reads return values only)
-            # ({} for no search: Airflow reads an XCom of None as one never pushed)
-            context["ti"].xcom_push(key="search", value=out["search"] or {})
-            return out["batch"]
-        return out
-
-
-class TunePlanOperator(_TuneStepOperator):
-    """Plan the run's settings search (none without ``tune`` in the config). XCom: the first
-    round's trials; ``search``: the search's state."""
-
-    template_fields = (*GraphtrimStageOperator.template_fields, "exported", "optimized")
-
-    def __init__(self, *, exported: Any, optimized: Any, rounds: int | None = None, **kw: Any):
-        super().__init__(exported=exported, optimized=optimized, **kw)
-        self.rounds = rounds
-
-    def step(self, ctx: Any, config: Any) -> Any:
-        from graphtrim.stages.tune import tune_plan
-
-        return tune_plan(
-            ctx,
-            config,
-            self.stage_input("export"),
-            self.stage_input("optimize"),
-            rounds=self.rounds,
-        )
-
-
-class TuneTrialOperator(_TuneStepOperator):
-    """Build and screen one trial of the settings search on this worker (map it over a
-    round's trials). XCom: the trial's result."""
-
-    template_fields = (*GraphtrimStageOperator.template_fields, "exported", "optimized", "trial")
-
-    def __init__(self, *, exported: Any, optimized: Any, trial: Any = None, **kw: Any):
-        super().__init__(exported=exported, optimized=optimized, **kw)
-        self.trial = trial
-
-    def step(self, ctx: Any, config: Any) -> Any:
-        from graphtrim.stages.tune import tune_trial
-
-        return tune_trial(
-            ctx, config, self.stage_input("export"), self.stage_input("optimize"), self.trial
-        )
-
-
-class TuneSelectOperator(_TuneStepOperator):
-    """Take a round's trials (a mapped task's results; none when the round had no trial) and
-    choose the next round. XCom: its trials; ``search``: the search's state."""
-
-    template_fields = (*GraphtrimStageOperator.template_fields, "search", "trials")
-
-    def __init__(self, *, search: Any = None, trials: Any = None, **kw: Any):
-        kw.setdefault("trigger_rule", "none_failed")  # a round with no trial is skipped
-        super().__init__(**kw)
-        self.search = search
-        self.trials = trials
-
-    def step(self, ctx: Any, config: Any) -> Any:
-        from graphtrim.stages.tune import tune_select
-
-        trials = _records(self.trials) if self.trials is not None else []
-        return tune_select(ctx, config, dict(self.search) if self.search else None, trials)
-
-
 class ModelGateOperator(GraphtrimStageOperator):
     """Run the accuracy, latency and size gates on the variant(s) of a quantize record, on the
     worker class this task is placed on. XCom: the validate record."""
@@ -472,79 +339,3 @@ class MlflowAliasPromoteOperator(GraphtrimStageOperator):
 
         target = str(self.stage_input("register").get("target") or "")
         return [(PROMOTED, asset, extra) for asset, extra in promoted_events(record, target)]
-
-
-# ---------------------------------------------------------------- what the DAGs need of the core
-
-
-def _budget(value: Any) -> float | None:
-    """The ``tune`` param (``"10m"``, ``"600"``, a number, or none) in seconds."""
-    import argparse
-
-    from airflow.sdk.exceptions import AirflowFailException
-    from graphtrim.cli.argtypes import tune_budget
-
-    try:
-        return tune_budget(value)
-    except argparse.ArgumentTypeError as exc:
-        raise AirflowFailException(f"tune: {exc}") from exc
-
-
-def plan_run(params: Mapping[str, Any] | None, device: str) -> dict[str, Any]:
-    """A run's source URI and pipeline config from the DAG run's params, checked here, so a
-    bad request fails (with no retry) before any work."""
-    from airflow.sdk.exceptions import AirflowFailException
-    from graphtrim.stages.context import PipelineConfig
-
-    p = params or {}
-    name = p.get("model_name")
-    if not name:  # a bad request: no retry will mend it
-        raise AirflowFailException("conf needs model_name")
-    if bool(p.get("version")) == bool(p.get("alias")):
-        raise AirflowFailException("conf needs exactly one of version or alias")
-    uri = f"models:/{name}/{p['version']}" if p.get("version") else f"models:/{name}@{p['alias']}"
-    try:
-        config = PipelineConfig(device=device, **_config_values(p))
-    except GraphtrimError as exc:
-        raise AirflowFailException(str(exc)) from exc
-    planned: dict[str, Any] = {
-        "model_uri": uri,
-        "config": config.to_json(),
-        "variants": list(config.variants),
-        "artifacts": p.get("artifacts") or None,
-    }
-    for row in run_params.on("dag"):
-        if row.into == "context":  # how the stages treat the registry and earlier results
-            planned[row.name] = bool(p.get(row.name))
-    return planned
-
-
-def _config_values(params: Mapping[str, Any]) -> dict[str, Any]:
-    """The ``PipelineConfig`` fields a DAG run's params give (the run-parameter table's config
-    parameters the DAGs take; the device is the DAG's own)."""
-    values: dict[str, Any] = {}
-    for row in run_params.on("dag"):
-        if row.into != "config" or row.name == "device":
-            continue
-        value = params.get(row.name)
-        if row.type == "duration":
-            value = _budget(value)
-        elif value is None:
-            continue  # the config's default
-        elif row.type == "array":
-            value = tuple(value)
-        values[row.name] = value
-    return values
-
-
-def variant_table(validated: Any, registered: Any, promoted: Any) -> str:
-    """The variant table of a run (gate verdicts, registered versions, aliases), as
-    ``graphtrim pipeline run`` prints it, from the gate tasks' records (merged), the register
-    record and the promote record."""
-    from graphtrim.stages.records import ValidateRecord
-    from graphtrim.stages.summary import table
-
-    merged = ValidateRecord.merge([dict(validated[i]) for i in range(len(validated))])
-    return table(
-        {"validate": merged.to_json(), "register": dict(registered), "promote": dict(promoted)}
-    )

@@ -18,7 +18,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from graphtrim.airflow import operators
-from graphtrim.airflow.operators import GraphtrimStageOperator, placement
+from graphtrim.airflow.operators import GraphtrimStageOperator
+from graphtrim.airflow.placement import placement
 from graphtrim.airflow.timeouts import task_timeout
 from graphtrim.stages import record_arg, variant_loops
 
@@ -153,7 +154,11 @@ def tune_tasks(
     without ``tune`` in the config every task after the plan ends at once. Returns the search
     the last select ends with, for the searched stage's ``tuned``."""
     from airflow.sdk import TaskGroup
-    from graphtrim.airflow.operators import TunePlanOperator, TuneSelectOperator, TuneTrialOperator
+    from graphtrim.airflow.tune_operators import (
+        TunePlanOperator,
+        TuneSelectOperator,
+        TuneTrialOperator,
+    )
     from graphtrim.tune.rounds import ROUNDS
 
     layers = rounds or ROUNDS

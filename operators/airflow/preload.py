@@ -33,6 +33,7 @@ MODULES = (
     "graphtrim.gates",
     "graphtrim.quantize.build",
     "graphtrim.airflow.operators",
+    "graphtrim.airflow.tune_operators",
 )
 
 

@@ -155,3 +155,17 @@ class RegistryEventsOperator(BaseOperator):
             s3_connection=True,
         )
         return event_trigger_arguments(ctx, context.get("triggering_asset_events"))
+
+
+def optimize_each(runs: Any) -> Any:
+    """The DAG's ``optimize`` task: one ``graphtrim_optimize_model`` run per item of ``runs`` (an
+    upstream task's output, each item a run's ``conf`` and id), one already there skipped."""
+    from airflow.providers.standard.operators.trigger_dagrun import TriggerDagRunOperator
+    from graphtrim.airflow.timeouts import task_timeout
+
+    return TriggerDagRunOperator.partial(
+        task_id="optimize",
+        execution_timeout=task_timeout("trigger"),
+        trigger_dag_id="graphtrim_optimize_model",
+        skip_when_already_exists=True,
+    ).expand_kwargs(runs)

@@ -6,131 +6,26 @@ import argparse
 import json
 import os
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from graphtrim.cli.argtypes import csv as _csv
 from graphtrim.cli.argtypes import (
     lazy_choices,
-    literal_names,
-    opset_arg,
-    positive_float,
-    tune_budget,
 )
 from graphtrim.cli.exits import add_allow_failed, variants_exit
-from graphtrim.cli.variant_commands import add_weight_args, weight_settings
+from graphtrim.cli.pipeline_args import _add_pipeline_args
+from graphtrim.cli.pipeline_context import _context_and_config, add_tracking_uri, tracking_uri
 from graphtrim.errors import GraphtrimError
-from graphtrim.redact import masked_command, redact
+from graphtrim.redact import masked_command
 
 Command = Callable[[argparse.Namespace], int]
-
-
-def _add_location_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--tracking-uri",
-        default=os.environ.get("MLFLOW_TRACKING_URI"),
-        help="MLflow tracking/registry URI (default: $MLFLOW_TRACKING_URI)",
-    )
 
 
 def _stage_names() -> tuple[str, ...]:
     from graphtrim.stages import STAGE_NAMES
 
     return STAGE_NAMES
-
-
-# the defaults the command line falls back on where a run parameter's environment variable is
-# unset (an orchestrator always passes them)
-_CLI_FALLBACK = {"artifacts": "graphtrim-artifacts"}
-_METAVARS = {"integer": "N", "object": "JSON", "duration": "DURATION"}
-
-
-def _add_run_param(p: Any, row: Any) -> None:
-    """The ``graphtrim pipeline`` option of a run parameter (``graphtrim.run_params``)."""
-    from graphtrim.run_params import REQUIRED, Names, parse_flag
-
-    help_text = row.help
-    kwargs: dict[str, Any] = {}
-    default = row.default
-    if row.type == "boolean":
-        if default:  # on unless turned off: --no-NAME
-            p.add_argument(row.flag, action="store_true", help=help_text)
-            return
-        # --NAME alone, or --NAME true|false (what an orchestrator renders a boolean as)
-        kwargs |= {"nargs": "?", "const": True, "type": parse_flag, "metavar": "BOOL"}
-    elif row.type == "array":
-        kwargs["type"] = _csv
-        help_text = f"{help_text}, comma-separated"
-    elif row.type == "integer":
-        kwargs["type"] = opset_arg
-    elif row.type == "duration":
-        kwargs["type"] = tune_budget
-    if row.type in _METAVARS:
-        kwargs["metavar"] = _METAVARS[row.type]
-    if default is REQUIRED:
-        default = None
-        if row.env:
-            default = os.environ.get(row.env, _CLI_FALLBACK.get(row.name))
-            fallback = _CLI_FALLBACK.get(row.name)
-            help_text += f" (default: ${row.env}" + (f", else {fallback})" if fallback else ")")
-    elif row.env:
-        default = os.environ.get(row.env, default)
-        help_text += f" (default: ${row.env})"
-    if isinstance(default, Names):
-        default = default.load()
-    if isinstance(row.choices, Names):
-        names = row.choices
-        if row.type == "array":
-            help_text = f"{help_text}: {', '.join(names.load())}"
-        else:
-            action = p.add_argument(row.flag, default=default, help=help_text, **kwargs)
-            lazy_choices(action, lambda: sorted(literal_names(names.module, names.name)))
-            return
-    elif row.choices:
-        kwargs["choices"] = row.choices
-    p.add_argument(row.flag, default=default, help=help_text, **kwargs)
-
-
-def _add_pipeline_args(p: argparse.ArgumentParser) -> None:
-    """The run parameters (``graphtrim.run_params``, the model aside: ``run`` and ``stage``
-    take it each in their way), then the options of the command itself."""
-    from graphtrim.run_params import on
-
-    for row in on("cli"):
-        if row.into == "source":
-            continue
-        if row.name == "policy":
-            policy = p.add_mutually_exclusive_group()
-            policy.add_argument(
-                "--policy",
-                metavar="GATES.yaml",
-                help="gate and promotion policy file (default: the file $GRAPHTRIM_POLICY "
-                "names, else the built-in policy)",
-            )
-            _add_run_param(policy, row)
-            continue
-        if row.name == "weights":
-            add_weight_args(p)  # the same settings as flags, not with the JSON
-        _add_run_param(p, row)
-    p.add_argument("--workdir", help="scratch folder (default: the system's temporary folder)")
-    p.add_argument(
-        "--orchestrator-run-id",
-        help="the orchestrator's run id, recorded in the lineage; a retry with the same id "
-        "logs into the same MLflow run",
-    )
-    p.add_argument(
-        "--child-timeout",
-        type=positive_float,
-        default=1800.0,
-        metavar="SECONDS",
-        help="limit for one variant's build or gates, each run in a child process (a crash "
-        "or a hang there fails that variant only)",
-    )
-    p.add_argument(
-        "-q", "--quiet", action="store_true", help="no progress lines, only the result table"
-    )
 
 
 def add_parsers(sub: Any) -> None:
@@ -243,7 +138,7 @@ def add_parsers(sub: Any) -> None:
     )
     pr.add_argument("--why", required=True, help="reason, kept in the audit tags")
     pr.add_argument("--force", action="store_true", help="promote even if gates failed")
-    _add_location_args(pr)
+    add_tracking_uri(pr)
     pr.set_defaults(handler=cmd_promote)
 
     rb = sub.add_parser(
@@ -259,126 +154,8 @@ def add_parsers(sub: Any) -> None:
         "--alias", required=True, help="the alias to move back (champion, ...): no default"
     )
     rb.add_argument("--why", required=True, help="reason, kept in the audit tags")
-    _add_location_args(rb)
+    add_tracking_uri(rb)
     rb.set_defaults(handler=cmd_rollback)
-
-
-def _tracking(args: argparse.Namespace) -> str:
-    if not args.tracking_uri:
-        raise GraphtrimError("no tracking URI: pass --tracking-uri or set MLFLOW_TRACKING_URI")
-    return str(args.tracking_uri)
-
-
-def _context_and_config(args: argparse.Namespace) -> tuple[Any, Any]:
-    import yaml
-
-    from graphtrim.stages.context import PipelineConfig, StageContext
-
-    started = time.perf_counter()
-
-    terminal = sys.stderr.isatty()
-
-    def progress(line: str) -> None:
-        if not terminal and line.startswith("iteration "):
-            return  # the optimizer's line per pass: for a terminal, not for a task's log
-        line = redact(line)
-        print(f"[graphtrim {time.perf_counter() - started:6.1f}s] {line}", file=sys.stderr)
-
-    policy = None
-    if args.policy:
-        from graphtrim.gates.policy import GatePolicy
-        from graphtrim.stages.context import parse_policy
-
-        loaded = GatePolicy.load(args.policy)  # clear errors for a bad file
-        policy = yaml.safe_load(Path(args.policy).read_text()) or {}
-        parse_policy(policy, parsed=loaded)  # the config made below reads this parse
-    elif getattr(args, "policy_json", None):
-        try:
-            policy = json.loads(args.policy_json)
-        except ValueError as exc:
-            raise GraphtrimError(f"--policy-json: not JSON ({exc})") from exc
-        policy = policy or None
-    if args.child_timeout <= 0:
-        raise GraphtrimError("--child-timeout must be a positive number of seconds")
-    if args.unreached_retries < 0:
-        raise GraphtrimError("--unreached-retries must be 0 or more")
-    ctx = StageContext(
-        tracking_uri=_tracking(args),
-        artifacts=args.artifacts,
-        workdir=args.workdir,
-        s3_endpoint_url=args.s3_endpoint_url,
-        orchestrator_run_id=args.orchestrator_run_id,
-        progress=None if args.quiet else progress,
-        rejudge=args.rejudge,
-        allow_variant_source=args.allow_variant_source,
-        force_promotion=args.force_promotion,
-        child_timeout=args.child_timeout,
-        unreached_retries=args.unreached_retries,
-    )
-    if args.quiet:
-        _quiet()
-    config = PipelineConfig(
-        variants=tuple(args.variants),
-        preset=args.preset,
-        device=args.device,
-        tensorrt=args.tensorrt,
-        policy=policy,
-        calibration=args.calibration or None,  # "" from an orchestrator's empty parameter
-        eval_data=args.eval_data or None,
-        target_name=args.target_name or None,
-        experiment=args.experiment,
-        fallback=not args.no_fallback,
-        fx_simplify=args.fx_simplify,
-        weights=_weights(args),
-        tune=args.tune,
-        opset=args.opset,
-    )
-    return ctx, config
-
-
-def _weights(args: argparse.Namespace) -> dict[str, Any] | None:
-    """The weight-only settings: ``--weights-json`` or the flags, not both."""
-    changed = _changed_weights(args)
-    text = getattr(args, "weights_json", None)
-    if not text:  # "" from an orchestrator's empty parameter
-        return changed
-    if changed:
-        raise GraphtrimError(
-            f"--weights-json and the weight flags ({', '.join(sorted(changed))}): give one"
-        )
-    try:
-        doc = json.loads(text)
-    except ValueError as exc:
-        raise GraphtrimError(f"--weights-json: not JSON ({exc})") from exc
-    if not isinstance(doc, dict):
-        raise GraphtrimError("--weights-json: a JSON object of settings")
-    return doc or None
-
-
-def _changed_weights(args: argparse.Namespace) -> dict[str, Any] | None:
-    """The weight-only settings given that differ from the defaults (None: all defaults, so
-    that such a config hashes as before the settings existed)."""
-    from graphtrim.quantize import QuantizeConfig
-
-    defaults = QuantizeConfig()
-    changed = {k: v for k, v in weight_settings(args).items() if getattr(defaults, k) != v}
-    return changed or None
-
-
-def _quiet() -> None:
-    """``-q``: warnings and errors only, from graphtrim, MLflow and the exporters alike."""
-    import logging
-    import warnings
-
-    os.environ["MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"] = "true"  # "View run ... at" links
-    os.environ["MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"] = "false"  # download progress bars
-    logging.getLogger().setLevel(logging.WARNING)
-    for name in ("graphtrim", "mlflow", "torch", "onnxscript", "alembic"):
-        logging.getLogger(name).setLevel(logging.WARNING)
-    # the exporter's notes on optional packages it does without (torchvision ops)
-    logging.getLogger("torch.onnx").setLevel(logging.ERROR)
-    warnings.filterwarnings("ignore", category=DeprecationWarning)
-    warnings.filterwarnings("ignore", category=FutureWarning)
 
 
 @masked_command
@@ -528,7 +305,7 @@ def cmd_promote(args: argparse.Namespace) -> int:
     if version is None:
         raise GraphtrimError(f"promote takes models:/NAME/VERSION, not an alias ({args.model})")
     result = promote_version(
-        Registry(_tracking(args)), name, version, args.alias, why=args.why, force=args.force
+        Registry(tracking_uri(args)), name, version, args.alias, why=args.why, force=args.force
     )
     before = f" (was v{result['previous']})" if result["previous"] else ""
     print(f"{name}@{args.alias} -> v{version}{before}")
@@ -541,7 +318,7 @@ def cmd_rollback(args: argparse.Namespace) -> int:
     from graphtrim.integrations.registry import Registry
     from graphtrim.promotion import rollback_alias
 
-    result = rollback_alias(Registry(_tracking(args)), args.name, args.alias, why=args.why)
+    result = rollback_alias(Registry(tracking_uri(args)), args.name, args.alias, why=args.why)
     print(f"{args.name}@{args.alias}: v{result['from']} -> v{result['to']}")
     print(_held_line(result["held"].get("since_source")))
     return 0

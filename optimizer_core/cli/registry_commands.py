@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 from typing import Any
 
+from graphtrim.cli.pipeline_context import add_tracking_uri, tracking_uri
 from graphtrim.redact import masked_command
 
 
@@ -39,23 +39,16 @@ def add_parsers(sub: Any) -> None:
         help="reason, kept in each archived copy's graphtrim.archived tag",
     )
     dd.add_argument("--json", action="store_true", help="print the groups as JSON")
-    dd.add_argument(
-        "--tracking-uri",
-        default=os.environ.get("MLFLOW_TRACKING_URI"),
-        help="MLflow tracking/registry URI (default: $MLFLOW_TRACKING_URI)",
-    )
+    add_tracking_uri(dd)
     dd.set_defaults(handler=cmd_dedupe)
 
 
 @masked_command
 def cmd_dedupe(args: argparse.Namespace) -> int:
-    from graphtrim.errors import GraphtrimError
     from graphtrim.integrations.lineage import archive_copies, copy_groups
     from graphtrim.integrations.registry import Registry
 
-    if not args.tracking_uri:
-        raise GraphtrimError("no tracking URI: pass --tracking-uri or set MLFLOW_TRACKING_URI")
-    registry = Registry(args.tracking_uri)
+    registry = Registry(tracking_uri(args))
     groups = copy_groups(registry, args.name)
     archived = archive_copies(registry, args.name, groups, why=args.why) if args.apply else []
     if args.json:

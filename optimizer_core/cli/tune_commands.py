@@ -11,7 +11,7 @@ from typing import Any
 from graphtrim.cli.argtypes import csv as _csv
 from graphtrim.cli.argtypes import duration, lazy_choices, literal_names
 from graphtrim.cli.exits import EXIT_MISMATCH, EXIT_OK
-from graphtrim.cli.variant_commands import add_data_args
+from graphtrim.cli.variant_args import add_data_args
 
 
 def add_parsers(sub: Any) -> None:

@@ -52,21 +52,10 @@ def llama(
 ) -> Any:
     """A Llama-like causal LM (grouped-query attention when ``kv_heads < heads``), random
     weights, in eval mode."""
-    import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    cfg = LlamaConfig(
-        vocab_size=vocab_size,
-        hidden_size=hidden,
-        intermediate_size=intermediate,
-        num_hidden_layers=layers,
-        num_attention_heads=heads,
-        num_key_value_heads=kv_heads,
-        max_position_embeddings=2048,
-        tie_word_embeddings=False,
-    )
-    torch.manual_seed(seed)
-    return LlamaForCausalLM(cfg).eval()
+    sizes = (vocab_size, hidden, layers, heads, kv_heads, intermediate)
+    return _causal_lm(LlamaConfig, LlamaForCausalLM, *sizes, seed=seed)
 
 
 def qwen2(
@@ -81,10 +70,29 @@ def qwen2(
 ) -> Any:
     """A Qwen2-like causal LM (grouped-query attention, biases on q/k/v, RoPE, RMSNorm),
     random weights, in eval mode."""
-    import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    cfg = Qwen2Config(
+    sizes = (vocab_size, hidden, layers, heads, kv_heads, intermediate)
+    return _causal_lm(Qwen2Config, Qwen2ForCausalLM, *sizes, seed=seed)
+
+
+def _causal_lm(
+    config_cls: Any,
+    model_cls: Any,
+    vocab_size: int,
+    hidden: int,
+    layers: int,
+    heads: int,
+    kv_heads: int,
+    intermediate: int,
+    *,
+    seed: int,
+) -> Any:
+    """A causal LM of ``model_cls`` with these sizes, random weights drawn from ``seed``, in eval
+    mode."""
+    import torch
+
+    cfg = config_cls(
         vocab_size=vocab_size,
         hidden_size=hidden,
         intermediate_size=intermediate,
@@ -95,7 +103,7 @@ def qwen2(
         tie_word_embeddings=False,
     )
     torch.manual_seed(seed)
-    return Qwen2ForCausalLM(cfg).eval()
+    return model_cls(cfg).eval()
 
 
 def save_transformers(model: Any, tok: Any, path: str | Path, task: str) -> Path:

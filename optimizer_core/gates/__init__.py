@@ -4,8 +4,9 @@ Thresholds come from a declarative policy (``GatePolicy``); every result records
 and software it was measured on. Gates fail closed.
 """
 
-from graphtrim.gates.evaluate import Evaluation, GateResult, VariantResult, evaluate
+from graphtrim.gates.evaluate import evaluate
 from graphtrim.gates.policy import GatePolicy, PolicyError
+from graphtrim.gates.verdicts import Evaluation, GateResult, VariantResult
 
 __all__ = [
     "Evaluation",

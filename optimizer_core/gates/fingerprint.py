@@ -10,7 +10,8 @@ from collections.abc import Sequence
 from typing import Any
 
 
-def _cpu_model() -> str:
+def cpu_model() -> str:
+    """The CPU's model name (``/proc/cpuinfo``; else what ``platform`` knows)."""
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
@@ -19,6 +20,14 @@ def _cpu_model() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine()
+
+
+def usable_cpus() -> int:
+    """The CPUs this process may run on (every CPU where affinity is unknown)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 0
 
 
 def _gpus() -> list[dict[str, str]]:
@@ -58,14 +67,10 @@ def fingerprint(
 
     from graphtrim import __version__
 
-    try:
-        usable = len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        usable = os.cpu_count() or 0
     return {
-        "cpu_model": _cpu_model(),
+        "cpu_model": cpu_model(),
         "cpu_count": os.cpu_count(),
-        "cpu_usable": usable,
+        "cpu_usable": usable_cpus(),
         "machine": platform.machine(),
         "system": f"{platform.system()} {platform.release()}",
         "gpus": _gpus(),

@@ -9,13 +9,8 @@ from collections.abc import Sequence
 import onnx_ir as ir
 
 from graphtrim.graph import _ir_utils as u
-from graphtrim.graph.framework import (
-    ChangeLog,
-    FixedPointDriver,
-    Instrument,
-    OptimizeOptions,
-    ProgressFn,
-)
+from graphtrim.graph.driver import FixedPointDriver
+from graphtrim.graph.framework import ChangeLog, Instrument, OptimizeOptions, ProgressFn
 from graphtrim.graph.opset import passthrough_reason, upgrade_opset
 from graphtrim.graph.passes.scalar_inputs import ScalarInputs
 from graphtrim.graph.presets import build, resolve

@@ -94,6 +94,18 @@ def replace_output(node: ir.Node, new: ir.Value, ctx: RuleContext) -> None:
     replace(node.outputs[0], new, f"{node.op_type} node '{node.name}'")
 
 
+def replace_with_node(node: ir.Node, new: ir.Node, name: str, ctx: RuleContext) -> None:
+    """The rewrite of a rule that computes ``node``'s (first) output with the node ``new``:
+    ``new`` goes in before ``node``, its output named ``name`` with the type and shape of
+    ``node``'s, and ``node``'s readers read it."""
+    ctx.graph.insert_before(node, new)
+    out = new.outputs[0]
+    out.name = name
+    out.type = node.outputs[0].type
+    out.shape = node.outputs[0].shape
+    replace_output(node, out, ctx)
+
+
 class RulePass(GraphtrimPass):
     """A pass made of node-local rules: ``RULES`` tried in table order on each node they list."""
 

@@ -16,6 +16,7 @@ import onnx_ir as ir
 from graphtrim import dtypes
 from graphtrim.graph import _ir_utils as u
 from graphtrim.modelio import SHAPES_INFERRED, merged_shape, unknown_dim
+from graphtrim.modelio.protos import all_graphs
 
 logger = logging.getLogger("graphtrim.optimizer")
 
@@ -57,18 +58,12 @@ def _forget_unknown_dims(graph: onnx.GraphProto) -> None:
     """Clear the ``unk__<n>`` names of dims in ``graph``'s value infos and outputs (subgraphs
     too): onnx's inference keeps a dim name a value already carries, so a name it gave when it
     could not compute the dim would hide what it can compute now."""
-    for vi in (*graph.value_info, *graph.output):
-        if vi.type.HasField("tensor_type") and vi.type.tensor_type.HasField("shape"):
-            for d in vi.type.tensor_type.shape.dim:
-                if d.HasField("dim_param") and d.dim_param.startswith("unk__"):
-                    d.ClearField("dim_param")
-    for node in graph.node:
-        for attr in node.attribute:
-            if attr.type == onnx.AttributeProto.GRAPH:
-                _forget_unknown_dims(attr.g)
-            elif attr.type == onnx.AttributeProto.GRAPHS:
-                for sub in attr.graphs:
-                    _forget_unknown_dims(sub)
+    for g in all_graphs(graph):
+        for vi in (*g.value_info, *g.output):
+            if vi.type.HasField("tensor_type") and vi.type.tensor_type.HasField("shape"):
+                for d in vi.type.tensor_type.shape.dim:
+                    if d.HasField("dim_param") and d.dim_param.startswith("unk__"):
+                        d.ClearField("dim_param")
 
 
 _RUN = "graphtrim.inference_run"  # in ``model.meta``: inference runs that named dims so far
@@ -88,16 +83,10 @@ def _name_unknown_dims_apart(types: dict[str, onnx.TypeProto], run: int) -> None
 
 
 def _collect_types(graph: onnx.GraphProto, out: dict[str, onnx.TypeProto]) -> None:
-    for vi in (*graph.value_info, *graph.output):
-        if vi.type.HasField("tensor_type") or vi.type.WhichOneof("value") is not None:
-            out.setdefault(vi.name, vi.type)
-    for node in graph.node:
-        for attr in node.attribute:
-            if attr.type == onnx.AttributeProto.GRAPH:
-                _collect_types(attr.g, out)
-            elif attr.type == onnx.AttributeProto.GRAPHS:
-                for sub in attr.graphs:
-                    _collect_types(sub, out)
+    for g in all_graphs(graph):
+        for vi in (*g.value_info, *g.output):
+            if vi.type.HasField("tensor_type") or vi.type.WhichOneof("value") is not None:
+                out.setdefault(vi.name, vi.type)
 
 
 def _reshape_ranks(model: ir.Model) -> bool:

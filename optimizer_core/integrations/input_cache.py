@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from graphtrim.integrations.artifacts import _SHA
+from graphtrim.integrations.entries import _SHA
 from graphtrim.integrations.model_files import MODEL_FILE, ArtifactStoreError, sha256_files
 
 CACHE_ENV = "GRAPHTRIM_INPUT_CACHE"  # the folder, or "off"

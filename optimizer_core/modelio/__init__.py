@@ -19,7 +19,8 @@ killed is removed by the next write beside the same output.
 The modules: :mod:`~graphtrim.modelio.load` (read, validate, deserialize),
 :mod:`~graphtrim.modelio.external` (external data), :mod:`~graphtrim.modelio.guards` (what is
 refused beyond onnx's checker), :mod:`~graphtrim.modelio.attributes` (attribute values against
-the input's rank) and :mod:`~graphtrim.modelio.save` (atomic writes and staging folders).
+the input's rank), :mod:`~graphtrim.modelio.protos` (walking a proto's nested graphs) and
+:mod:`~graphtrim.modelio.save` (atomic writes and staging folders).
 """
 
 from graphtrim.modelio.external import has_external_data

@@ -15,20 +15,11 @@ import onnx_ir as ir
 
 from graphtrim import dtypes
 from graphtrim.errors import GraphtrimError, InvalidModelError
+from graphtrim.modelio.protos import all_graphs
 
 
 def _external_tensors(proto: onnx.ModelProto):
-    def graphs(g: onnx.GraphProto):
-        yield g
-        for node in g.node:
-            for attr in node.attribute:
-                if attr.type == onnx.AttributeProto.GRAPH:
-                    yield from graphs(attr.g)
-                elif attr.type == onnx.AttributeProto.GRAPHS:
-                    for sub in attr.graphs:
-                        yield from graphs(sub)
-
-    for g in graphs(proto.graph):
+    for g in all_graphs(proto.graph):
         for t in g.initializer:
             if t.data_location == onnx.TensorProto.EXTERNAL:
                 yield t

@@ -60,7 +60,7 @@ class QuantizeConfig:
     quantize_embeddings: bool = False
 
     def weight_settings(self, bits: int) -> Any:
-        from graphtrim.quantize.weight_only import WeightOnlySettings
+        from graphtrim.quantize.weight_settings import WeightOnlySettings
 
         return WeightOnlySettings(
             bits=bits,
@@ -90,7 +90,7 @@ class QuantizeConfig:
             raise QuantizeError("max_attempts must be at least 1")
         if not 0 < self.fallback_fraction <= 1:
             raise QuantizeError("fallback_fraction must be in (0, 1]")
-        from graphtrim.quantize.weight_only import WeightOnlyError
+        from graphtrim.quantize.weight_settings import WeightOnlyError
 
         try:
             self.weight_settings(4).validate()

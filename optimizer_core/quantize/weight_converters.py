@@ -8,7 +8,8 @@ from typing import Any
 from graphtrim.quantize.convert import Conversion
 from graphtrim.quantize.errors import NothingToQuantize, QuantizeError
 from graphtrim.quantize.kinds import kind
-from graphtrim.quantize.weight_only import WeightOnlyError, quantize_weights
+from graphtrim.quantize.weight_only import quantize_weights
+from graphtrim.quantize.weight_settings import WeightOnlyError
 
 
 def convert_weight_only(bits: int, job: Conversion) -> dict[str, Any]:

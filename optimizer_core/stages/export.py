@@ -185,7 +185,8 @@ def _run_verdict(
 def _check_data(ctx: StageContext, data: DataFiles, folder: Path) -> None:
     """Calibration and evaluation files against the registered model's input signature, before
     the export runs: a wrong file fails in seconds with one line, and no run is opened."""
-    from graphtrim.data import check_data, input_specs, specs_from_signature
+    from graphtrim.data import input_specs, specs_from_signature
+    from graphtrim.data_check import check_data
     from graphtrim.exporter import read_mlmodel
 
     wanted = {

@@ -30,8 +30,8 @@ from graphtrim.stages.context import PipelineConfig, StageContext
 from graphtrim.stages.records import Record
 
 if TYPE_CHECKING:
-    from graphtrim.gates.evaluate import Evaluation
     from graphtrim.gates.policy import GatePolicy
+    from graphtrim.gates.verdicts import Evaluation
     from graphtrim.quantize.build import QuantizeConfig
 
 

@@ -35,7 +35,7 @@ def artifact_location(ctx: StageContext) -> str | None:
         return None
     if ctx.artifacts.startswith("s3://"):
         return ctx.artifacts.rstrip("/") + "/mlflow-artifacts"
-    from graphtrim.integrations.artifacts import local_path
+    from graphtrim.integrations.entries import local_path
 
     return (local_path(ctx.artifacts).resolve() / "mlflow-artifacts").as_uri()
 
@@ -238,7 +238,7 @@ def publish_reports(
     ``graphtrim/reports``; returns kind -> URI."""
     from pathlib import Path
 
-    from graphtrim.integrations.artifacts import safe_part
+    from graphtrim.integrations.entries import safe_part
 
     prefix = "/".join(
         (

@@ -5,7 +5,7 @@ round, one :func:`tune_trial` task per trial of the round (mapped tasks on the d
 under a pool; a ``ParallelFor`` in Kubeflow) and :func:`tune_select` on their results; the
 quantize stage judges each kind's best trials on its worker and builds the champion as the
 variant (:func:`graphtrim.stages.quantize.quantize` with ``tuned``). Between the steps the
-search is JSON (:class:`graphtrim.tune.rounds.SearchState`); the feasible trials' models are
+search is JSON (:class:`graphtrim.tune.search_state.SearchState`); the feasible trials' models are
 kept in the artifact store. Without ``tune`` the plan has no search and every step after it
 returns at once.
 
@@ -227,18 +227,14 @@ def trial_job(item: Mapping[str, Any], **job: Any) -> Any:
     from graphtrim.tune.rounds import run_trial
 
     return run_trial(
-        item,
-        job["src"],
-        job["work"],
-        device=job["device"],
-        policy=job["policy"],
-        data=job["data"],
-        calibration=job["calibration"],
-        config=job["config"],
-        settings=job["settings"],
-        tensorrt=job["tensorrt"],
-        progress=step,
+        item, job["src"], job["work"], settings=job["settings"], progress=step, **_measured(job)
     )
+
+
+def _measured(job: Mapping[str, Any]) -> dict[str, Any]:
+    """What a trial and a judgement are measured with, from a child's job: the device, gate
+    policy, data, calibration, quantize config and TensorRT switch."""
+    return {k: job[k] for k in ("device", "policy", "data", "calibration", "config", "tensorrt")}
 
 
 def tune_select(
@@ -250,10 +246,11 @@ def tune_select(
     """The search after a round of ``trials`` (:func:`tune_trial`'s results): its state and
     the next round, empty when it is done (or when there is no search)."""
     from graphtrim.tune import rounds as steps
+    from graphtrim.tune.search_state import SearchState
 
     if not search:
         return {"search": None, "batch": []}
-    state = steps.SearchState.from_json(search)
+    state = SearchState.from_json(search)
     if state.done:
         return {"search": state.to_json(), "batch": []}
     got = [dict(t) if t else None for t in (trials or [])]
@@ -270,7 +267,8 @@ def judge_job(item: Mapping[str, Any], **job: Any) -> Any:
     search's ``state`` and the ``paths`` of its best trials here, by number. Returns (the
     :class:`~graphtrim.tune.search.TuneResult`, the entry to remember or None)."""
     from graphtrim.isolation import step
-    from graphtrim.tune.rounds import SearchState, judge
+    from graphtrim.tune.rounds import judge
+    from graphtrim.tune.search_state import SearchState
 
     kind = item["kind"]
     result = judge(
@@ -279,19 +277,14 @@ def judge_job(item: Mapping[str, Any], **job: Any) -> Any:
         job["src"],
         Path(job["out"]) / kind,
         {int(k): v for k, v in item["paths"].items()},
-        device=job["device"],
-        policy=job["policy"],
-        data=job["data"],
-        calibration=job["calibration"],
-        config=job["config"],
-        tensorrt=job["tensorrt"],
         progress=step,
+        **_measured(job),
     )
     return result, result.memory_entry()
 
 
 def search_state(search: Mapping[str, Any] | None) -> Any:
     """The search a run's select steps ended with, or None."""
-    from graphtrim.tune.rounds import SearchState
+    from graphtrim.tune.search_state import SearchState
 
     return SearchState.from_json(search) if search else None

@@ -21,8 +21,8 @@ from graphtrim.stages.tracking import log_metrics, publish_reports, stage_run, w
 
 if TYPE_CHECKING:
     from graphtrim.data import EvalData
-    from graphtrim.gates.evaluate import Evaluation
     from graphtrim.gates.policy import GatePolicy
+    from graphtrim.gates.verdicts import Evaluation
 
 
 def summary(result: Any) -> dict[str, Any]:
@@ -75,7 +75,7 @@ def summary(result: Any) -> dict[str, Any]:
 def add_unbuilt(evaluation: Evaluation, failed: Mapping[str, str], order: Sequence[str]) -> None:
     """A failed ``build`` gate for each variant in ``failed`` (with why it was not built), and
     the variants sorted as in ``order``."""
-    from graphtrim.gates.evaluate import GateResult, VariantResult
+    from graphtrim.gates.verdicts import GateResult, VariantResult
 
     for variant, reason in failed.items():
         evaluation.variants.append(
@@ -139,7 +139,8 @@ def evaluate_isolated(
 
     ``unreached`` receives the variants whose measurement was not reached (:func:`reached`
     is false for what ended it): their failure is no verdict on the model."""
-    from graphtrim.gates.evaluate import MAX_OPEN_BYTES, GateResult, ModelInfo, VariantResult
+    from graphtrim.gates.evaluate import MAX_OPEN_BYTES
+    from graphtrim.gates.verdicts import GateResult, ModelInfo, VariantResult
     from graphtrim.isolation import ChildFailed, map_isolated
 
     if together_max_bytes is None:
@@ -199,7 +200,7 @@ def evaluate_isolated(
         # the reference itself cannot be measured
         raise PipelineError(f"validate: no variant could be measured: {alone[0]}")
     if base is None:  # nothing was reached: the reference's numbers stay unknown
-        from graphtrim.gates.evaluate import Evaluation
+        from graphtrim.gates.verdicts import Evaluation
 
         policy = config.gate_policy()
         base = Evaluation(
@@ -260,8 +261,8 @@ def validate(
     MLflow's ONNX flavor, loaded with ``mlflow.pyfunc.load_model`` at onnxruntime's default
     optimization level, one prediction), then the accuracy, latency and size gates. Variants
     judged before are reported with their recorded verdicts."""
-    from graphtrim.gates.evaluate import GateResult, ModelInfo, VariantResult
     from graphtrim.gates.fingerprint import fingerprint_digest
+    from graphtrim.gates.verdicts import GateResult, ModelInfo, VariantResult
     from graphtrim.isolation import map_isolated
 
     with ctx.scratch("validate") as tmp:

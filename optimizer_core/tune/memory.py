@@ -22,6 +22,7 @@ from typing import Any, Protocol
 import onnx
 
 from graphtrim.errors import GraphtrimError
+from graphtrim.modelio.protos import all_nodes
 
 
 class TuneMemoryError(GraphtrimError):
@@ -30,19 +31,9 @@ class TuneMemoryError(GraphtrimError):
 
 def op_histogram(model: onnx.ModelProto) -> collections.Counter[tuple[str, str]]:
     """``(domain, op type) -> count`` over the model's nodes, subgraphs included."""
-    ops: collections.Counter[tuple[str, str]] = collections.Counter()
-
-    def walk(graph: onnx.GraphProto) -> None:
-        for node in graph.node:
-            ops[(node.domain or "ai.onnx", node.op_type)] += 1
-            for attr in node.attribute:
-                if attr.type == onnx.AttributeProto.GRAPH:
-                    walk(attr.g)
-                for sub in attr.graphs:
-                    walk(sub)
-
-    walk(model.graph)
-    return ops
+    return collections.Counter(
+        (node.domain or "ai.onnx", node.op_type) for node in all_nodes(model.graph)
+    )
 
 
 def graph_signature(path: str | os.PathLike[str]) -> str:

@@ -10,6 +10,8 @@ from typing import Any
 import numpy as np
 import onnx
 
+from graphtrim.modelio.protos import all_nodes
+
 _ORT_TYPES = {
     "tensor(float)": np.float32,
     "tensor(double)": np.float64,
@@ -43,23 +45,14 @@ def _unique_node_names(source: str | bytes) -> bytes | None:
     except Exception:  # onnxruntime's own refusal says more
         return None
     seen: set[str] = set()
-
-    def walk(graph: onnx.GraphProto) -> None:
-        for node in graph.node:
-            if node.name:
-                name, k = node.name, 1
-                while name in seen:
-                    k += 1
-                    name = f"{node.name}__{k}"
-                node.name = name
-                seen.add(name)
-            for attr in node.attribute:
-                if attr.type == onnx.AttributeProto.GRAPH:
-                    walk(attr.g)
-                for sub in attr.graphs:
-                    walk(sub)
-
-    walk(proto.graph)
+    for node in all_nodes(proto.graph):  # each renamed before its subgraphs' nodes are seen
+        if node.name:
+            name, k = node.name, 1
+            while name in seen:
+                k += 1
+                name = f"{node.name}__{k}"
+            node.name = name
+            seen.add(name)
     if proto.ByteSize() >= PROTO_LIMIT_BYTES:
         return None
     return proto.SerializeToString()

@@ -15,9 +15,9 @@ import onnx_ir as ir
 
 from graphtrim.errors import VerificationError, VerificationUnavailable
 from graphtrim.graph.framework import PassRecord
-from graphtrim.verify.compare import compare_outputs, random_outputs_of, reason_of
 from graphtrim.verify.inputs import make_inputs
-from graphtrim.verify.records import Tolerance, shape_only_notes
+from graphtrim.verify.outputs import compare_outputs, random_outputs_of, reason_of
+from graphtrim.verify.records import OutputComparison, Tolerance, shape_only_notes
 from graphtrim.verify.session import Session
 
 logger = logging.getLogger("graphtrim")
@@ -88,47 +88,42 @@ class VerifyEachPass:
             return
         self.checked += 1
         before = [r.pass_name for r in history[:-1] if r.modified]
-        try:
-            session = Session(model)
-        except Exception as exc:
-            raise VerificationError(
-                f"pass '{record.pass_name}' (rules {record.rules}) produced a model onnxruntime cannot load: {reason_of(exc)}",
+
+        def broken(
+            what: str, *, iteration: bool = False, compared: OutputComparison | None = None
+        ) -> VerificationError:
+            where = f"iteration {record.iteration}, " if iteration else ""
+            return VerificationError(
+                f"pass '{record.pass_name}' ({where}rules {record.rules}) {what}",
                 pass_name=record.pass_name,
                 rules=record.rules,
                 passes_before=before,
-            ) from exc
+                record=compared,
+            )
+
+        try:
+            session = Session(model)
+        except Exception as exc:
+            raise broken(f"produced a model onnxruntime cannot load: {reason_of(exc)}") from exc
         try:
             for feeds, expected in zip(self.feeds, self.expected, strict=True):
                 try:
                     got = session.run(feeds)
                 except Exception as exc:
-                    raise VerificationError(
-                        f"pass '{record.pass_name}' (rules {record.rules}) produced a model that fails to run: {reason_of(exc)}",
-                        pass_name=record.pass_name,
-                        rules=record.rules,
-                        passes_before=before,
-                    ) from exc
+                    raise broken(f"produced a model that fails to run: {reason_of(exc)}") from exc
                 missing = [name for name in expected if name not in got]
                 if missing:
-                    raise VerificationError(
-                        f"pass '{record.pass_name}' (iteration {record.iteration}, rules {record.rules}) "
+                    raise broken(
                         f"removed or renamed output(s) {', '.join(repr(n) for n in missing)}",
-                        pass_name=record.pass_name,
-                        rules=record.rules,
-                        passes_before=before,
+                        iteration=True,
                     )
                 for name, ref in expected.items():
                     cmp = compare_outputs(
                         name, ref, got[name], self.tolerance, shape_only=name in self.shape_only
                     )
                     if not cmp.ok:
-                        raise VerificationError(
-                            f"pass '{record.pass_name}' (iteration {record.iteration}, rules {record.rules}) "
-                            f"changed output '{name}': {cmp.reason}",
-                            pass_name=record.pass_name,
-                            rules=record.rules,
-                            passes_before=before,
-                            record=cmp,
+                        raise broken(
+                            f"changed output '{name}': {cmp.reason}", iteration=True, compared=cmp
                         )
         finally:
             session.close()

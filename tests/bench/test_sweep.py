@@ -5,7 +5,8 @@ from __future__ import annotations
 import onnx
 import onnx.helper as oh
 
-from bench.sweep import best_anchor, node_domains, render
+from bench.sweep import best_anchor, render
+from bench.sweep_tools import node_domains
 
 
 def _result(anchors: dict) -> dict:
@@ -59,18 +60,18 @@ def test_node_domains_reads_subgraphs(tmp_path):
 def test_tools_run_outside_the_checkout_with_bench_importable(tmp_path, monkeypatch):
     import sys
 
-    from bench import sweep
+    from bench import sweep_tools
 
-    monkeypatch.setattr(sweep, "_SCRATCH", tmp_path / "scratch")
+    monkeypatch.setattr(sweep_tools, "_SCRATCH", tmp_path / "scratch")
     (tmp_path / "scratch").mkdir()
 
     script = "import os, bench; open('scratch.onnx', 'w').write(os.getcwd())"
-    _, proc = sweep._wall([sys.executable, "-c", script], timeout=60)
+    _, proc = sweep_tools._wall([sys.executable, "-c", script], timeout=60)
     assert proc is not None and proc.returncode == 0, proc and proc.stderr
-    scratch = sweep._scratch()
+    scratch = sweep_tools._scratch()
     assert (scratch / "scratch.onnx").read_text() == str(scratch)
-    assert not (sweep.REPO / "scratch.onnx").exists()
-    assert sweep.REPO not in scratch.parents
+    assert not (sweep_tools.REPO / "scratch.onnx").exists()
+    assert sweep_tools.REPO not in scratch.parents
 
 
 def test_a_folder_of_models_is_swept_as_corpus_entries(tmp_path):

@@ -28,7 +28,8 @@ def snapshot(
     import boto3
     from mlflow import MlflowClient
 
-    from graphtrim.integrations.artifacts import S3Store, model_files, sha256_files, split_s3
+    from graphtrim.integrations.artifacts import S3Store, split_s3
+    from graphtrim.integrations.model_files import model_files, sha256_files
     from graphtrim.integrations.registry import Registry, SourceVersion
 
     client = MlflowClient(tracking, tracking)

@@ -132,7 +132,8 @@ def test_artifact_hook_uses_the_standard_aws_connection(
 
 
 def test_placement(monkeypatch: pytest.MonkeyPatch) -> None:
-    from graphtrim.airflow.operators import GPU_IMAGE_ENV, ModelGateOperator, placement
+    from graphtrim.airflow.operators import ModelGateOperator
+    from graphtrim.airflow.placement import GPU_IMAGE_ENV, placement
 
     monkeypatch.delenv(GPU_IMAGE_ENV, raising=False)
     assert placement("cpu") == {}
@@ -565,7 +566,7 @@ def test_a_dag_run_without_a_policy_takes_the_workers_deployment_policy(
     """The Helm overlay mounts the gate policy and sets GRAPHTRIM_POLICY on the workers: a DAG
     run whose conf names no policy plans with that document in its config (what every later
     task judges by); a policy in the conf wins."""
-    from graphtrim.airflow.operators import plan_run
+    from graphtrim.airflow.run_plan import plan_run
 
     policy = tmp_path / "gates.yaml"
     policy.write_text("variants:\n  int8-static: {size: {max_ratio: 0.2}}\n")
@@ -588,7 +589,7 @@ def test_a_dag_run_asks_for_a_settings_search() -> None:
     before any work."""
     from airflow.sdk.exceptions import AirflowFailException
 
-    from graphtrim.airflow.operators import plan_run
+    from graphtrim.airflow.run_plan import plan_run
 
     conf = {"model_name": "m", "version": "1", "variants": ["int8-static"], "preset": "default"}
     assert plan_run(conf, "cpu")["config"]["tune"] is None
@@ -604,7 +605,7 @@ def test_a_dag_run_raises_the_opset_before_the_graph_passes() -> None:
     know fails the run before any work."""
     from airflow.sdk.exceptions import AirflowFailException
 
-    from graphtrim.airflow.operators import plan_run
+    from graphtrim.airflow.run_plan import plan_run
 
     conf = {"model_name": "m", "version": "1", "variants": ["graph"], "preset": "default"}
     assert plan_run(conf, "cpu")["config"]["opset"] is None
@@ -618,7 +619,7 @@ def test_a_dag_run_chooses_the_weight_only_settings() -> None:
     variant can take fail the run before any work."""
     from airflow.sdk.exceptions import AirflowFailException
 
-    from graphtrim.airflow.operators import plan_run
+    from graphtrim.airflow.run_plan import plan_run
 
     conf = {"model_name": "m", "version": "1", "variants": ["int4-weight"], "preset": "default"}
     plain = plan_run(conf, "cpu")["config"]

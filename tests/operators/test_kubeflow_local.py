@@ -85,8 +85,8 @@ class Steps:
     output parameters and artifacts."""
 
     def __init__(self, arguments: dict[str, Any]) -> None:
+        from graphtrim.kubeflow.parameters import CONFIG
         from graphtrim.kubeflow.pipeline import (
-            CONFIG,
             stage_component,
             step_name,
             tune_components,

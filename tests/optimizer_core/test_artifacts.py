@@ -25,15 +25,15 @@ import onnx.numpy_helper as onh
 import onnxruntime as ort
 import pytest
 
-from graphtrim.integrations import artifacts, input_cache
+from graphtrim.integrations import entries, input_cache
 from graphtrim.integrations.artifacts import (
-    LocalStore,
     S3Store,
     fetch,
     fetch_file,
     open_store,
     split_s3,
 )
+from graphtrim.integrations.entries import LocalStore
 from graphtrim.integrations.model_files import (
     DATA_FILE,
     MANIFEST,
@@ -129,7 +129,7 @@ def digest(path: Path) -> str:
 
 def local_entry(uri: str) -> Path:
     assert uri.startswith("file://")
-    return Path(artifacts.local_path(uri))
+    return Path(entries.local_path(uri))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -886,8 +886,8 @@ def test_local_delete_removes_one_entry_whole_and_only_it(tmp_path: Path) -> Non
     one = store.put_model(save_model(tmp_path / "a", seed=1), model="m", version="1", stage="t")
     two = store.put_model(save_model(tmp_path / "b", seed=2), model="m", version="1", stage="t")
     assert store.delete(one.model_uri) is True  # the model file's URI names its entry too
-    assert not artifacts.local_path(one.uri).exists()
-    with pytest.raises(artifacts.MissingEntryError, match="no complete model entry"):
+    assert not entries.local_path(one.uri).exists()
+    with pytest.raises(entries.MissingEntryError, match="no complete model entry"):
         store.fetch_model(one.uri, tmp_path / "gone")
     assert store.delete(one.uri) is False  # a retried clean-up is not an error
     np.testing.assert_array_equal(
@@ -900,7 +900,7 @@ def test_local_delete_removes_one_entry_whole_and_only_it(tmp_path: Path) -> Non
 def test_local_delete_refuses_what_is_not_an_entry(tmp_path: Path) -> None:
     store = LocalStore(tmp_path / "store")
     stored = store.put_model(save_model(tmp_path / "a", seed=1), model="m", version="1", stage="t")
-    entry = artifacts.local_path(stored.uri)
+    entry = entries.local_path(stored.uri)
     other = LocalStore(tmp_path / "other")
     for uri in (str(entry.parent), str(tmp_path / "store"), (tmp_path / "a").as_uri()):
         with pytest.raises(ArtifactStoreError, match="not a model entry"):
@@ -927,7 +927,7 @@ def test_s3_delete_removes_every_object_of_the_entry(
         [f"pre/m/1/t/{gone.sha256}x/keep"]
         + [f"pre/m/1/t/{kept.sha256}/{n}" for n in (MANIFEST, MODEL_FILE)]
     )
-    with pytest.raises(artifacts.MissingEntryError):
+    with pytest.raises(entries.MissingEntryError):
         store.fetch_model(gone.uri, tmp_path / "out")
     assert store.delete(gone.model_uri) is False
     out = store.fetch_model(kept.uri, tmp_path / "kept")

@@ -22,13 +22,11 @@ import pytest
 from graphtrim import npz
 from graphtrim.data import (
     CalibrationReader,
-    DataError,
-    InputSpec,
-    check_data,
     input_specs,
     load_npz,
     specs_from_signature,
 )
+from graphtrim.data_check import DataError, InputSpec, check_data
 from graphtrim.gates.accuracy import labels_of, run_outputs
 
 FLOAT, INT64 = onnx.TensorProto.FLOAT, onnx.TensorProto.INT64

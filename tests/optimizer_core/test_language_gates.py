@@ -8,7 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from graphtrim.data import DataError, check_data, input_specs, load_npz
+from graphtrim.data import input_specs, load_npz
+from graphtrim.data_check import DataError, check_data
 from graphtrim.examples import language
 from graphtrim.exporter import export_causal_lm
 from graphtrim.gates.evaluate import evaluate

@@ -10,7 +10,7 @@ import onnxruntime as ort
 
 from graphtrim.cli import main
 from graphtrim.verify import Tolerance
-from graphtrim.verify.compare import compare_outputs
+from graphtrim.verify.outputs import compare_outputs
 
 FLOAT, INT64 = onnx.TensorProto.FLOAT, onnx.TensorProto.INT64
 

@@ -113,7 +113,7 @@ def test_variants_too_large_to_hold_together_are_measured_beside_the_reference_o
     Where the reference and one variant are above it too, that child opens one session at a
     time and the latency runs take turns block by block."""
     from graphtrim.data import input_specs, load_npz
-    from graphtrim.gates.evaluate import ModelInfo
+    from graphtrim.gates.verdicts import ModelInfo
 
     data = load_npz(digits_task.eval, input_specs(digits_task.model))
     config = PipelineConfig(variants=("graph", "fp16"), policy=RELAXED)

@@ -262,7 +262,7 @@ def test_the_weight_settings_come_as_one_json_object_for_orchestrators(tmp_path:
     """``--weights-json`` (what the Kubeflow pipeline's ``weights`` parameter passes) gives the
     config the flags give; both at once, bad JSON or an unknown key are refused."""
     from graphtrim.cli.main import build_parser
-    from graphtrim.cli.pipeline_commands import _context_and_config
+    from graphtrim.cli.pipeline_context import _context_and_config
     from graphtrim.errors import GraphtrimError
 
     def config(*extra: str) -> Any:
@@ -307,7 +307,7 @@ def test_the_opset_to_raise_to_is_checked_and_enters_the_config_hash(tmp_path: P
     """``--opset`` (the orchestrators' ``opset`` parameter; empty: none) reaches the config; a
     run without it hashes as before the option existed."""
     from graphtrim.cli.main import build_parser
-    from graphtrim.cli.pipeline_commands import _context_and_config
+    from graphtrim.cli.pipeline_context import _context_and_config
     from graphtrim.errors import GraphtrimError
 
     def config(*extra: str) -> Any:

@@ -24,7 +24,8 @@ import onnxruntime as ort
 import pytest
 
 from graphtrim.cli import main
-from graphtrim.data import DataError, EvalData, input_specs, load_npz
+from graphtrim.data import EvalData, input_specs, load_npz
+from graphtrim.data_check import DataError
 from graphtrim.errors import InvalidModelError
 from graphtrim.examples.digits import DigitsTask
 from graphtrim.gates.accuracy import accuracy_check

@@ -88,7 +88,8 @@ def test_start_points_are_the_recipes_the_model_can_take() -> None:
 
 
 def test_a_gain_inside_the_noise_keeps_the_fixed_recipe() -> None:
-    from graphtrim.tune.search import Trial, choose
+    from graphtrim.tune.choice import choose
+    from graphtrim.tune.search import Trial
 
     def trial(n: int, key: dict[str, Any], speedup: float, spread: float, size: float) -> Trial:
         t = Trial(n, Candidate.of("int8-static", key), 0, "test", status="screened")

@@ -12,11 +12,11 @@ from typing import Any
 import pytest
 
 from graphtrim.examples.digits import DigitsTask
-from graphtrim.integrations.artifacts import LocalStore
+from graphtrim.integrations.entries import LocalStore
 from graphtrim.integrations.model_files import MANIFEST
 from graphtrim.stages import pipeline, tune
 from graphtrim.stages.context import PipelineConfig, StageContext
-from graphtrim.stages.quantize import KEEP_TRIALS_ENV, _clean_trials
+from graphtrim.stages.quantize_tune import KEEP_TRIALS_ENV, _clean_trials
 from tests.conftest import BUCKET
 from tests.optimizer_core.test_pipeline import _config
 from tests.servers import register_onnx

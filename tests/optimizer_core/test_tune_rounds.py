@@ -16,6 +16,7 @@ from graphtrim.gates.policy import GatePolicy
 from graphtrim.tune import rounds
 from graphtrim.tune.memory import graph_signature, op_histogram
 from graphtrim.tune.search import TuneError, TuneSettings
+from graphtrim.tune.search_state import SearchState
 
 SETTINGS = TuneSettings(budget_s=600, objective="latency", size_weight=0.25)
 
@@ -39,7 +40,7 @@ def _search(
     remembered: dict[str, Any] | None = None,
     settings: TuneSettings = SETTINGS,
     layers: int = rounds.ROUNDS,
-) -> tuple[rounds.SearchState, list[list[dict[str, Any]]], dict[int, str]]:
+) -> tuple[SearchState, list[list[dict[str, Any]]], dict[int, str]]:
     """Every step on its own, through JSON: the state, each round's results and the feasible
     trials' models by number."""
     specs = input_specs(task.model)
@@ -79,9 +80,9 @@ def _search(
                 out["trial"]["uri"] = f"store://{spec['number']}"
             results.append(_wire(out))
         done.append(results)
-        state = rounds.SearchState.from_json(_wire(state.to_json()))
+        state = SearchState.from_json(_wire(state.to_json()))
         state, batch = rounds.select(state, results)
-    return rounds.SearchState.from_json(_wire(state.to_json())), done, paths
+    return SearchState.from_json(_wire(state.to_json())), done, paths
 
 
 @pytest.mark.slow
@@ -216,7 +217,7 @@ def test_a_plan_refuses_what_it_cannot_search(digits_task: DigitsTask) -> None:
     with pytest.raises(TuneError, match="must be resolved"):
         rounds.plan(["graph"], ops, signature="s", settings=TuneSettings(), calibration=True)
     with pytest.raises(TuneError, match="not a search state"):
-        rounds.SearchState.from_json({"kinds": {}, "bogus": 1})
+        SearchState.from_json({"kinds": {}, "bogus": 1})
 
 
 def test_the_search_steps_refuse_what_they_cannot_run(

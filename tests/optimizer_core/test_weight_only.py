@@ -16,12 +16,9 @@ import pytest
 from graphtrim.cli import main
 from graphtrim.quantize import QuantizeConfig
 from graphtrim.quantize.build import QuantizeError, build_variant
-from graphtrim.quantize.weight_only import (
-    WeightOnlyError,
-    WeightOnlySettings,
-    lower_matmul_nbits,
-    quantize_weights,
-)
+from graphtrim.quantize.nbits_lowering import lower_matmul_nbits
+from graphtrim.quantize.weight_only import quantize_weights
+from graphtrim.quantize.weight_settings import WeightOnlyError, WeightOnlySettings
 
 FLOAT = onnx.TensorProto.FLOAT
 K, N, N2 = 72, 40, 24  # K is no multiple of the block: the last block is padded
@@ -448,7 +445,7 @@ def test_embedding_tables_are_quantized_on_request(
     capsys.readouterr()
     assert main([*argv, "--quantize-embeddings"]) == 2  # the portable form has no such op
     assert "embedding tables" in capsys.readouterr().err
-    from graphtrim.stages.register import _conversion_tags
+    from graphtrim.stages.version_notes import _conversion_tags
 
     assert _conversion_tags(record)["graphtrim.weights.embeddings"] == "1"
 

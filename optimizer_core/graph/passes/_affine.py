@@ -137,15 +137,22 @@ def affine_input(node: ir.Node) -> ir.Value | None:
         if any(o.uses() or o.is_graph_output() for o in node.outputs[1:]):
             return None
         return node.inputs[0]
+    found = one_constant(node)
+    return found[0] if found is not None else None
+
+
+def one_constant(node: ir.Node) -> tuple[ir.Value, ir.Value, int] | None:
+    """(variable operand, constant operand, the variable's input index) of a binary node with
+    exactly one constant input; None for any other node."""
     if len(node.inputs) != 2:
         return None
     a, b = node.inputs
     if a is None or b is None:
         return None
     if u.is_constant(b) and not u.is_constant(a):
-        return a
+        return a, b, 0
     if u.is_constant(a) and not u.is_constant(b):
-        return b
+        return b, a, 1
     return None
 
 

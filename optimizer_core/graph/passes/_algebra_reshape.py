@@ -13,7 +13,7 @@ import onnx_ir as ir
 from graphtrim.graph import _ir_utils as u
 from graphtrim.graph.rules import (
     RuleContext,
-    replace_output,
+    replace_with_node,
 )
 
 
@@ -59,11 +59,7 @@ def one_reshape(node: ir.Node, m: tuple[ir.Value, list[int]], ctx: RuleContext) 
         else [],
         name=names(f"{node.name or 'Reshape'}_merged"),
     )
-    ctx.graph.insert_before(node, merged)
-    merged.outputs[0].name = names(f"{node.outputs[0].name or 'reshaped'}_merged")
-    merged.outputs[0].type = node.outputs[0].type
-    merged.outputs[0].shape = node.outputs[0].shape
-    replace_output(node, merged.outputs[0], ctx)
+    replace_with_node(node, merged, names(f"{node.outputs[0].name or 'reshaped'}_merged"), ctx)
 
 
 def slice_params(node: ir.Node, rank: int) -> list[list[int]] | None:

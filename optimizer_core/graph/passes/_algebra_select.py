@@ -10,6 +10,7 @@ from graphtrim.graph import _ir_utils as u
 from graphtrim.graph.rules import (
     RuleContext,
     replace_output,
+    replace_with_node,
     reroute_refusal,
 )
 
@@ -61,11 +62,7 @@ def flatten_concat(node: ir.Node, flat: list[ir.Value], ctx: RuleContext) -> Non
         [ir.AttrInt64("axis", node.attributes.get_int("axis", 0))],
         name=names(f"{node.name or 'Concat'}_flat"),
     )
-    ctx.graph.insert_before(node, merged)
-    merged.outputs[0].name = names(f"{node.outputs[0].name or 'concat'}_flat")
-    merged.outputs[0].type = node.outputs[0].type
-    merged.outputs[0].shape = node.outputs[0].shape
-    replace_output(node, merged.outputs[0], ctx)
+    replace_with_node(node, merged, names(f"{node.outputs[0].name or 'concat'}_flat"), ctx)
 
 
 _Source = tuple[ir.Value, int] | np.generic  # an element of a piece, or a constant element

@@ -5,6 +5,7 @@ Reshape that only splits axes and a Transpose are a Reshape and one Transpose.""
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 
 import numpy as np
 import onnx_ir as ir
@@ -16,6 +17,7 @@ from graphtrim.graph.passes._algebra_reshape import (
 from graphtrim.graph.rules import (
     RuleContext,
     replace_output,
+    replace_with_node,
     reroute_refusal,
 )
 
@@ -118,6 +120,18 @@ def unsqueeze_then_transpose(node: ir.Node, m: _AroundUnsqueeze, ctx: RuleContex
     node.attributes["perm"] = ir.AttrInt64s("perm", m.perm)
 
 
+def _unit_moves(transpose: ir.Node, dims: Sequence[int | str | None]) -> list[int] | str:
+    """The permutation of ``transpose`` on an input of ``dims`` when it moves only dims of size
+    1 (the others keep their relative order), else why not."""
+    perm = u.perm_of(transpose, len(dims))
+    if perm is None:
+        return "the permutation is invalid for the rank"
+    moved = [axis for axis in perm if dims[axis] != 1]
+    if moved != sorted(moved):
+        return "the Transpose reorders dims that may not be 1"
+    return perm
+
+
 def unit_transpose(node: ir.Node, ctx: RuleContext) -> list[int] | str:
     """Check: a Transpose that moves only dims of size 1 (the others keep their order), so it
     keeps the element order; the match is a constant Reshape target for its output: static
@@ -126,12 +140,9 @@ def unit_transpose(node: ir.Node, ctx: RuleContext) -> list[int] | str:
     dims = u.symbolic_dims(x) if x is not None else None
     if x is None or dims is None:
         return "the rank is unknown"
-    perm = u.perm_of(node, len(dims))
-    if perm is None:
-        return "the permutation is invalid for the rank"
-    moved = [axis for axis in perm if dims[axis] != 1]
-    if moved != sorted(moved):
-        return "the Transpose reorders dims that may not be 1"
+    perm = _unit_moves(node, dims)
+    if isinstance(perm, str):
+        return perm
     symbolic = sum(1 for d in dims if not isinstance(d, int))
     target: list[int] = []
     for j, axis in enumerate(perm):
@@ -157,11 +168,8 @@ def as_reshape(node: ir.Node, target: list[int], ctx: RuleContext) -> None:
     reshape = ir.Node(
         "", "Reshape", [node.inputs[0], shape], name=names(f"{node.name or 'Transpose'}_reshape")
     )
-    ctx.graph.insert_before(node, reshape)
-    reshape.outputs[0].name = names(f"{node.outputs[0].name or 'transposed'}_reshaped")
-    reshape.outputs[0].type = node.outputs[0].type
-    reshape.outputs[0].shape = node.outputs[0].shape
-    replace_output(node, reshape.outputs[0], ctx)
+    name = names(f"{node.outputs[0].name or 'transposed'}_reshaped")
+    replace_with_node(node, reshape, name, ctx)
 
 
 def _split_groups(y: list[int], z: list[int]) -> list[list[int]] | None:
@@ -268,10 +276,5 @@ def transpose_reshape(node: ir.Node, ctx: RuleContext) -> ir.Value | str:
     dims = u.symbolic_dims(src)
     if dims is None:
         return "the transposed tensor's rank is unknown"
-    perm = u.perm_of(inner, len(dims))
-    if perm is None:
-        return "the permutation is invalid for the rank"
-    moved = [axis for axis in perm if dims[axis] != 1]
-    if moved != sorted(moved):
-        return "the Transpose reorders dims that may not be 1"
-    return src
+    found = _unit_moves(inner, dims)
+    return found if isinstance(found, str) else src

@@ -7,6 +7,7 @@ from typing import Protocol, cast
 import onnx_ir as ir
 
 from graphtrim.graph import _ir_utils as u
+from graphtrim.graph.passes._affine import one_constant
 from graphtrim.graph.rules import RuleContext
 
 
@@ -39,17 +40,15 @@ def close(a: float | None, b: float, rel: float = 1e-4) -> bool:
 
 
 def split_const(node: ir.Node) -> tuple[ir.Value, ir.Value] | None:
-    """(variable operand, constant operand) of a binary node with exactly one constant input."""
-    if len(node.inputs) != 2:
+    """(variable operand, constant operand) of a binary node with exactly one constant input
+    (a constant first operand only for the commutative Mul and Add)."""
+    found = one_constant(node)
+    if found is None:
         return None
-    a, b = node.inputs
-    if a is None or b is None:
+    variable, constant, index = found
+    if index == 1 and node.op_type not in ("Mul", "Add"):
         return None
-    if u.is_constant(b) and not u.is_constant(a):
-        return a, b
-    if u.is_constant(a) and not u.is_constant(b) and node.op_type in ("Mul", "Add"):
-        return b, a
-    return None
+    return variable, constant
 
 
 def producer(value: ir.Value | None, *ops: str) -> ir.Node | None:

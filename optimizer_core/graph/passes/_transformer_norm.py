@@ -149,21 +149,20 @@ def match_decomposed(mean2: ir.Node) -> Norm | str:
     np_dtype = dtype.numpy()
     # optional affine tail: * gamma, + beta (per-channel constants of x's dtype)
     y = scaled.outputs[0]
-    gamma = beta = None
     tail: list[ir.Node] = []
-    mul = sole_reader(y, "Mul")
-    if mul is not None:
-        g = _channel_const(mul, y, channels, np_dtype)
-        if g is not None:
-            gamma, y = g, mul.outputs[0]
-            tail.append(mul)
-    if kind == "layernorm":
-        add2 = sole_reader(y, "Add")
-        if add2 is not None:
-            b = _channel_const(add2, y, channels, np_dtype)
-            if b is not None:
-                beta, y = b, add2.outputs[0]
-                tail.append(add2)
+
+    def affine(op: str) -> ir.Value | None:
+        """The per-channel constant of ``op`` reading ``y`` alone, which then moves past it."""
+        nonlocal y
+        node = sole_reader(y, op)
+        found = _channel_const(node, y, channels, np_dtype) if node is not None else None
+        if node is not None and found is not None:
+            y = node.outputs[0]
+            tail.append(node)
+        return found
+
+    gamma = affine("Mul")
+    beta = affine("Add") if kind == "layernorm" else None
     last = tail[-1] if tail else scaled
     return Norm(kind, x, eps, channels, np_dtype, y, last, gamma, beta, (*chain, *tail))
 

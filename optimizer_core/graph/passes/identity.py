@@ -46,6 +46,14 @@ def _axes(node: ir.Node, input_index: int) -> list[int] | None:
     return []
 
 
+def _same_axes(axes: list[int], other: list[int], rank: int) -> bool:
+    """Whether two lists of axes name the same axes of a tensor of ``rank`` (negative ones
+    counted from the end, in any order)."""
+    a = u.normalize_axes(axes, rank)
+    b = u.normalize_axes(other, rank)
+    return a is not None and b is not None and sorted(a) == sorted(b)
+
+
 def _identity(node: ir.Node, ctx: RuleContext) -> Match:
     return _to(node, node.inputs[0])
 
@@ -152,13 +160,10 @@ def _unsqueeze_squeeze(node: ir.Node, ctx: RuleContext) -> Match:
         return "not a Squeeze with axes of an Unsqueeze"
     inner = _axes(producer, 1)
     r = u.rank(x)
-    if inner is not None and r is not None:
-        a = u.normalize_axes(axes, r)
-        b = u.normalize_axes(inner, r)
-        if a is not None and b is not None and sorted(a) == sorted(b):
-            src = producer.inputs[0]
-            if src is not None:
-                return _to(node, src)
+    if inner is not None and r is not None and _same_axes(axes, inner, r):
+        src = producer.inputs[0]
+        if src is not None:
+            return _to(node, src)
     return "the axes differ or are unknown"
 
 
@@ -186,9 +191,7 @@ def _squeeze_unsqueeze(node: ir.Node, ctx: RuleContext) -> Match:
     src = producer.inputs[0]
     if not inner or out_rank is None or src is None:
         return "the Squeeze's axes or the rank unknown"
-    a = u.normalize_axes(axes, out_rank)
-    b = u.normalize_axes(inner, out_rank)
-    if a is not None and b is not None and sorted(a) == sorted(b):
+    if _same_axes(axes, inner, out_rank):
         return _to(node, src)
     return "the axes differ"
 

@@ -45,6 +45,7 @@ import onnx_ir as ir
 from graphtrim.graph import _ir_utils as u
 from graphtrim.graph.passes._qdq import (
     MOVABLE_TYPES,
+    QParams,
     clone,
     copy_shape,
     movement_reader,
@@ -72,18 +73,28 @@ def new_name(ctx: RuleContext, hint: str | None, suffix: str) -> str:
 # ---------------------------------------------------------------- DQ -> Q
 
 
+def _round_trip(outer: ir.Node, inner_op: str) -> tuple[ir.Value, QParams, QParams] | str:
+    """``x`` of ``outer(inner(x))``, a Q and DQ pair, with the Q's and the DQ's parameters."""
+    mid = outer.inputs[0]
+    inner = mid.producer() if mid is not None else None
+    x = inner.inputs[0] if inner is not None and u.is_op(inner, inner_op) else None
+    if inner is None or x is None:
+        return f"the input is not a {inner_op}"
+    q, dq = (inner, outer) if inner_op == "QuantizeLinear" else (outer, inner)
+    qp, dqp = params(q), params(dq)
+    if qp is None or dqp is None:
+        return "attributes or types not understood"
+    return x, qp, dqp
+
+
 def check_dq_q(q: ir.Node, ctx: RuleContext) -> ir.Value | str:
     """``x`` of ``Q(DQ(x))`` when the pair is the identity bit for bit."""
     if u.is_dead(q):
         return _DEAD
-    mid = q.inputs[0]
-    dq = mid.producer() if mid is not None else None
-    if dq is None or not u.is_op(dq, "DequantizeLinear") or dq.inputs[0] is None:
-        return "the input is not a DequantizeLinear"
-    x = dq.inputs[0]
-    qp, dqp = params(q), params(dq)
-    if qp is None or dqp is None:
-        return "attributes or types not understood"
+    found = _round_trip(q, "DequantizeLinear")
+    if isinstance(found, str):
+        return found
+    x, qp, dqp = found
     if x.dtype is None or x.dtype != qp.qtype:
         return "the quantized types differ"
     if not same_params(dqp, qp, u.rank(x)):
@@ -102,14 +113,10 @@ def check_q_dq_lossy(dq: ir.Node, ctx: RuleContext) -> ir.Value | str:
         return _DEAD
     if not ctx.options.allow_lossy:
         return "allow_lossy is off"
-    mid = dq.inputs[0]
-    q = mid.producer() if mid is not None else None
-    if q is None or not u.is_op(q, "QuantizeLinear") or q.inputs[0] is None:
-        return "the input is not a QuantizeLinear"
-    x = q.inputs[0]
-    qp, dqp = params(q), params(dq)
-    if qp is None or dqp is None:
-        return "attributes or types not understood"
+    found = _round_trip(dq, "QuantizeLinear")
+    if isinstance(found, str):
+        return found
+    x, qp, dqp = found
     if x.dtype is None or x.dtype != dqp.ftype:
         return "the float types differ"
     if not same_params(qp, dqp, u.rank(x)):
