@@ -221,7 +221,7 @@ def test_a_quiet_command_called_as_a_function_gives_the_caller_its_state_back(mo
     import warnings
 
     from graphtrim.cli.main import _process_state_restored
-    from graphtrim.cli.pipeline_commands import _quiet
+    from graphtrim.cli.pipeline_context import _quiet
 
     monkeypatch.delenv("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", raising=False)
     named = logging.getLogger("graphtrim.triggers")
