@@ -5,10 +5,13 @@ loops and their ``dsl.Collected`` records included."""
 
 from __future__ import annotations
 
+import builtins
 import inspect
 import json
+import logging
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +32,7 @@ IMAGE = "python:3.11"  # not pulled: the SubprocessRunner runs the command here
 
 
 @pytest.fixture
-def local_kfp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+def local_kfp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     """``kfp.local`` with the ``SubprocessRunner`` in this environment, its outputs under a
     folder of this test. The runner runs lightweight Python components only and refuses a
     container component before it starts; graphtrim's steps are container components whose
@@ -49,13 +52,22 @@ def local_kfp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     monkeypatch.setenv("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     monkeypatch.delenv("GRAPHTRIM_POLICY", raising=False)
-    root = tmp_path / "kfp-local"
     local.init(
         runner=local.SubprocessRunner(use_venv=False),
-        pipeline_root=str(root),
+        pipeline_root=str(tmp_path / "kfp-local"),
         raise_on_error=True,
     )
-    return root
+    # kfp.local swaps ``builtins.print`` for one that indents (and the root logger's handlers
+    # for its own) while a task runs; where it does not put them back, every later test of
+    # this process would print indented: the process gets its own back after the test
+    print_, root = builtins.print, logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    try:
+        yield tmp_path / "kfp-local"
+    finally:
+        builtins.print = print_
+        root.handlers[:] = handlers
+        root.setLevel(level)
 
 
 def _arguments(servers: dict[str, str], digits_task: DigitsTask, **over: Any) -> dict[str, Any]:
