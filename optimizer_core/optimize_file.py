@@ -188,16 +188,37 @@ R = TypeVar("R")
 def _collecting(fn: Callable[P, R]) -> Callable[P, R]:
     """``fn``, then a garbage collection: a model's IR graph is a web of references that only
     the cycle collector frees, and without a collection the models an optimize (and its
-    verification) read would stay in memory through whatever the caller does next."""
+    verification) read would stay in memory through whatever the caller does next.
+
+    The young generations always (what a small model left there); a full collection where the
+    call left the process :data:`FULL_COLLECTION_FROM` bytes bigger or more. A full collection
+    walks every object of the process, a second or more in one that holds a framework or two,
+    and a model that size has long been moved to the oldest generation by then."""
 
     @functools.wraps(fn)
     def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        before = _resident_bytes()
         try:
             return fn(*args, **kwargs)
         finally:
-            gc.collect()
+            after = _resident_bytes()
+            grew = None if before is None or after is None else after - before
+            gc.collect(1 if grew is not None and grew < FULL_COLLECTION_FROM else 2)
 
     return wrapper
+
+
+# how much a call may leave the process bigger before it pays for a full collection
+FULL_COLLECTION_FROM = 32 * 2**20
+
+
+def _resident_bytes() -> int | None:
+    """This process's resident memory (Linux), or None where it cannot be read cheaply."""
+    try:
+        with open("/proc/self/statm", "rb") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError, AttributeError):
+        return None
 
 
 def release_weights(model: ir.Model) -> None:
