@@ -155,19 +155,26 @@ def test_run_registers_passing_variants_with_lineage(
         assert tags["graphtrim.gates"] == "serving=pass,size=pass,accuracy=pass,latency=pass"
         assert len(tags["graphtrim.fingerprint"]) == 16
         assert tags["graphtrim.artifact"].startswith(f"s3://{BUCKET}/pipeline/digits/1/variant-")
-        # short and queryable: no JSON documents, nothing long
-        # (the alias moves' audit, graphtrim.audit.<alias>, is the promote stage's record)
+        # short and queryable: no JSON documents, nothing long, but for two records: the alias
+        # moves' audit (graphtrim.audit.<alias>, the promote stage's) and each policy's verdict
+        # (graphtrim.verdict.<policy hash>, read back so a re-run reuses a measured verdict)
+        records = ("graphtrim.audit.", "graphtrim.verdict.")
         long = {
             k: v
             for k, v in tags.items()
-            if len(v) > 80 and k != "graphtrim.artifact" and not k.startswith("graphtrim.audit.")
+            if len(v) > 80 and k != "graphtrim.artifact" and not k.startswith(records)
         }
         assert not long, long
         assert not [
             k
             for k, v in tags.items()
-            if v.lstrip().startswith(("{", "[")) and not k.startswith("graphtrim.audit.")
+            if v.lstrip().startswith(("{", "[")) and not k.startswith(records)
         ]
+        verdicts = [json.loads(v) for k, v in tags.items() if k.startswith("graphtrim.verdict.")]
+        assert len(verdicts) == 1, verdicts
+        assert verdicts[0]["passed"] is True, verdicts
+        gates = dict(g.split("=") for g in tags["graphtrim.gates"].split(","))
+        assert verdicts[0]["gates"] == gates, (verdicts, gates)
         # the logged model is linked to the version and holds the settings and numbers
         logged = client.get_logged_model(logged_model_id(mv))
         links = json.loads(logged.tags["mlflow.modelVersions"])
