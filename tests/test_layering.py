@@ -75,6 +75,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "graphtrim.isolation",
             "graphtrim.hashing",
             "graphtrim.faults",
+            "graphtrim.scratch",
             "graphtrim.dtypes",
             "graphtrim.run_params",
         ),

@@ -13,12 +13,13 @@ this module holds the S3 store and opens either by its URI (:func:`open_store`, 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import errno
 import functools
 import json
+import logging
 import os
-import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -43,6 +44,9 @@ from graphtrim.integrations.model_files import (
     sha256_files,
 )
 from graphtrim.redact import redact, register_secret
+from graphtrim.scratch import scratch
+
+logger = logging.getLogger("graphtrim.artifacts")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -204,8 +208,10 @@ class S3Store(_EntryStore):
             lambda: self.client.upload_file(str(path), self.bucket, key, Config=cfg),
         )
 
-    def _scratch(self) -> tempfile.TemporaryDirectory[str]:
-        return tempfile.TemporaryDirectory(prefix="graphtrim-s3-")
+    def _scratch(self) -> contextlib.AbstractContextManager[Path]:
+        # named for this process: the next upload on this host removes it if the process is
+        # killed (a worker lost mid-upload)
+        return scratch("s3")
 
     def _locate(self, model: str, version: str, stage: str, sha: str) -> str:
         return self._key(safe_part(model), safe_part(version), safe_part(stage), sha)
@@ -213,7 +219,31 @@ class S3Store(_EntryStore):
     def _complete(self, where: str) -> StoredModel | None:
         return self._stored(where) if self._exists(f"{where}/{MANIFEST}") else None
 
+    def _abort_unfinished(self, where: str) -> None:
+        """Abort the multipart uploads an earlier attempt at this entry left open (a process
+        killed mid-upload): S3 keeps and bills their parts until they are aborted. The entry's
+        key holds its content hash, so an upload under it is of these same bytes."""
+
+        def abort() -> int:
+            n, page = 0, {"Bucket": self.bucket, "Prefix": f"{where}/"}
+            while True:
+                found = self.client.list_multipart_uploads(**page)
+                for up in found.get("Uploads", []):
+                    self.client.abort_multipart_upload(
+                        Bucket=self.bucket, Key=up["Key"], UploadId=up["UploadId"]
+                    )
+                    n += 1
+                if not found.get("IsTruncated"):
+                    return n
+                page.update(
+                    KeyMarker=found["NextKeyMarker"], UploadIdMarker=found["NextUploadIdMarker"]
+                )
+
+        if n := self._retry(f"listing unfinished uploads under {where}", abort):
+            logger.info("aborted %d unfinished multipart upload(s) under %s", n, where)
+
     def _write(self, where: str, files: Sequence[Path], manifest: dict[str, Any]) -> StoredModel:
+        self._abort_unfinished(where)
         for f, name in zip(files, _staged_names(files), strict=True):
             self._upload(f, f"{where}/{name}")
         body = json.dumps(manifest, indent=2).encode()

@@ -5,6 +5,7 @@ file-system backend (:class:`LocalStore`). The S3 backend and opening a store by
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -77,7 +78,8 @@ class _EntryStore:
     """What both stores share: ``put_model`` over three primitives of the backend (where an
     entry goes, the entry if it is complete, writing a staged entry)."""
 
-    def _scratch(self) -> tempfile.TemporaryDirectory[str]:
+    def _scratch(self) -> contextlib.AbstractContextManager[Any]:
+        """A folder (its path) removed when the context ends."""
         raise NotImplementedError
 
     def _locate(self, model: str, version: str, stage: str, sha: str) -> Any:

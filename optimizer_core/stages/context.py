@@ -293,7 +293,7 @@ class StageContext:
     def scratch(self, stage: str) -> Iterator[Path]:
         """A fresh folder for one stage's local files, removed afterwards (and, should this
         process be killed first, by the next stage on this host: :mod:`.staging`)."""
-        from graphtrim.stages.staging import scratch
+        from graphtrim.scratch import scratch
 
         with scratch(stage, self.workdir) as d:
             yield d

@@ -171,7 +171,9 @@ class MlflowProcess:
 class Rule:
     """What the proxy does to requests that ``match`` (method, path with query): ``action`` is
     ``"503"`` (S3's SlowDown, nothing forwarded), ``"drop"`` (the connection closed before
-    forwarding, after reading half the body) or ``"lose"`` (forwarded, the answer dropped);
+    forwarding, after reading half the body), ``"lose"`` (forwarded, the answer dropped) or
+    ``"hold"`` (the request read and held, nothing forwarded, until :meth:`Proxy.release`: the
+    test kills the client meanwhile; :attr:`Proxy.holding` is set while one is held);
     ``times`` requests at most (then the rule is spent)."""
 
     match: Callable[[str, str], bool]
@@ -204,6 +206,8 @@ class Proxy:
 
     def __post_init__(self) -> None:
         self._lock = threading.Lock()
+        self.holding = threading.Event()
+        self._released = threading.Event()
         host, _, port = self.upstream.removeprefix("http://").partition(":")
         self._up = (host, int(port))
 
@@ -221,9 +225,15 @@ class Proxy:
             return "pass"
 
     def clear(self) -> None:
+        self.release()
         with self._lock:
             self.rules.clear()
             self.log.clear()
+
+    def release(self) -> None:
+        """Let held requests go (their connections are closed, nothing forwarded)."""
+        self._released.set()
+        self.holding.clear()
 
     @contextlib.contextmanager
     def running(self) -> Iterator[Proxy]:
@@ -259,6 +269,14 @@ class Proxy:
                         self.connection.shutdown(socket.SHUT_RDWR)
                     return
                 body = self._body()
+                if action == "hold":
+                    proxy._released.clear()
+                    proxy.holding.set()
+                    proxy._released.wait(300)  # a guard against a hang only
+                    self.close_connection = True
+                    with contextlib.suppress(OSError):
+                        self.connection.shutdown(socket.SHUT_RDWR)
+                    return
                 if action == "503":
                     self.send_response(503)
                     self.send_header("Content-Type", "application/xml")

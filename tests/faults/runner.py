@@ -95,6 +95,7 @@ PIPELINE_CASES: list[Case] = [
 
 UPLOAD_CASES: list[Case] = [
     Case("s3-drop", "upload.part.2.once", short=True),
+    Case("worker-kill", "upload.part.2.kill"),
     Case("s3-drop", "upload.part.2.outage"),
     Case("s3-503", "upload.part.burst"),
     Case("s3-503", "upload.complete.outage", fatal=True, names=("S3", "SlowDown", "503")),
@@ -414,26 +415,38 @@ def run_upload_case(env: FaultEnv, case: Case, tmp: Path) -> tuple[Result, list[
     result = Result()
     start = time.monotonic()
 
-    def put(prefix: str, *, through: str, fsize: int | None = None) -> tuple[int, str]:
-        proc = subprocess.run(
+    def put(
+        prefix: str, *, through: str, fsize: int | None = None, kill: bool = False
+    ) -> tuple[int, str]:
+        """One upload process; ``kill``: SIGKILLed while the proxy holds one of its parts."""
+        with subprocess.Popen(
             [sys.executable, "-c", _PUT, BUCKET, prefix, through, str(model)],
-            capture_output=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
             text=True,
             env=_env(home),
             preexec_fn=_limit_files(fsize) if fsize else None,
-            timeout=STAGE_LIMIT,
-        )
-        return proc.returncode, proc.stdout + proc.stderr
+        ) as proc:
+            if kill:
+                held = s3.holding.wait(STAGE_LIMIT)
+                proc.kill()
+                s3.release()
+                if not held:
+                    raise AssertionError("the upload never reached the held part")
+            out, _ = proc.communicate(timeout=STAGE_LIMIT)
+            return proc.returncode, out
 
+    s3 = env.s3_proxy
     rc, out = put(f"ref-{case.slug}", through=env.s3)
     assert rc == 0, out
     reference = _stored(env.s3, f"ref-{case.slug}")
-    s3 = env.s3_proxy
     part2 = lambda m, p: m == "PUT" and "partNumber=2" in p  # noqa: E731
     if case.point == "upload.part.2.once":
         s3.rules.append(Rule(part2, "drop"))
     elif case.point == "upload.part.2.outage":
         s3.rules.append(Rule(part2, "drop", times=4))
+    elif case.point == "upload.part.2.kill":
+        s3.rules.append(Rule(part2, "hold"))
     elif case.point == "upload.part.burst":
         s3.rules.append(Rule(lambda m, p: m == "PUT" and "partNumber=" in p, "503", times=2))
     elif case.point == "upload.complete.outage":
@@ -443,7 +456,8 @@ def run_upload_case(env: FaultEnv, case: Case, tmp: Path) -> tuple[Result, list[
     prefix = f"case-{case.slug}"
     for attempt in range(1 + RETRIES):
         armed = attempt == 0 or case.fatal
-        rc, out = put(prefix, through=s3.url, fsize=fsize if armed else None)
+        kill = attempt == 0 and case.fault == "worker-kill"
+        rc, out = put(prefix, through=s3.url, fsize=fsize if armed else None, kill=kill)
         if armed and (fsize or any(a != "pass" for _, _, a in s3.log)):
             result.reached = True
         if not case.fatal or attempt == RETRIES:

@@ -554,6 +554,30 @@ def test_s3_multipart_upload_round_trips(tmp_path: Path, s3_url: str, s3: Any, b
     assert out.read_bytes() == src.read_bytes()
 
 
+def test_s3_put_aborts_the_uploads_a_killed_attempt_left_under_its_entry(
+    tmp_path: Path, s3_url: str, s3: Any, bucket: str
+) -> None:
+    """A process killed mid multipart upload leaves the upload open (S3 keeps and bills its
+    parts); the next put of the same bytes aborts it. Uploads of other entries stay."""
+    store = S3Store(bucket, "mp", endpoint_url=s3_url)
+    src = save_model(tmp_path / "m", seed=12, location=DATA_FILE)
+    sha = sha256_files(model_files(src))
+    left = {}
+    for key in (f"mp/net/1/opt/{sha}/{DATA_FILE}", f"mp/other/1/opt/{'0' * 64}/{DATA_FILE}"):
+        up = s3.create_multipart_upload(Bucket=bucket, Key=key)["UploadId"]
+        s3.upload_part(Bucket=bucket, Key=key, UploadId=up, PartNumber=1, Body=b"x" * 1024)
+        left[key] = up
+
+    stored = store.put_model(src, model="net", version="1", stage="opt")
+
+    open_now = s3.list_multipart_uploads(Bucket=bucket).get("Uploads", [])
+    assert [(u["Key"], u["UploadId"]) for u in open_now] == [
+        (k, v) for k, v in left.items() if "/other/" in k
+    ]
+    assert stored.sha256 == sha
+    np.testing.assert_array_equal(run(store.fetch_model(stored.uri, tmp_path / "out")), run(src))
+
+
 def test_s3_fetch_detects_tampering(tmp_path: Path, s3_url: str, s3: Any, bucket: str) -> None:
     store = S3Store(bucket, endpoint_url=s3_url)
     src = save_model(tmp_path / "m", seed=10, location=DATA_FILE)

@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from graphtrim.stages.staging import scratch, sweep
+from graphtrim.scratch import scratch, sweep
 
 
 def _dead_pid() -> int:
