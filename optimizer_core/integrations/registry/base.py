@@ -177,12 +177,20 @@ class RegistryBase:
             ) from exc
 
     def alias_version(self, name: str, alias: str) -> str | None:
-        from mlflow.exceptions import MlflowException
-
+        """The version ``alias`` points at; None when the model or the alias does not exist.
+        A registry that cannot answer is an error (worth a retry), never "no alias"."""
         try:
-            return str(self.client.get_model_version_by_alias(name, alias).version)
-        except MlflowException:
+            found = self._call(
+                f"alias '{alias}' of registered model '{name}'",
+                self.client.get_model_version_by_alias,
+                name,
+                alias,
+            )
+        except RegistryError as exc:
+            if exc.transient:
+                raise
             return None
+        return str(found.version)
 
     def version_tags(self, name: str, version: str) -> dict[str, str]:
         mv = self._call(
