@@ -6,7 +6,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.graphtrim-installed
 TORCH_PIN := torch==2.13.0
 
-.PHONY: install demo test test-fast faults browser lint typecheck docs docs-serve bench bench-variants bench-tune bench-tune-pool bench-input-cache bench-llm bench-llm-graph bench-llm-pipeline bench-scale bench-nodetests corpus sweep deployment clean
+.PHONY: install demo test test-fast faults browser faketime lint typecheck docs docs-serve bench bench-variants bench-tune bench-tune-pool bench-input-cache bench-llm bench-llm-graph bench-llm-pipeline bench-scale bench-nodetests corpus sweep deployment clean
 
 INSTALL_LOG := build/install.log
 
@@ -46,6 +46,16 @@ browser:
 	        DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null 2>&1; }; }; } || \
 	  echo "no chromium and none installed: the browser tests will fail (apt-get install chromium)"
 
+# the fault suite's clock fault runs a stage on a clock 10 minutes ahead with libfaketime (apt's
+# faketime); installed here when missing and run as root
+faketime:
+	@[ -e /usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1 ] || \
+	  { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
+	    { DEBIAN_FRONTEND=noninteractive apt-get install -y -q faketime >/dev/null 2>&1 || \
+	      { apt-get update -q >/dev/null 2>&1 && \
+	        DEBIAN_FRONTEND=noninteractive apt-get install -y -q faketime >/dev/null 2>&1; }; }; } || \
+	  echo "no libfaketime and none installed: the clock fault tests will fail (apt-get install faketime)"
+
 # the documentation site (mkdocs.yml): strict, so a broken link, a page missing from the nav or
 # a stale API reference fails; the CLI, run-parameter, Helm and benchmark sections are generated
 docs: $(STAMP)
@@ -55,7 +65,7 @@ docs: $(STAMP)
 docs-serve: $(STAMP)
 	MLFLOW_DISABLE_TELEMETRY=true NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs serve --dev-addr 127.0.0.1:8000
 
-test: $(STAMP) lint typecheck docs browser
+test: $(STAMP) lint typecheck docs browser faketime
 	$(PY) -m pytest -q -n 2 --dist loadgroup --durations=25
 
 # the edit loop: everything that needs no server, no venv of its own and no browser, and is not
@@ -66,7 +76,7 @@ test-fast: $(STAMP)
 
 # every fault at every point (tests/faults; `make test` runs one point per fault), and the outcome
 # table the documentation shows (docs/operations/data/faults.json, with the commit and date)
-faults: $(STAMP)
+faults: $(STAMP) faketime
 	GRAPHTRIM_FAULTS=full GRAPHTRIM_FAULTS_PUBLISH=1 $(PY) -m pytest -q tests/faults -m faults
 
 bench: $(STAMP)

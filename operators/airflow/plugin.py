@@ -166,9 +166,15 @@ def signed_headers(headers: Headers, now: float, window: float) -> tuple[str, st
         raise HTTPException(400, "malformed delivery id")
     if not _TIMESTAMP.fullmatch(stamp):
         raise HTTPException(400, "malformed timestamp (whole Unix seconds)")
-    age = abs(now - int(stamp))
-    if not age <= window:
-        raise HTTPException(400, f"stale request ({age:.0f} s old, window {window:.0f} s)")
+    age = now - int(stamp)
+    if not abs(age) <= window:
+        side = "behind" if age > 0 else "ahead of"
+        raise HTTPException(
+            400,
+            f"stale request: its timestamp is {abs(age):.0f} s {side} this server's clock "
+            f"(window {window:.0f} s); when every delivery is refused so, the clocks of MLflow's "
+            "server and this API server differ: synchronize them (NTP)",
+        )
     return delivery, stamp, signature
 
 

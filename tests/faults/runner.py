@@ -45,7 +45,8 @@ class Case:
 
     Attributes:
         fault: what fails (``pg-restart``, ``mlflow-kill``, ``mlflow-answer-lost``,
-            ``s3-503``, ``s3-drop``, ``worker-kill``, ``disk-full``; ``none`` for the reference).
+            ``s3-503``, ``s3-drop``, ``worker-kill``, ``disk-full``, ``clock``; ``none`` for the
+            reference).
         point: where: a :func:`graphtrim.faults.point` name, or what the proxy or the limit
             stands for (``register.create_version.during``: the answer to the create call).
         short: part of the short form (``make test``).
@@ -91,6 +92,10 @@ PIPELINE_CASES: list[Case] = [
     Case("worker-kill", "promote.alias.after"),
     Case("worker-kill", "promote.history.after"),
     Case("disk-full", "quantize.staging", short=True, fatal=True, names=DISK),
+    # the stage's worker runs 10 minutes ahead of the others and of the servers
+    Case("clock", "validate.ahead"),
+    Case("clock", "register.ahead"),
+    Case("clock", "promote.ahead", short=True),
 ]
 
 UPLOAD_CASES: list[Case] = [
@@ -127,6 +132,26 @@ def _env(home: Path) -> dict[str, str]:
     )
     (home / "tmp").mkdir(parents=True, exist_ok=True)
     return env
+
+
+FAKETIME = Path("/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1")
+CLOCK_AHEAD = "+10m"
+
+
+def clock_ahead() -> dict[str, str]:
+    """The environment of a process whose wall clock runs 10 minutes ahead (libfaketime:
+    ``time.time``, ``datetime.now`` and the clocks of every library it loads; the monotonic
+    clock, which measures durations, is left alone)."""
+    if not FAKETIME.exists():
+        raise AssertionError(
+            f"{FAKETIME} is missing: the clock fault needs libfaketime (apt-get install faketime; "
+            "`make test` installs it when run as root)"
+        )
+    return {
+        "LD_PRELOAD": str(FAKETIME),
+        "FAKETIME": CLOCK_AHEAD,
+        "FAKETIME_DONT_FAKE_MONOTONIC": "1",
+    }
 
 
 def _limit_files(size: int) -> Any:
@@ -213,6 +238,8 @@ class PipelineRun:
             env.update(GRAPHTRIM_FAULT_POINT=case.point, GRAPHTRIM_FAULT_ACTION=f"pause:{pause}")
         elif case is not None and case.fault == "worker-kill":
             env.update(GRAPHTRIM_FAULT_POINT=case.point, GRAPHTRIM_FAULT_ACTION="kill")
+        elif case is not None and case.fault == "clock":
+            env.update(clock_ahead())
         if self.broken_key:
             # the variant's identity changes on every attempt, and nothing else finds the version
             # an earlier attempt registered (no lookup by source, variant and sha256)
@@ -249,6 +276,8 @@ class PipelineRun:
                 raise AssertionError(f"{stage} still running after {STAGE_LIMIT} s")
             if env.get("GRAPHTRIM_FAULT_ACTION") == "kill" and proc.returncode == -9:
                 reached = True  # killed at its point
+            if case is not None and case.fault == "clock":
+                reached = True  # the whole stage ran on the clock ahead
         finally:
             if proc.poll() is None:
                 os.killpg(proc.pid, 9)

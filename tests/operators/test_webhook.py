@@ -188,6 +188,27 @@ def test_malformed_headers_are_refused_and_trigger_nothing(
     assert calls == []
 
 
+@pytest.mark.parametrize(("skew", "side"), [(600, "ahead of"), (-600, "behind")])
+def test_a_sender_whose_clock_is_off_by_more_than_the_window_is_told_which_clock(
+    skew: int, side: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """MLflow's server 10 minutes ahead of (or behind) the API server: every delivery is
+    refused (a replay window cannot tell skew from replay) with a line that names the clocks,
+    and nothing is triggered; the registry's own watcher still sees the versions."""
+    from fastapi.testclient import TestClient
+
+    app, calls = _app(monkeypatch)
+    body = _event()
+    stamp = str(int(time.time()) + skew)
+    r = TestClient(app).post(
+        "/mlflow-webhook", content=body, headers=_headers(body, timestamp=stamp)
+    )
+    assert r.status_code == 400, r.text
+    detail = r.json()["detail"]
+    assert f"s {side} this server's clock" in detail and "NTP" in detail, detail
+    assert calls == []
+
+
 @pytest.mark.parametrize("body_mib", [1, 64])
 def test_declared_length_over_the_limit_is_413_before_reading(
     body_mib: int, monkeypatch: pytest.MonkeyPatch
