@@ -32,6 +32,9 @@ from graphtrim.data_check import (
     _check,
     _token_specs,
 )
+from graphtrim.data_check import (
+    check_data as check_data,  # graphtrim.data.check_data, as before it moved
+)
 from graphtrim.npz import READ_ERRORS
 
 Feeds = dict[str, np.ndarray]

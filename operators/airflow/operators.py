@@ -339,3 +339,22 @@ class MlflowAliasPromoteOperator(GraphtrimStageOperator):
 
         target = str(self.stage_input("register").get("target") or "")
         return [(PROMOTED, asset, extra) for asset, extra in promoted_events(record, target)]
+
+
+# names that lived here before the tune operators and the run plan got modules of their own:
+# DAGs that import them from here keep working
+_MOVED = {
+    "TunePlanOperator": "graphtrim.airflow.tune_operators",
+    "TuneTrialOperator": "graphtrim.airflow.tune_operators",
+    "TuneSelectOperator": "graphtrim.airflow.tune_operators",
+    "plan_run": "graphtrim.airflow.run_plan",
+    "variant_table": "graphtrim.airflow.run_plan",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _MOVED:
+        import importlib
+
+        return getattr(importlib.import_module(_MOVED[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

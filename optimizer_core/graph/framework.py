@@ -233,3 +233,13 @@ class Instrument(Protocol):
 
 
 ProgressFn = Callable[[str], None]
+
+
+def __getattr__(name: str) -> Any:
+    # FixedPointDriver moved to graph.driver, which builds on this module: its old import path
+    # is an alias resolved by name when asked for, not a dependency of this module
+    if name == "FixedPointDriver":
+        import importlib
+
+        return importlib.import_module("graphtrim.graph.driver").FixedPointDriver
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -38,6 +38,9 @@ from graphtrim.quantize.weight_settings import (
     WeightOnlySettings,
     _default_opset,
 )
+from graphtrim.quantize.weight_settings import (
+    WeightOnlyError as WeightOnlyError,  # its import path before it moved
+)
 
 logger = logging.getLogger("graphtrim.quantize")
 
