@@ -39,6 +39,15 @@ def lm(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return {"ref": ref, "other": other, "tokens": tokens}
 
 
+@pytest.fixture(scope="module")
+def int8_weight(lm: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The reference's int8 weight-only variant, built once for the tests that judge it (they
+    only read it)."""
+    variant = tmp_path_factory.mktemp("int8-weight") / "int8.onnx"
+    build_variant(lm["ref"], variant, "int8-weight", config=QuantizeConfig())
+    return variant
+
+
 def _policy(**accuracy: float) -> GatePolicy:
     return GatePolicy(
         {
@@ -107,10 +116,9 @@ def test_greedy_through_the_cache_is_greedy_over_whole_prefixes(lm: dict[str, Pa
 
 
 def test_a_weight_only_variant_is_judged_on_perplexity_greedy_and_decode(
-    lm: dict[str, Path], tmp_path: Path
+    lm: dict[str, Path], int8_weight: Path
 ) -> None:
-    variant = tmp_path / "int8.onnx"
-    build_variant(lm["ref"], variant, "int8-weight", config=QuantizeConfig())
+    variant = int8_weight
     specs = input_specs(lm["ref"])
     data = load_npz(lm["tokens"], specs, batch_size=2)
     ev = evaluate(
@@ -175,7 +183,7 @@ def _tracked(monkeypatch: pytest.MonkeyPatch, module: object, name: str) -> list
 
 
 def test_the_fallback_check_never_holds_the_reference_beside_a_candidate(
-    lm: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    lm: dict[str, Path], int8_weight: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The reference runs once, before the first check, and its session goes before a
     candidate's opens: a large decoder's float weights are never in memory twice. The verdict
@@ -183,8 +191,7 @@ def test_the_fallback_check_never_holds_the_reference_beside_a_candidate(
     import graphtrim.runtime
     from graphtrim.gates.accuracy import accuracy_check
 
-    variant = tmp_path / "int8.onnx"
-    build_variant(lm["ref"], variant, "int8-weight", config=QuantizeConfig())
+    variant = int8_weight
     specs = input_specs(lm["ref"])
     data = load_npz(lm["tokens"], specs, batch_size=2)
     policy = _policy(min_cosine=0.9, min_greedy_match=0.5, max_metric_drop=None)
@@ -203,12 +210,11 @@ def test_the_fallback_check_never_holds_the_reference_beside_a_candidate(
 
 
 def test_agreement_runs_the_float_model_then_the_variant(
-    lm: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    lm: dict[str, Path], int8_weight: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from graphtrim.quantize import agreement
 
-    variant = tmp_path / "int8.onnx"
-    build_variant(lm["ref"], variant, "int8-weight", config=QuantizeConfig())
+    variant = int8_weight
     opened = _tracked(monkeypatch, agreement, "_session")
     same = agreement.measure_agreement(lm["ref"], lm["ref"])
     assert same.measured and same.outputs["logits"]["max_abs_error"] == 0
@@ -221,7 +227,7 @@ def test_agreement_runs_the_float_model_then_the_variant(
 
 
 def test_models_too_large_to_hold_together_are_judged_one_session_at_a_time(
-    lm: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    lm: dict[str, Path], int8_weight: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Above ``max_open_bytes`` no two sessions are ever open at once: the reference's outputs
     and greedy continuations are taken first, each variant is judged in its own session, and
@@ -229,8 +235,7 @@ def test_models_too_large_to_hold_together_are_judged_one_session_at_a_time(
     verdicts are the ones measured with every session open together."""
     import sys
 
-    variant = tmp_path / "int8.onnx"
-    build_variant(lm["ref"], variant, "int8-weight", config=QuantizeConfig())
+    variant = int8_weight
     data = load_npz(lm["tokens"], input_specs(lm["ref"]), batch_size=2)
     policy = _policy(min_cosine=0.9, min_greedy_match=0.5, max_metric_drop=None)
     variants = {"int8-weight": variant, "other": lm["other"]}
