@@ -164,9 +164,20 @@ def run_trial(
 
     t0 = time.perf_counter()
     candidate = Candidate.from_json(spec["candidate"])
-    if time.time() > float(spec["deadline"]):
+    late = time.time() - float(spec["deadline"])
+    if late > 0:
         trial = Trial(int(spec["number"]), candidate, int(spec["round"]), str(spec["origin"]))
-        trial.status, trial.error = "skipped", "the search's budget was spent before it started"
+        # the deadline is the planning worker's clock: a worker whose clock runs ahead skips
+        # trials a queue never delayed, so the line says which of the two it may be
+        trial.status, trial.error = (
+            "skipped",
+            (
+                f"the search's budget was spent before it started: this worker's clock reads "
+                f"{late:.0f} s past the round's deadline (the trial waited that long, or this "
+                "worker's clock is ahead of the one that planned the round: the budget is judged by "
+                "the workers' clocks, which must agree)"
+            ),
+        )
         return {"trial": trial.to_json(), "ref_ms": None, "accuracy_s": 0.0, "seconds": 0.0}
     base = dataclasses.replace(config or QuantizeConfig(), tune_device=device)
     search = _Search(

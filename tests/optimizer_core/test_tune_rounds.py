@@ -4,6 +4,7 @@ with the state between the steps as JSON, as an orchestrator runs them over its 
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -182,7 +183,7 @@ def test_a_trial_that_would_start_after_the_deadline_is_not_built(
     state, batch = rounds.plan(
         ["int8-dynamic"], ops, signature="s", settings=SETTINGS, calibration=True
     )
-    spec = {**batch[0], "deadline": time.time() - 1}
+    spec = {**batch[0], "deadline": time.time() - 600}  # or a worker 10 minutes ahead
     out = rounds.run_trial(
         spec,
         digits_task.model,
@@ -195,6 +196,8 @@ def test_a_trial_that_would_start_after_the_deadline_is_not_built(
         settings=SETTINGS,
     )
     assert out["trial"]["status"] == "skipped" and "budget" in out["trial"]["error"]
+    assert re.search(r"\b60\d s past the round's deadline", out["trial"]["error"])
+    assert "clock is ahead" in out["trial"]["error"]  # the one cause a queue does not explain
     assert not list(tmp_path.iterdir())  # nothing built
     state, nxt = rounds.select(state, [out])
     assert nxt == [] and state.kinds["int8-dynamic"].stopped == "budget"
