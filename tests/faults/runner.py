@@ -412,8 +412,11 @@ def _big_model(folder: Path, data_name: str) -> Path:
 
 
 _PUT = """
-import json, sys
+import json, os, sys, uuid
 from graphtrim.integrations.artifacts import S3Store
+if os.environ.get("GRAPHTRIM_TEST_BROKEN_KEY"):  # an entry key that differs on every attempt
+    _locate = S3Store._locate
+    S3Store._locate = lambda self, *a: _locate(self, *a) + "-" + uuid.uuid4().hex[:8]
 store = S3Store(sys.argv[1], sys.argv[2], endpoint_url=sys.argv[3], multipart_threshold=8 << 20,
                 backoff=0.2)
 try:
@@ -433,9 +436,13 @@ def _stored(s3: str, prefix: str) -> dict[str, int]:
     return {o["Key"].removeprefix(prefix + "/"): int(o["Size"]) for o in found}
 
 
-def run_upload_case(env: FaultEnv, case: Case, tmp: Path) -> tuple[Result, list[str]]:
+def run_upload_case(
+    env: FaultEnv, case: Case, tmp: Path, *, broken_key: bool = False
+) -> tuple[Result, list[str]]:
     """``S3Store.put_model`` of a 40 MB model (three parts) through the S3 proxy with the
-    case's fault, retried as a stage would be; compared with the same upload without it."""
+    case's fault, retried as a stage would be; compared with the same upload without it.
+    ``broken_key``: the entry's key differs on every attempt (what a key built from a run id or
+    a clock would do)."""
     import boto3
 
     data_name = "weights.bin" if case.fault == "disk-full" else "model.onnx.data"
@@ -445,7 +452,12 @@ def run_upload_case(env: FaultEnv, case: Case, tmp: Path) -> tuple[Result, list[
     start = time.monotonic()
 
     def put(
-        prefix: str, *, through: str, fsize: int | None = None, kill: bool = False
+        prefix: str,
+        *,
+        through: str,
+        fsize: int | None = None,
+        kill: bool = False,
+        broken: bool = broken_key,
     ) -> tuple[int, str]:
         """One upload process; ``kill``: SIGKILLed while the proxy holds one of its parts."""
         with subprocess.Popen(
@@ -453,7 +465,7 @@ def run_upload_case(env: FaultEnv, case: Case, tmp: Path) -> tuple[Result, list[
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
-            env=_env(home),
+            env={**_env(home), **({"GRAPHTRIM_TEST_BROKEN_KEY": "1"} if broken else {})},
             preexec_fn=_limit_files(fsize) if fsize else None,
         ) as proc:
             if kill:
@@ -466,7 +478,7 @@ def run_upload_case(env: FaultEnv, case: Case, tmp: Path) -> tuple[Result, list[
             return proc.returncode, out
 
     s3 = env.s3_proxy
-    rc, out = put(f"ref-{case.slug}", through=env.s3)
+    rc, out = put(f"ref-{case.slug}", through=env.s3, broken=False)
     assert rc == 0, out
     reference = _stored(env.s3, f"ref-{case.slug}")
     part2 = lambda m, p: m == "PUT" and "partNumber=2" in p  # noqa: E731
@@ -482,7 +494,7 @@ def run_upload_case(env: FaultEnv, case: Case, tmp: Path) -> tuple[Result, list[
         complete = lambda m, p: m == "POST" and "uploadId=" in p  # noqa: E731
         s3.rules.append(Rule(complete, "503", times=10_000))
     fsize = 16 << 20 if case.fault == "disk-full" else None
-    prefix = f"case-{case.slug}"
+    prefix = f"case-{case.slug}" + ("-broken-key" if broken_key else "")
     for attempt in range(1 + RETRIES):
         armed = attempt == 0 or case.fatal
         kill = attempt == 0 and case.fault == "worker-kill"
