@@ -431,9 +431,8 @@ def _token(url: str) -> str:
 
 @pytest.mark.slow
 def test_api_server_serves_the_variants_page_to_signed_in_users_only(api_server: str) -> None:
-    """The plugin's page is in the UI's navigation and answers only a signed-in caller; with
-    no MLflow to read it says so (the page's content is tested against a real registry in the
-    pipeline tests)."""
+    """The plugin's page is in the UI's navigation and answers only a signed-in caller (the
+    page's content is tested against a real registry in the pipeline tests)."""
     import requests
 
     page = f"{api_server}/graphtrim/variants"
@@ -444,6 +443,22 @@ def test_api_server_serves_the_variants_page_to_signed_in_users_only(api_server:
     (view,) = ours["external_views"]
     assert view["href"] == "/graphtrim/variants" and view["destination"] == "nav"
     got = requests.get(page, headers=auth, timeout=60)
-    assert got.status_code == 503, got.text  # this server has no MLflow connection
+    assert got.status_code == 200, got.text
+    assert got.headers["content-type"].startswith("text/html")
+
+
+def test_the_variants_page_says_when_the_registry_cannot_be_read() -> None:
+    from fastapi.testclient import TestClient
+
+    from graphtrim.airflow.plugin import AUTHENTICATED, create_app
+    from graphtrim.errors import GraphtrimError
+
+    def unreadable() -> str:
+        raise GraphtrimError("no MLflow tracking URI (MLFLOW_TRACKING_URI)")
+
+    app = create_app(secret=SECRET, catalog=unreadable)
+    app.dependency_overrides[AUTHENTICATED] = lambda: None  # a signed-in caller
+    got = TestClient(app).get("/variants")
+    assert got.status_code == 503, got.text
     assert "cannot read the MLflow registry" in got.json()["detail"]
     assert "MLFLOW_TRACKING_URI" in got.json()["detail"]
