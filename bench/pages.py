@@ -71,6 +71,11 @@ BENCHES: dict[str, Bench] = {
         "bench.scale:render",
         "about 15 minutes; a Celery deployment on 127.0.0.1 (PostgreSQL, Redis)",
     ),
+    "scale-load": Bench(
+        'make bench-scale BENCH_ARGS="--models 10 --versions 100 --arrival-minutes 4"',
+        "bench.scale_load:render_load",
+        "about 40 minutes; a Celery deployment on 127.0.0.1 (PostgreSQL, Redis)",
+    ),
     "sweep": Bench(
         "make corpus && make sweep",
         "bench.sweep:render",

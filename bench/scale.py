@@ -46,13 +46,14 @@ def _get(api: str, path: str, **params: Any) -> Any:
 
 
 def _stats(xs: list[float]) -> dict[str, float | None]:
+    """Median, mean and the 90th, 95th and 99th percentiles (nearest rank below), rounded."""
     if not xs:
-        return {"median": None, "mean": None, "p90": None, "p95": None}
+        return {"median": None, "mean": None, "p90": None, "p95": None, "p99": None}
+    ordered = sorted(xs)
     return {
         "median": round(statistics.median(xs), 2),
         "mean": round(statistics.fmean(xs), 2),
-        "p90": round(sorted(xs)[int(0.90 * (len(xs) - 1))], 2),
-        "p95": round(sorted(xs)[int(0.95 * (len(xs) - 1))], 2),
+        **{f"p{q}": round(ordered[int(q / 100 * (len(xs) - 1))], 2) for q in (90, 95, 99)},
     }
 
 
@@ -138,48 +139,6 @@ def run_once(executor: str, versions: int, model: Path, root: Path) -> dict[str,
                 print(f"[{executor}] {len(done)}/{versions} runs done", file=sys.stderr, flush=True)
                 time.sleep(10)
             end = max((_ts(r["end_date"]) or 0) for r in runs) if runs else time.time()
-            # the REST API lists each task's downstream tasks only: invert that for upstream
-            upstream: dict[str, list[str]] = {}
-            for u in _get(api, "/api/v2/dags/graphtrim_optimize_model/tasks")["tasks"]:
-                upstream.setdefault(u["task_id"], [])
-                for down in u.get("downstream_task_ids") or []:
-                    upstream.setdefault(down, []).append(u["task_id"])
-            gaps, decide, slot, sched, waits, walls = [], [], [], [], [], []
-            added, stage_cost = [], []  # per stage task: wall minus its own work; + the gap
-            for r in runs:
-                tis = _get(
-                    api,
-                    f"/api/v2/dags/graphtrim_optimize_model/dagRuns/{r['dag_run_id']}/taskInstances",
-                )["task_instances"]
-                compute = _stage_seconds(d["mlflow"], r["dag_run_id"])
-                ends: dict[str, float] = {}
-                for t in tis:
-                    e = _ts(t.get("end_date"))
-                    if e is not None:
-                        ends[t["task_id"]] = max(ends.get(t["task_id"], 0.0), e)
-                for t in tis:
-                    start, stop = _ts(t.get("start_date")), _ts(t.get("end_date"))
-                    if start is None or stop is None:
-                        continue
-                    walls.append(stop - start)
-                    before = [ends[u] for u in upstream.get(t["task_id"], []) if u in ends]
-                    ready = max(before) if before else _ts(r.get("start_date"))
-                    scheduled, queued = _ts(t.get("scheduled_when")), _ts(t.get("queued_when"))
-                    if ready is not None:
-                        gaps.append(start - ready)
-                        if queued is not None:
-                            sched.append(max(0.0, queued - ready))  # the scheduler's part
-                        if scheduled is not None:
-                            decide.append(max(0.0, scheduled - ready))  # its decision
-                    if scheduled is not None and queued is not None:
-                        slot.append(max(0.0, queued - scheduled))  # a free executor slot
-                    if queued is not None:
-                        waits.append(start - queued)  # broker + waiting for a free slot
-                    work = compute.get((t["task_id"], t.get("map_index", -1)))
-                    if work is not None:
-                        added.append(max(0.0, stop - start - work))
-                        if ready is not None:
-                            stage_cost.append(added[-1] + start - ready)
             models = {(r.get("conf") or {}).get("model_name") for r in runs}
             return {
                 "executor": kind,
@@ -189,19 +148,68 @@ def run_once(executor: str, versions: int, model: Path, root: Path) -> dict[str,
                 "duplicates": len(runs) - len(models),
                 "seconds": round(end - t0, 1),
                 "versions_per_hour": round(versions / max(end - t0, 1e-9) * 3600, 1),
-                "ready_to_start_s": _stats(gaps),
-                "ready_to_queued_s": _stats(sched),
-                "ready_to_scheduled_s": _stats(decide),
-                "scheduled_to_queued_s": _stats(slot),
-                "queued_to_start_s": _stats(waits),
-                "task_wall_s": _stats(walls),
-                # what the orchestrator adds to a stage inside its task (process start, DAG
-                # parse, imports not preloaded, XCom) and before it (ready -> start)
-                "stage_task_added_s": _stats(added),
-                "stage_overhead_s": _stats(stage_cost),
-                "stage_tasks": len(added),
-                "tasks": len(walls),
+                **task_figures(api, d["mlflow"], runs),
             }
+
+
+def task_figures(api: str, mlflow_url: str, runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Where the time of the optimize runs' tasks went (seconds, :func:`_stats` each)."""
+    # the REST API lists each task's downstream tasks only: invert that for upstream
+    upstream: dict[str, list[str]] = {}
+    for u in _get(api, "/api/v2/dags/graphtrim_optimize_model/tasks")["tasks"]:
+        upstream.setdefault(u["task_id"], [])
+        for down in u.get("downstream_task_ids") or []:
+            upstream.setdefault(down, []).append(u["task_id"])
+    gaps, decide, slot, sched, waits, walls = [], [], [], [], [], []
+    added, stage_cost = [], []  # per stage task: wall minus its own work; + the gap
+    for r in runs:
+        tis = _get(
+            api,
+            f"/api/v2/dags/graphtrim_optimize_model/dagRuns/{r['dag_run_id']}/taskInstances",
+        )["task_instances"]
+        compute = _stage_seconds(mlflow_url, r["dag_run_id"])
+        ends: dict[str, float] = {}
+        for t in tis:
+            e = _ts(t.get("end_date"))
+            if e is not None:
+                ends[t["task_id"]] = max(ends.get(t["task_id"], 0.0), e)
+        for t in tis:
+            start, stop = _ts(t.get("start_date")), _ts(t.get("end_date"))
+            if start is None or stop is None:
+                continue
+            walls.append(stop - start)
+            before = [ends[u] for u in upstream.get(t["task_id"], []) if u in ends]
+            ready = max(before) if before else _ts(r.get("start_date"))
+            scheduled, queued = _ts(t.get("scheduled_when")), _ts(t.get("queued_when"))
+            if ready is not None:
+                gaps.append(start - ready)
+                if queued is not None:
+                    sched.append(max(0.0, queued - ready))  # the scheduler's part
+                if scheduled is not None:
+                    decide.append(max(0.0, scheduled - ready))  # its decision
+            if scheduled is not None and queued is not None:
+                slot.append(max(0.0, queued - scheduled))  # a free executor slot
+            if queued is not None:
+                waits.append(start - queued)  # broker + waiting for a free slot
+            work = compute.get((t["task_id"], t.get("map_index", -1)))
+            if work is not None:
+                added.append(max(0.0, stop - start - work))
+                if ready is not None:
+                    stage_cost.append(added[-1] + start - ready)
+    return {
+        "ready_to_start_s": _stats(gaps),
+        "ready_to_queued_s": _stats(sched),
+        "ready_to_scheduled_s": _stats(decide),
+        "scheduled_to_queued_s": _stats(slot),
+        "queued_to_start_s": _stats(waits),
+        "task_wall_s": _stats(walls),
+        # what the orchestrator adds to a stage inside its task (process start, DAG
+        # parse, imports not preloaded, XCom) and before it (ready -> start)
+        "stage_task_added_s": _stats(added),
+        "stage_overhead_s": _stats(stage_cost),
+        "stage_tasks": len(added),
+        "tasks": len(walls),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -209,12 +217,40 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--versions", type=int, default=20, help="registered versions (tiny models)")
     p.add_argument("--executor", choices=("celery", "local", "both"), default="both")
     p.add_argument("--out", default="bench/results-scale", help="folder for the JSON results")
+    load = p.add_argument_group("load mode (bench.scale_load; Celery)")
+    load.add_argument(
+        "--models", type=int, help="load mode: the versions arrive as new versions of N models"
+    )
+    load.add_argument("--arrival-minutes", type=float, default=4.0, help="spread of the arrivals")
+    load.add_argument(
+        "--via", default="events,webhook", help="delivery paths: events, webhook or both"
+    )
+    load.add_argument("--watch-interval", type=float, default=5.0, help="registry poll, seconds")
+    load.add_argument("--sample-every", type=float, default=3.0, help="memory / PG samples, s")
+    load.add_argument("--timeout-minutes", type=float, default=60.0, help="give up after")
     publish.add_publish_argument(p)
     args = p.parse_args(argv)
+    if args.models is not None and not set(args.via.split(",")) <= {"events", "webhook"}:
+        p.error("--via takes events, webhook or events,webhook")
     work = deployment_work("graphtrim-scale-")
     from graphtrim.examples.digits import make_digits_task
 
     task = make_digits_task(work / "digits", epochs=2)
+    if args.models is not None:
+        from bench.scale_load import render_load, run_load
+
+        res = run_load(args, task.model, work / "load")
+        print(json.dumps(res, indent=2))
+        stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+        publish.write(
+            Path(args.out) / f"scale-load-{stamp}.json",
+            "scale-load",
+            res,
+            args,
+            publish=args.publish,
+        )
+        print(render_load(res))
+        return 0
     results = []
     for executor in ("celery", "local") if args.executor == "both" else (args.executor,):
         res = run_once(executor, args.versions, task.model, work / executor)

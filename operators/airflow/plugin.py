@@ -2,7 +2,12 @@
 
 ``POST /graphtrim/mlflow-webhook`` accepts MLflow's ``model_version.created`` and
 ``model_version_alias.created`` events and triggers the optimize DAG
-(``$GRAPHTRIM_WEBHOOK_DAG``, default ``graphtrim_optimize_model``) with the version in ``conf``.
+(``$GRAPHTRIM_WEBHOOK_DAG``, default ``graphtrim_optimize_model``) for the version, with the conf
+and the run id that the registry events and the registry scan give the same work
+(``graphtrim.stages.scan.conf_for``: the registered model's ``graphtrim.*`` tags, and the
+run id ``run_key``). Whichever of them sees a version first starts its run; the others are
+refused by Airflow's unique run id, so a version is never optimized twice. While the registry
+cannot be read the event gets 503 (MLflow delivers it again).
 
 Every request must be signed as MLflow signs them: ``X-MLflow-Signature: v1,<base64
 HMAC-SHA256>`` over ``<delivery id>.<timestamp>.<body>`` with the shared secret
@@ -13,8 +18,8 @@ of ``A-Z a-z 0-9 . _ -`` (and no ``..``) gets 400. The body is then read in chun
 at most ``$GRAPHTRIM_WEBHOOK_MAX_BYTES`` (1 MiB; MLflow's events are a few hundred bytes): a
 larger ``Content-Length``, or a body that grows past it, gets 413 and is not read further. A
 signature that does not match gets 401. None of these triggers anything. A delivery id seen before
-is acknowledged and ignored: the DAG run's id is derived from it, so even a replay that reaches
-another API server replica triggers nothing new.
+is acknowledged and ignored; a replay that reaches another API server replica triggers nothing
+new either (the run id is the version's).
 
 Versions that graphtrim registered itself (its variants, tagged ``graphtrim.variant`` /
 ``graphtrim.key``) trigger nothing (``{"status": "skipped"}``, one log line), or every variant
@@ -55,6 +60,7 @@ logger = logging.getLogger("graphtrim.webhook")
 EVENTS = {("model_version", "created"), ("model_version_alias", "created")}
 TriggerFn = Callable[[str, str, dict[str, Any]], str]
 TagsFn = Callable[[str, str], Mapping[str, str]]
+RunFn = Callable[[str, str], Mapping[str, Any]]
 ALLOW_ENV = "GRAPHTRIM_ALLOW_VARIANT_SOURCE"
 MAX_BYTES_ENV = "GRAPHTRIM_WEBHOOK_MAX_BYTES"
 MAX_AGE_ENV = "GRAPHTRIM_WEBHOOK_MAX_AGE"
@@ -78,6 +84,8 @@ def sign(secret: str, delivery_id: str, timestamp: str, body: bytes) -> str:
 
 def airflow_trigger(dag_id: str, run_id: str, conf: dict[str, Any]) -> str:
     """Create a DAG run in the metadata database (the API server's own access)."""
+    from sqlalchemy.exc import IntegrityError
+
     from airflow.api.common.trigger_dag import trigger_dag
     from airflow.exceptions import DagRunAlreadyExists
     from airflow.utils.types import DagRunTriggeredByType
@@ -87,6 +95,8 @@ def airflow_trigger(dag_id: str, run_id: str, conf: dict[str, Any]) -> str:
             dag_id, triggered_by=DagRunTriggeredByType.REST_API, run_id=run_id, conf=conf
         )
     except DagRunAlreadyExists as exc:
+        raise AlreadyTriggered(run_id) from exc
+    except IntegrityError as exc:  # created meanwhile by the registry events (or a replica)
         raise AlreadyTriggered(run_id) from exc
     return str(run.run_id) if run is not None else run_id
 
@@ -98,6 +108,24 @@ def mlflow_version_tags(name: str, version: str) -> dict[str, str]:
     conn = os.environ.get("GRAPHTRIM_WEBHOOK_MLFLOW_CONN", MlflowRegistryHook.default_conn_name)
     client = MlflowRegistryHook(conn).get_client()  # the connection's token, in this client only
     return dict(client.get_model_version(name, str(version)).tags or {})
+
+
+def registry_run(name: str, version: str) -> dict[str, Any]:
+    """``{"conf", "run_id"}`` of the optimize run for a version, as the registry events and the
+    registry scan compute them (:func:`graphtrim.stages.scan.conf_for`), through the webhook's
+    MLflow connection; the S3 connection only where the model's tags name data files (their
+    hashes are part of the config)."""
+    from graphtrim.airflow.context import stage_context
+    from graphtrim.airflow.hooks import MlflowRegistryHook
+    from graphtrim.stages.context import DATA_KEYS
+    from graphtrim.stages.scan import T, conf_for
+
+    conn = os.environ.get("GRAPHTRIM_WEBHOOK_MLFLOW_CONN", MlflowRegistryHook.default_conn_name)
+    ctx = stage_context(".", mlflow_conn_id=conn, s3_connection=False)
+    tags = dict(ctx.registry().client.get_registered_model(name).tags or {})
+    if any(tags.get(T + key) for key in DATA_KEYS):
+        ctx = stage_context(".", mlflow_conn_id=conn, s3_connection=True)
+    return conf_for(ctx, name, version, tags)
 
 
 def variants_page() -> str:
@@ -228,9 +256,11 @@ def create_app(
     version_tags: TagsFn | None = None,
     max_bytes: int | None = None,
     catalog: Callable[[], str] | None = None,
+    run_for: RunFn | None = None,
 ) -> FastAPI:
     """The webhook receiver. Arguments left out come from the environment (see the module);
-    ``version_tags`` reads a version's tags when the event does not carry them;
+    ``version_tags`` reads a version's tags when the event does not carry them; ``run_for``
+    gives a version's run conf and id (:func:`registry_run`);
     ``catalog`` renders ``GET /variants`` (signed-in callers only; :func:`variants_page`).
 
     Raises:
@@ -243,6 +273,7 @@ def create_app(
         else _truthy(os.environ.get(ALLOW_ENV))
     )
     tags_of = version_tags or mlflow_version_tags
+    run_of = run_for or registry_run
     page_fn = catalog or variants_page
     dag = dag_id or os.environ.get("GRAPHTRIM_WEBHOOK_DAG", "graphtrim_optimize_model")
     window = _setting(MAX_AGE_ENV, max_age, 300.0)
@@ -289,7 +320,14 @@ def create_app(
             if skip is not None:
                 logger.info(skip)
                 return {"status": "skipped", "reason": skip}
-        run_id = f"mlflow_webhook__{delivery}"
+        name, version = conf["model_name"], conf["version"]
+        try:  # the work's own run id, shared with the registry events and scan
+            found = await run_in_threadpool(run_of, name, version)
+        except Exception as exc:
+            logger.warning("cannot read the registry for %s v%s: %s", name, version, redact(exc))
+            raise HTTPException(503, f"cannot read the registry for {name} v{version}") from exc
+        conf = {**found["conf"], **conf}
+        run_id = str(found["run_id"])
         try:
             run_id = fire(dag, run_id, conf)
             status = "triggered"

@@ -266,7 +266,12 @@ def test_webhook_triggers_one_run_and_refuses_bad_requests(serialized_dags: str)
 
     secret = "s3cret"
     dag_id = "graphtrim_optimize_model"
-    client = TestClient(create_app(secret=secret, dag_id=dag_id))
+    token = uuid.uuid4().hex
+
+    def run_for(name: str, version: str) -> dict[str, Any]:  # the version's run, no registry
+        return {"conf": {"model_name": name, "version": version}, "run_id": f"{token}__v{version}"}
+
+    client = TestClient(create_app(secret=secret, dag_id=dag_id, run_for=run_for))
     event = {
         "entity": "model_version",
         "action": "created",
@@ -284,13 +289,14 @@ def test_webhook_triggers_one_run_and_refuses_bad_requests(serialized_dags: str)
     ok = _post(client, secret, event, delivery=delivery)
     assert ok.status_code == 200, ok.text
     assert ok.json()["status"] == "triggered"
-    runs = [r for r in _runs(dag_id) if r.run_id == f"mlflow_webhook__{delivery}"]
+    runs = [r for r in _runs(dag_id) if r.run_id == f"{token}__v7"]
     assert len(runs) == 1
     assert runs[0].conf == {"model_name": "digits", "version": "7"}
 
-    # replayed delivery id: acknowledged, nothing new (also from a fresh app: the run id is durable)
+    # replayed delivery id: acknowledged, nothing new (also from a fresh app: the run id is the
+    # version's, durable)
     assert _post(client, secret, event, delivery=delivery).json()["status"] == "duplicate"
-    fresh = TestClient(create_app(secret=secret, dag_id=dag_id))
+    fresh = TestClient(create_app(secret=secret, dag_id=dag_id, run_for=run_for))
     assert _post(fresh, secret, event, delivery=delivery).json()["status"] == "duplicate"
     # bad signature, unsigned, stale, malformed timestamp: refused
     assert _post(client, secret, event, signature="v1,AAAA").status_code == 401
@@ -317,6 +323,8 @@ def test_webhook_passes_over_graphtrim_variants_unless_allowed(
     from mlflow import MlflowClient
 
     from graphtrim.airflow.plugin import create_app
+    from graphtrim.stages.context import StageContext
+    from graphtrim.stages.scan import conf_for
 
     tracking = servers["mlflow"]
     # the API server reads tags the event lacks through this connection
@@ -355,17 +363,19 @@ def test_webhook_passes_over_graphtrim_variants_unless_allowed(
     assert len(_runs(dag_id)) == before
     assert len(_skips(caplog, name, variant)) == 2  # one line per skipped event
     assert "GRAPHTRIM_ALLOW_VARIANT_SOURCE=true to optimize it" in _skips(caplog, name, variant)[0]
-    # an alias on a source version triggers as before
+    # an alias on a source version triggers as before, the run the registry events would start
     r = _post(client, secret, {**alias, "data": {**alias["data"], "version": source}})
     assert r.json()["status"] == "triggered", r.json()
-    assert r.json()["conf"] == {"model_name": name, "version": source}
+    ctx = StageContext(tracking, ".")
+    assert r.json()["run_id"] == conf_for(ctx, name, source)["run_id"]
+    assert r.json()["conf"] == conf_for(ctx, name, source)["conf"]
     # allowed (argument or $GRAPHTRIM_ALLOW_VARIANT_SOURCE): the run takes the variant on purpose
     monkeypatch.setenv("GRAPHTRIM_ALLOW_VARIANT_SOURCE", "true")
     allowed = TestClient(create_app(secret=secret, dag_id=dag_id))
     r = _post(allowed, secret, created)
     assert r.json()["status"] == "triggered", r.json()
     run = [x for x in _runs(dag_id) if x.run_id == r.json()["run_id"]]
-    assert run[0].conf == {"model_name": name, "version": variant, "allow_variant_source": True}
+    assert run[0].conf == {**conf_for(ctx, name, variant)["conf"], "allow_variant_source": True}
     assert len(_runs(dag_id)) == before + 2
 
 
@@ -564,6 +574,49 @@ def test_registry_events_operator_triggers_each_version_of_its_events_once(
         },
     ]
     assert op.execute({"triggering_asset_events": None}) == []
+
+
+def test_webhook_and_registry_events_give_a_version_one_run(
+    serialized_dags: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A version that both the webhook and the registry events deliver is one optimize run: the
+    webhook triggers the run id (and conf) that the events path computes for it, so whichever
+    comes second is refused by Airflow's unique run id instead of optimizing it twice."""
+    import types
+
+    from fastapi.testclient import TestClient
+
+    from graphtrim.airflow.plugin import create_app
+    from graphtrim.airflow.registry import event_trigger_arguments
+    from graphtrim.stages.context import StageContext
+
+    tracking, (v1, _) = _watched_models(tmp_path, monkeypatch)
+    # the webhook reads the registry through $MLFLOW_TRACKING_URI (no connection named)
+    for name in ("AIRFLOW_CONN_MLFLOW_DEFAULT", "GRAPHTRIM_WEBHOOK_MLFLOW_CONN"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.delenv("GRAPHTRIM_ALLOW_VARIANT_SOURCE", raising=False)
+    dag_id = "graphtrim_optimize_model"
+    event = types.SimpleNamespace(extra={"payload": {"name": "watched", "version": v1}})
+    [events_run] = event_trigger_arguments(StageContext(tracking, "."), {"registry": [event]})
+    client = TestClient(create_app(secret="s", dag_id=dag_id))
+    created = {
+        "entity": "model_version",
+        "action": "created",
+        "timestamp": int(time.time()),
+        "data": {"name": "watched", "version": v1, "source": "models:/m-1", "tags": {}},
+    }
+    r = _post(client, "s", created)
+    assert r.status_code == 200, r.text
+    assert r.json()["status"] == "triggered", r.json()
+    assert r.json()["run_id"] == events_run["trigger_run_id"]
+    [run] = [x for x in _runs(dag_id) if x.run_id == events_run["trigger_run_id"]]
+    assert run.conf == events_run["conf"]  # the model's graphtrim.* tags, as the events read them
+    # another delivery of the same version (an alias event, a redelivery) starts nothing new
+    again = _post(client, "s", created)
+    assert again.json()["status"] == "duplicate", again.json()
+    assert [x.run_id for x in _runs(dag_id) if x.conf.get("model_name") == "watched"] == [
+        events_run["trigger_run_id"]
+    ]
 
 
 @pytest.mark.timeout(1800)  # only against a hang: four pipeline runs on a busy machine

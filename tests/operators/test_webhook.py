@@ -39,6 +39,14 @@ def _app(monkeypatch: pytest.MonkeyPatch, **kw: Any) -> tuple[Any, list[Any]]:
         return run_id
 
     kw.setdefault("secret", SECRET)
+    # the version's run as the registry events would compute it, without a registry
+    kw.setdefault(
+        "run_for",
+        lambda name, version: {
+            "conf": {"model_name": name, "version": version},
+            "run_id": f"graphtrim__{name}__v{version}",
+        },
+    )
     return create_app(trigger=trigger, **kw), calls
 
 
@@ -244,7 +252,7 @@ def test_signed_events_still_trigger_in_any_chunking(monkeypatch: pytest.MonkeyP
     headers = _headers(body)
     r = client.post("/mlflow-webhook", content=pieces(), headers=headers)
     assert r.status_code == 200, r.text
-    assert [c[1] for c in calls][-1] == f"mlflow_webhook__{headers['X-MLflow-Delivery-Id']}"
+    assert [c[1] for c in calls][-1] == "graphtrim__digits__v7"
     assert len(calls) == 2
     # one byte more than signed: the signature no longer matches
     r = client.post("/mlflow-webhook", content=body[:-1] + b" ", headers=_headers(body))
@@ -276,11 +284,13 @@ def test_bad_limits_in_the_environment_are_refused(
 
 
 @pytest.fixture(scope="module")
-def api_server(airflow_db: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def api_server(
+    airflow_db: str, servers: dict[str, str], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[str]:
     """``airflow api-server`` (one worker) on 127.0.0.1 with this process's Airflow database,
-    the repository's DAGs serialized and the webhook secret set, and no MLflow registry (a
-    tracking URI that other tests leave in this process's environment is not passed on);
-    stopped by PID."""
+    the repository's DAGs serialized and the webhook secret set, reading the registry of the
+    session's MLflow server through the connection ``mlflow_webhook`` alone (a tracking URI
+    that other tests leave in this process's environment is not passed on); stopped by PID."""
     from tests.servers import airflow_api_server
 
     env = {
@@ -288,7 +298,14 @@ def api_server(airflow_db: str, tmp_path_factory: pytest.TempPathFactory) -> Ite
         for k, v in os.environ.items()
         if not k.startswith("MLFLOW_TRACKING_") and k != "AIRFLOW_CONN_MLFLOW_DEFAULT"
     }
-    env.update(GRAPHTRIM_WEBHOOK_SECRET=SECRET, GRAPHTRIM_ALLOW_VARIANT_SOURCE="")
+    env.update(
+        GRAPHTRIM_WEBHOOK_SECRET=SECRET,
+        GRAPHTRIM_ALLOW_VARIANT_SOURCE="",
+        GRAPHTRIM_WEBHOOK_MLFLOW_CONN="mlflow_webhook",
+        AIRFLOW_CONN_MLFLOW_WEBHOOK=json.dumps(
+            {"conn_type": "graphtrim_mlflow", "host": servers["mlflow"]}
+        ),
+    )
     log = tmp_path_factory.mktemp("api-server") / "api-server.log"
     with airflow_api_server(env, log, deadline=180) as url:
         yield url
@@ -376,14 +393,20 @@ def test_api_server_refuses_large_unsigned_bodies_unread(api_server: str) -> Non
 
 
 @pytest.mark.slow
-def test_api_server_triggers_signed_events_and_refuses_bad_ones(api_server: str) -> None:
-    """Through the real API server and its metadata database: a signed event makes one DAG run;
-    a ``..`` delivery id, a non-ASCII signature and a ``nan`` timestamp (each otherwise signed)
-    get 400/401 and make none."""
+def test_api_server_triggers_signed_events_and_refuses_bad_ones(
+    api_server: str, servers: dict[str, str]
+) -> None:
+    """Through the real API server and its metadata database: a signed event makes one DAG run,
+    under the run id the registry events give the version; a ``..`` delivery id, a non-ASCII
+    signature and a ``nan`` timestamp (each otherwise signed) get 400/401 and make none."""
     import requests
     from airflow.models.dagrun import DagRun
     from airflow.utils.session import create_session
+    from mlflow import MlflowClient
     from sqlalchemy import func, select
+
+    from graphtrim.stages.context import PipelineConfig
+    from graphtrim.stages.scan import run_key
 
     def runs() -> int:
         with create_session() as session:
@@ -402,12 +425,14 @@ def test_api_server_triggers_signed_events_and_refuses_bad_ones(api_server: str)
         r = requests.post(endpoint, data=body, headers=_headers(body, **over), timeout=60)
         assert r.status_code == status, (over, r.status_code, r.text)
     assert runs() == before
-    body = _event()
-    headers = _headers(body)
-    r = requests.post(endpoint, data=body, headers=headers, timeout=60)
+    name = f"hooked-{uuid.uuid4().hex[:6]}"
+    MlflowClient(servers["mlflow"], servers["mlflow"]).create_registered_model(name)
+    event = {**EVENT, "timestamp": int(time.time())}
+    body = json.dumps({**event, "data": {**EVENT["data"], "name": name}}).encode()
+    r = requests.post(endpoint, data=body, headers=_headers(body), timeout=60)
     assert r.status_code == 200, r.text
     assert r.json()["status"] == "triggered"
-    assert r.json()["run_id"] == f"mlflow_webhook__{headers['X-MLflow-Delivery-Id']}"
+    assert r.json()["run_id"] == run_key(name, "7", PipelineConfig().config_hash)
     assert runs() == before + 1
 
 
@@ -427,9 +452,8 @@ def _token(url: str) -> str:
 
 @pytest.mark.slow
 def test_api_server_serves_the_variants_page_to_signed_in_users_only(api_server: str) -> None:
-    """The plugin's page is in the UI's navigation and answers only a signed-in caller; with
-    no MLflow to read it says so (the page's content is tested against a real registry in the
-    pipeline tests)."""
+    """The plugin's page is in the UI's navigation and answers only a signed-in caller (the
+    page's content is tested against a real registry in the pipeline tests)."""
     import requests
 
     page = f"{api_server}/graphtrim/variants"
@@ -440,6 +464,22 @@ def test_api_server_serves_the_variants_page_to_signed_in_users_only(api_server:
     (view,) = ours["external_views"]
     assert view["href"] == "/graphtrim/variants" and view["destination"] == "nav"
     got = requests.get(page, headers=auth, timeout=60)
-    assert got.status_code == 503, got.text  # this server has no MLflow connection
+    assert got.status_code == 200, got.text
+    assert got.headers["content-type"].startswith("text/html")
+
+
+def test_the_variants_page_says_when_the_registry_cannot_be_read() -> None:
+    from fastapi.testclient import TestClient
+
+    from graphtrim.airflow.plugin import AUTHENTICATED, create_app
+    from graphtrim.errors import GraphtrimError
+
+    def unreadable() -> str:
+        raise GraphtrimError("no MLflow tracking URI (MLFLOW_TRACKING_URI)")
+
+    app = create_app(secret=SECRET, catalog=unreadable)
+    app.dependency_overrides[AUTHENTICATED] = lambda: None  # a signed-in caller
+    got = TestClient(app).get("/variants")
+    assert got.status_code == 503, got.text
     assert "cannot read the MLflow registry" in got.json()["detail"]
     assert "MLFLOW_TRACKING_URI" in got.json()["detail"]
