@@ -137,13 +137,24 @@ def _module_name() -> str:
 
 def envelope(name: str, results: Any, args: argparse.Namespace | None = None) -> dict[str, Any]:
     """``results`` of benchmark ``name`` with where and how they were measured."""
-    given = {k: v for k, v in vars(args).items() if k != "publish"} if args else {}
+    given = {k: _in_repo(v) for k, v in vars(args).items() if k != "publish"} if args else {}
     return {
         "bench": name,
         "provenance": provenance(),
         "args": json.loads(json.dumps(given, default=str)),
         "results": results,
     }
+
+
+def _in_repo(value: Any) -> Any:
+    """A path argument inside the checkout, relative to it: the published JSON names no folder
+    of the machine it was measured on."""
+    if isinstance(value, Path) or (isinstance(value, str) and Path(value).is_absolute()):
+        try:
+            return Path(value).resolve().relative_to(REPO).as_posix()
+        except (ValueError, OSError):
+            return str(value)
+    return value
 
 
 def write(
