@@ -76,6 +76,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "graphtrim.hashing",
             "graphtrim.faults",
             "graphtrim.scratch",
+            "graphtrim.lazy",
             "graphtrim.dtypes",
             "graphtrim.run_params",
         ),

@@ -36,6 +36,7 @@ from graphtrim.airflow.placement import (
 )
 from graphtrim.airflow.signals import fatal_signals_end_the_process
 from graphtrim.errors import GraphtrimError
+from graphtrim.lazy import lazy_attributes
 from graphtrim.redact import redact
 from graphtrim.stages import record_arg
 
@@ -352,9 +353,4 @@ _MOVED = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    if name in _MOVED:
-        import importlib
-
-        return getattr(importlib.import_module(_MOVED[name]), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_attributes(__name__, _MOVED)

@@ -18,6 +18,7 @@ import onnx_ir as ir
 
 from graphtrim.errors import GraphtrimError
 from graphtrim.graph import _ir_utils as u
+from graphtrim.lazy import lazy_attributes
 
 TARGETS = ("portable", "ort-cpu", "ort-cuda", "tensorrt")
 
@@ -234,12 +235,6 @@ class Instrument(Protocol):
 
 ProgressFn = Callable[[str], None]
 
-
-def __getattr__(name: str) -> Any:
-    # FixedPointDriver moved to graph.driver, which builds on this module: its old import path
-    # is an alias resolved by name when asked for, not a dependency of this module
-    if name == "FixedPointDriver":
-        import importlib
-
-        return importlib.import_module("graphtrim.graph.driver").FixedPointDriver
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+# FixedPointDriver moved to graph.driver, which builds on this module: its old import path is an
+# alias resolved by name when asked for, not a dependency of this module
+__getattr__ = lazy_attributes(__name__, {"FixedPointDriver": "graphtrim.graph.driver"})

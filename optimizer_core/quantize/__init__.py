@@ -10,9 +10,7 @@ is rebuilt, within a budget of attempts.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
-
+from graphtrim.lazy import lazy_attributes
 from graphtrim.quantize.kinds import VARIANTS
 
 # imported on first use: the variant table (``kinds``) is read where numpy and onnx are not
@@ -26,11 +24,7 @@ _LAZY = {
     "build_variant": "graphtrim.quantize.build",
 }
 
-
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_attributes(__name__, _LAZY)
 
 
 __all__ = [

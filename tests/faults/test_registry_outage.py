@@ -9,7 +9,7 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +50,25 @@ def _failing(proxy: Proxy, request: str) -> None:
     )
 
 
+def _refused(proxy: Proxy, request: str, call: Callable[[], Any]) -> Any:
+    """The registry error ``call`` raises while the tracking server answers ``request`` 503."""
+    from graphtrim.integrations.registry import RegistryError
+
+    _failing(proxy, request)
+    try:
+        with pytest.raises(RegistryError) as raised:
+            call()
+        assert any(a == "503" for _, _, a in proxy.log), proxy.log  # the fault was met
+    finally:
+        proxy.clear()
+    return raised.value
+
+
+def _name(kind: str, request: str) -> str:
+    method, path = request.split(" ", 1)
+    return f"{kind}-{path.rsplit('/', 1)[-1]}-{method.lower()}"
+
+
 def _model(url: str, name: str, versions: int, promoted: int) -> Any:
     """``name`` with ``versions`` versions, the champion alias moved to 1 .. ``promoted``."""
     from mlflow import MlflowClient
@@ -81,19 +100,17 @@ def _state(client: Any, name: str) -> dict[str, Any]:
 def test_a_promotion_meeting_an_outage_fails_for_a_retry_and_the_retry_completes_it(
     tracking: tuple[str, Proxy], request_: str
 ) -> None:
-    from graphtrim.integrations.registry import Registry, RegistryError
+    from graphtrim.integrations.registry import Registry
 
     url, proxy = tracking
-    name = f"promote-{request_.split()[-1].rsplit('/', 1)[-1]}-{request_.split()[0].lower()}"
+    name = _name("promote", request_)
     client = _model(url, name, versions=2, promoted=1)
-    _failing(proxy, request_)
-    try:
-        with pytest.raises(RegistryError) as raised:
-            Registry(proxy.url).move_alias(name, "champion", "2", why="new", who="ci")
-        assert any(a == "503" for _, _, a in proxy.log), proxy.log  # the fault was met
-    finally:
-        proxy.clear()
-    assert raised.value.transient, raised.value  # the orchestrator retries it
+    error = _refused(
+        proxy,
+        request_,
+        lambda: Registry(proxy.url).move_alias(name, "champion", "2", why="new", who="ci"),
+    )
+    assert error.transient, error  # the orchestrator retries it
     assert _state(client, name)["alias"] == {"champion": "1"}  # not moved yet
     assert Registry(proxy.url).move_alias(name, "champion", "2", why="new", who="ci") == "1"
     assert _state(client, name) == {
@@ -108,19 +125,16 @@ def test_a_promotion_meeting_an_outage_fails_for_a_retry_and_the_retry_completes
 def test_a_rollback_meeting_an_outage_fails_for_a_retry_and_rolls_back_once(
     tracking: tuple[str, Proxy], request_: str
 ) -> None:
-    from graphtrim.integrations.registry import Registry, RegistryError
+    from graphtrim.integrations.registry import Registry
 
     url, proxy = tracking
-    name = f"rollback-{request_.split()[-1].rsplit('/', 1)[-1]}-{request_.split()[0].lower()}"
+    name = _name("rollback", request_)
     client = _model(url, name, versions=3, promoted=3)
-    _failing(proxy, request_)
-    try:
-        with pytest.raises(RegistryError) as raised:
-            Registry(proxy.url).rollback(name, "champion", why="bad", who="ci")
-    finally:
-        proxy.clear()
-    assert raised.value.transient, raised.value
-    assert "no alias" not in str(raised.value)
+    error = _refused(
+        proxy, request_, lambda: Registry(proxy.url).rollback(name, "champion", why="bad", who="ci")
+    )
+    assert error.transient, error
+    assert "no alias" not in str(error)
     assert Registry(proxy.url).rollback(name, "champion", why="bad", who="ci") == ("3", "2")
     assert _state(client, name) == {
         "alias": {"champion": "2"},
