@@ -66,12 +66,12 @@ docs-serve: $(STAMP)
 	MLFLOW_DISABLE_TELEMETRY=true NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs serve --dev-addr 127.0.0.1:8000
 
 test: $(STAMP) lint typecheck docs browser faketime
-	$(PY) -m pytest -q -n 2 --dist loadgroup --durations=25
+	$(PY) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder --durations=25
 
 # the edit loop: everything that needs no server, no venv of its own and no browser, and is not
 # slow (tests/tiers.py fails a test here that starts one of those without its marker)
 test-fast: $(STAMP)
-	GRAPHTRIM_TEST_TIER=fast $(PY) -m pytest -q -n 2 --dist loadgroup \
+	GRAPHTRIM_TEST_TIER=fast $(PY) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder \
 	  -m "not slow and not server and not venv and not browser"
 
 # every fault at every point (tests/faults; `make test` runs one point per fault), and the outcome

@@ -98,14 +98,24 @@ def airflow_db() -> str:
 
 @pytest.hookimpl(tryfirst=True)  # before ``-m`` deselects by the markers added here
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The tests marked ``early`` (minutes of installs, sharing nothing with the others) first:
-    the workers take tests in this order, so the long ones overlap the rest of the run instead
-    of leaving one worker busy at its end. The order is otherwise the collection's. A test
-    asking for a server fixture is marked ``server`` (:mod:`tests.tiers`)."""
+    """The modules marked ``early`` first, the longest (``early(minutes)``) before the others.
+
+    ``make test`` hands each worker whole files (``--dist loadfile``, in this order), so a
+    module's fixtures are built once, and the long modules run side by side from the start
+    instead of one of them trailing the run on one worker. The order is otherwise the
+    collection's. A test asking for a server fixture is marked ``server`` (:mod:`tests.tiers`).
+    """
     for item in items:
         if SERVER_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.server)
-    items.sort(key=lambda item: item.get_closest_marker("early") is None)
+
+    def order(item: pytest.Item) -> tuple[bool, float]:
+        early = item.get_closest_marker("early")
+        if early is None:
+            return (True, 0.0)
+        return (False, -float(early.args[0]) if early.args else 0.0)
+
+    items.sort(key=order)
 
 
 # counts that tests append here (one JSON object a line, under .test-artifacts/), printed as

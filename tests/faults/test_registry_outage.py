@@ -18,7 +18,7 @@ import pytest
 from tests.faults.harness import Proxy, Rule
 from tests.servers import mlflow_server
 
-pytestmark = [pytest.mark.faults, pytest.mark.server, pytest.mark.xdist_group("outage")]
+pytestmark = [pytest.mark.faults, pytest.mark.server]
 
 ALIAS_GET = "GET /api/2.0/mlflow/registered-models/alias"
 ALIAS_SET = "POST /api/2.0/mlflow/registered-models/alias"

@@ -21,7 +21,7 @@ import pytest
 from graphtrim.examples.digits import DigitsTask
 from tests.servers import register_onnx
 
-pytestmark = [pytest.mark.xdist_group("mlflow"), pytest.mark.slow]
+pytestmark = [pytest.mark.slow]
 
 
 def _register_variant(tracking: str, name: str, of_version: str, variant: str) -> str:

@@ -17,6 +17,8 @@ from graphtrim.examples.digits import DigitsTask
 from tests.conftest import BUCKET, REPO
 from tests.servers import register_onnx
 
+pytestmark = pytest.mark.early(2.5)
+
 
 def test_provider_entry_point_and_info_match_airflow_schema() -> None:
     import jsonschema
@@ -303,7 +305,6 @@ def _optimize_dag(servers: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> A
 
 
 @pytest.mark.slow
-@pytest.mark.xdist_group("mlflow")
 def test_optimize_dag_through_airflow_with_mlflow_server_and_s3(
     servers: dict[str, str],
     airflow_db: str,
@@ -429,7 +430,6 @@ def test_optimize_dag_through_airflow_with_mlflow_server_and_s3(
 
 
 @pytest.mark.slow
-@pytest.mark.xdist_group("mlflow")
 def test_a_settings_search_runs_a_task_per_trial_over_the_workers(
     servers: dict[str, str],
     airflow_db: str,

@@ -28,7 +28,7 @@ import pytest
 from tests.helpers import tiny_onnx
 from tests.servers import mlflow_server, moto_server
 
-pytestmark = [pytest.mark.xdist_group("mlflow"), pytest.mark.slow]
+pytestmark = [pytest.mark.slow]
 
 pytest.importorskip("airflow")
 pytest.importorskip("mlflow")

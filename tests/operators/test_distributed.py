@@ -17,8 +17,8 @@ from tests.servers import fake_aws_credentials, http_session, moto_server, regis
 
 # the deadlines below only guard against a hang; the test limit is above their sum
 pytestmark = [
+    pytest.mark.early(6),
     pytest.mark.slow,
-    pytest.mark.xdist_group("distributed"),
     pytest.mark.timeout(3600),
 ]
 
@@ -90,74 +90,23 @@ def run_dag(
     return {"run_id": run_id, "state": state, "tis": tis}
 
 
-def test_stages_run_on_the_workers_of_their_queues(deployed: dict[str, Any]) -> None:
-    import mlflow
-
-    dag = "graphtrim_optimize_model_gpu"
-    conf = {
-        "model_name": "digits-dist",
-        "version": deployed["version"],
-        "variants": ["graph", "int8-static"],
-        "policy": POLICY,
-    }
-    run = run_dag(deployed, dag, conf)
-    states = {(t["task_id"], t["map_index"]): t["state"] for t in run["tis"]}
-    logs = "\n".join(deployed["procs"].log(n) for n in ("scheduler", "cpu-worker", "gpu-worker"))
-    assert run["state"] == "success", (states, logs[-6000:])
-    queues = {(t["task_id"], t["map_index"]): t["queue"] for t in run["tis"]}
-    for (task, index), queue in queues.items():
-        on_device = task in ("quantize", "gate") or task.startswith("tune.trial_")
-        expected = "gpu" if on_device else "default"
-        assert queue == expected, (task, index, queue)
-    assert sum(1 for t, _ in queues if t == "quantize") == 2
-    client = mlflow.MlflowClient(deployed["mlflow"], deployed["mlflow"])
-    found = client.search_model_versions(
-        f"name='digits-dist' and tags.`graphtrim.source.version`='{deployed['version']}'"
-    )
-    by_variant: dict[str, list[Any]] = {}
-    for v in found:
-        by_variant.setdefault(v.tags["graphtrim.variant"], []).append(v)
-    assert {k: len(v) for k, v in by_variant.items()} == {"graph": 1, "int8-static": 1}
-    tags = client.get_run(found[0].tags["graphtrim.pipeline_run_id"]).data.tags
-    where = {
-        k.removeprefix("graphtrim.worker."): json.loads(v)
-        for k, v in tags.items()
-        if k.startswith("graphtrim.worker.")
-    }
-    for label, info in where.items():
-        expected = "gpu-worker" if label.startswith(("quantize.", "validate.")) else "cpu-worker"
-        assert info["name"] == expected, (label, info)
-    assert {
-        "quantize.graph",
-        "quantize.int8-static",
-        "validate.graph",
-        "validate.int8-static",
-    } <= set(where)
-    champion = client.get_model_version_by_alias("digits-dist", "champion")
-    assert champion.version == by_variant["int8-static"][0].version
-    # the gpu worker said, in its task logs, that it measured on the CPU provider
-    home = Path(deployed["env"]["AIRFLOW_HOME"])
-    gate_logs = "".join(
-        p.read_text(errors="replace") for p in home.glob("logs/**/task_id=gate/**/*.log")
-    )
-    assert "GRAPHTRIM_TEST_GPU_ON_CPU=1" in gate_logs
-
-
-def test_worker_killed_mid_stage_the_task_is_retried_and_nothing_is_doubled(
-    deployed: dict[str, Any], digits_task: DigitsTask
+def test_stages_run_on_their_queues_and_a_worker_killed_mid_stage_doubles_nothing(
+    deployed: dict[str, Any],
 ) -> None:
-    """SIGKILL the gpu worker while a quantize or gate task runs on it; a new worker takes the
-    retry; the run ends with one version per variant, aliases on them, no partial artifact."""
+    """The GPU DAG on the deployment, with the gpu worker SIGKILLed while a quantize or gate task
+    runs on it and a new one started: every task ran on its queue's worker, the killed task was
+    retried by the new worker, and the run ends with one version per variant, the aliases on
+    them, every stored artifact complete."""
     import threading
 
     import boto3
     import mlflow
 
-    version = register_onnx(deployed["mlflow"], digits_task.model, "digits-fault")
     dag = "graphtrim_optimize_model_gpu"
+    name = "digits-dist"
     conf = {
-        "model_name": "digits-fault",
-        "version": version,
+        "model_name": name,
+        "version": deployed["version"],
         "variants": ["graph", "int8-static"],
         "policy": POLICY,
     }
@@ -169,7 +118,7 @@ def test_worker_killed_mid_stage_the_task_is_retried_and_nothing_is_doubled(
         while time.monotonic() < deadline and not killed:
             runs = _get(f"{api}/api/v2/dags/{dag}/dagRuns").json()
             for r in runs.get("dag_runs", []):
-                if r["conf"].get("model_name") != "digits-fault":
+                if r["conf"].get("model_name") != name:
                     continue
                 tis = _get(
                     f"{api}/api/v2/dags/{dag}/dagRuns/{r['dag_run_id']}/taskInstances"
@@ -193,26 +142,63 @@ def test_worker_killed_mid_stage_the_task_is_retried_and_nothing_is_doubled(
     thread.join(timeout=60)
     assert killed, "no quantize or gate task was seen running"
     states = {(t["task_id"], t["map_index"]): (t["state"], t["try_number"]) for t in run["tis"]}
-    assert run["state"] == "success", (states, deployed["procs"].log("scheduler")[-4000:])
+    logs = "\n".join(deployed["procs"].log(n) for n in ("scheduler", "cpu-worker", "gpu-worker"))
+    assert run["state"] == "success", (states, logs[-6000:])
     state, tries = states[(killed["task"], killed["map_index"])]
     assert state == "success" and tries >= 2, states  # it was retried, and the retry finished
+
+    # every task went to its queue: the device stages to the gpu workers, the rest to default
+    queues = {(t["task_id"], t["map_index"]): t["queue"] for t in run["tis"]}
+    for (task, index), queue in queues.items():
+        on_device = task in ("quantize", "gate") or task.startswith("tune.trial_")
+        expected = "gpu" if on_device else "default"
+        assert queue == expected, (task, index, queue)
+    assert sum(1 for t, _ in queues if t == "quantize") == 2
+
+    # exactly one version per variant, each with its candidate alias; the champion by bytes
     client = mlflow.MlflowClient(deployed["mlflow"], deployed["mlflow"])
-    found = client.search_model_versions("name='digits-fault'")
-    variants = [v.tags["graphtrim.variant"] for v in found if "graphtrim.variant" in v.tags]
-    assert sorted(variants) == ["graph", "int8-static"]  # exactly one each
-    by_variant = {
-        v.tags["graphtrim.variant"]: v.version for v in found if "graphtrim.variant" in v.tags
+    found = client.search_model_versions(
+        f"name='{name}' and tags.`graphtrim.source.version`='{deployed['version']}'"
+    )
+    by_variant: dict[str, list[Any]] = {}
+    for v in found:
+        by_variant.setdefault(v.tags["graphtrim.variant"], []).append(v)
+    assert {k: len(v) for k, v in by_variant.items()} == {"graph": 1, "int8-static": 1}
+    for variant, (v,) in by_variant.items():
+        assert client.get_model_version_by_alias(name, f"{variant}-candidate").version == v.version
+    champion = client.get_model_version_by_alias(name, "champion")
+    assert champion.version == by_variant["int8-static"][0].version
+
+    # the pipeline run records which worker ran each stage
+    tags = client.get_run(found[0].tags["graphtrim.pipeline_run_id"]).data.tags
+    where = {
+        k.removeprefix("graphtrim.worker."): json.loads(v)
+        for k, v in tags.items()
+        if k.startswith("graphtrim.worker.")
     }
-    for variant, v in by_variant.items():
-        assert (
-            client.get_model_version_by_alias("digits-fault", f"{variant}-candidate").version == v
-        )
+    for label, info in where.items():
+        expected = "gpu-worker" if label.startswith(("quantize.", "validate.")) else "cpu-worker"
+        assert info["name"] == expected, (label, info)
+    assert {
+        "quantize.graph",
+        "quantize.int8-static",
+        "validate.graph",
+        "validate.int8-static",
+    } <= set(where)
+
+    # the gpu worker said, in its task logs, that it measured on the CPU provider
+    home = Path(deployed["env"]["AIRFLOW_HOME"])
+    gate_logs = "".join(
+        p.read_text(errors="replace") for p in home.glob("logs/**/task_id=gate/**/*.log")
+    )
+    assert "GRAPHTRIM_TEST_GPU_ON_CPU=1" in gate_logs
+
     # every stored entry in the bucket is complete: a manifest beside every model file
     s3 = boto3.client("s3", endpoint_url=deployed["s3"], region_name="us-east-1")
     keys = {
         o["Key"]
         for page in s3.get_paginator("list_objects_v2").paginate(
-            Bucket=BUCKET, Prefix="pipeline/digits-fault/"
+            Bucket=BUCKET, Prefix=f"pipeline/{name}/"
         )
         for o in page.get("Contents", [])
     }

@@ -24,7 +24,7 @@ from tests.servers import register_onnx
 pytest.importorskip("kfp")
 
 
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("mlflow"), pytest.mark.timeout(2400)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
 
 MODEL = "digits-kfp-local"
 VARIANTS = ["graph", "int8-static"]

@@ -44,8 +44,6 @@ from graphtrim.integrations.model_files import (
 )
 from tests.servers import free_port, moto_server
 
-pytestmark = pytest.mark.xdist_group("moto")
-
 boto3 = pytest.importorskip("boto3")
 botocore_exceptions = pytest.importorskip("botocore.exceptions")
 

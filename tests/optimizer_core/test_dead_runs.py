@@ -13,8 +13,6 @@ import pytest
 
 from graphtrim.stages import tracking
 
-pytestmark = pytest.mark.xdist_group("mlflow")
-
 mlflow = pytest.importorskip("mlflow")
 
 

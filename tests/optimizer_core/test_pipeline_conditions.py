@@ -27,7 +27,7 @@ from graphtrim.stages.context import PipelineConfig, StageContext
 from tests.conftest import BUCKET, REPO
 from tests.servers import register_onnx
 
-pytestmark = [pytest.mark.xdist_group("mlflow"), pytest.mark.slow]
+pytestmark = [pytest.mark.slow]
 
 mlflow = pytest.importorskip("mlflow")
 

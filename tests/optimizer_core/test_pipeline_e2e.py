@@ -25,7 +25,7 @@ import pytest
 from graphtrim.cli import main
 from tests.servers import fake_aws_credentials, mlflow_server, moto_server
 
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("kws-e2e")]
+pytestmark = [pytest.mark.slow]
 
 mlflow = pytest.importorskip("mlflow")
 boto3 = pytest.importorskip("boto3")

@@ -16,7 +16,7 @@ from graphtrim.cli import main
 from graphtrim.examples import language
 from graphtrim.integrations.registry import logged_model_id
 
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("language-e2e")]
+pytestmark = [pytest.mark.slow]
 
 mlflow = pytest.importorskip("mlflow")
 NAME = "tiny-llama"

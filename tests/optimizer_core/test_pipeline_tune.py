@@ -16,7 +16,7 @@ from graphtrim.tune.memory import graph_signature
 from tests.optimizer_core.test_pipeline import _config, _ctx
 from tests.servers import register_onnx
 
-pytestmark = [pytest.mark.xdist_group("mlflow"), pytest.mark.slow]
+pytestmark = [pytest.mark.slow]
 
 mlflow = pytest.importorskip("mlflow")
 

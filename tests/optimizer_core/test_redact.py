@@ -167,7 +167,6 @@ def _runs(tracking: str, name: str) -> list[dict[str, str]]:
 
 
 @pytest.mark.slow
-@pytest.mark.xdist_group("mlflow")
 def test_a_failed_stage_tags_its_run_with_the_error_masked(
     servers: dict[str, str], tmp_path: Path
 ) -> None:
@@ -201,7 +200,6 @@ def test_a_failed_stage_tags_its_run_with_the_error_masked(
 
 
 @pytest.mark.slow
-@pytest.mark.xdist_group("mlflow")
 def test_any_stage_error_is_masked_in_the_tag(servers: dict[str, str]) -> None:
     """Whatever a stage raises (here a library's message with a signed URL and a token) is
     masked before it becomes the run's tag."""

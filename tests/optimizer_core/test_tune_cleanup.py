@@ -21,7 +21,7 @@ from tests.conftest import BUCKET
 from tests.optimizer_core.test_pipeline import _config
 from tests.servers import register_onnx
 
-pytestmark = [pytest.mark.xdist_group("mlflow"), pytest.mark.slow]
+pytestmark = [pytest.mark.slow]
 
 boto3 = pytest.importorskip("boto3")
 
