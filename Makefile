@@ -6,7 +6,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.graphtrim-installed
 TORCH_PIN := torch==2.13.0
 
-.PHONY: install demo test test-fast faults browser faketime lint typecheck docs docs-serve bench bench-variants bench-tune bench-tune-pool bench-input-cache bench-llm bench-llm-graph bench-llm-pipeline bench-scale bench-nodetests corpus sweep deployment clean
+.PHONY: install demo test test-fast test-durations faults browser faketime lint typecheck docs docs-serve bench bench-variants bench-tune bench-tune-pool bench-input-cache bench-llm bench-llm-graph bench-llm-pipeline bench-scale bench-nodetests corpus sweep deployment clean
 
 INSTALL_LOG := build/install.log
 
@@ -73,6 +73,12 @@ test: $(STAMP) lint typecheck docs browser faketime
 test-fast: $(STAMP)
 	GRAPHTRIM_TEST_TIER=fast $(PY) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder \
 	  -m "not slow and not server and not venv and not browser"
+
+# each test's seconds from the last run (.test-artifacts/durations.json, written by every run) as
+# the record that marks tests over a second slow and orders the files; after a full `make test`
+test-durations:
+	@[ -s .test-artifacts/durations.json ] || { echo "no recorded run: make test first"; exit 1; }
+	cp .test-artifacts/durations.json tests/durations.json
 
 # every fault at every point (tests/faults; `make test` runs one point per fault), and the outcome
 # table the documentation shows (docs/operations/data/faults.json, with the commit and date)

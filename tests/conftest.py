@@ -96,26 +96,77 @@ def airflow_db() -> str:
     return home
 
 
+# Each test's seconds (setup, call and teardown) in a full run on the 2-core machine, written by
+# every run to .test-artifacts/durations.json; copy that file here after adding long tests
+# (`make test-durations`). A test over SLOW_S is `slow` (left to `make test`), and the files run
+# longest first, so that the long ones overlap instead of one trailing the run on one worker.
+DURATIONS = REPO / "tests" / "durations.json"
+SLOW_S = 1.0
+
+
+def _known_durations() -> dict[str, float]:
+    import json
+
+    try:
+        return dict(json.loads(DURATIONS.read_text())["tests"])
+    except FileNotFoundError:
+        return {}
+
+
 @pytest.hookimpl(tryfirst=True)  # before ``-m`` deselects by the markers added here
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The modules marked ``early`` first, the longest (``early(minutes)``) before the others.
+    """Markers from what a test uses and how long it took; the files longest first.
 
-    ``make test`` hands each worker whole files (``--dist loadfile``, in this order), so a
-    module's fixtures are built once, and the long modules run side by side from the start
-    instead of one of them trailing the run on one worker. The order is otherwise the
-    collection's. A test asking for a server fixture is marked ``server`` (:mod:`tests.tiers`).
+    A test asking for a server fixture is marked ``server`` (:mod:`tests.tiers`); one that took
+    over :data:`SLOW_S` in the recorded run (:data:`DURATIONS`) is marked ``slow``. ``make test``
+    hands each worker whole files (``--dist loadfile``) in this order, so a module's fixtures
+    are built once and the long files start side by side; within a file, and among files with
+    no record, the order is the collection's.
     """
+    known = _known_durations()
+    per_file: dict[str, float] = {}
     for item in items:
         if SERVER_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.server)
+        took = known.get(item.nodeid, 0.0)
+        if took > SLOW_S:
+            item.add_marker(pytest.mark.slow)
+        path = item.nodeid.split("::", 1)[0]
+        per_file[path] = per_file.get(path, 0.0) + took
+    items.sort(key=lambda item: -per_file[item.nodeid.split("::", 1)[0]])
 
-    def order(item: pytest.Item) -> tuple[bool, float]:
-        early = item.get_closest_marker("early")
-        if early is None:
-            return (True, 0.0)
-        return (False, -float(early.args[0]) if early.args else 0.0)
 
-    items.sort(key=order)
+_took: dict[str, float] = {}
+_deselected: list[int] = []
+
+
+def pytest_deselected(items: list[pytest.Item]) -> None:
+    _deselected.append(len(items))
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    # on the controller under xdist (the workers' reports arrive there) or in a plain run
+    _took[report.nodeid] = _took.get(report.nodeid, 0.0) + report.duration
+
+
+def _write_durations(config: pytest.Config) -> None:
+    import json
+    import platform
+    import subprocess
+    from datetime import datetime, timezone
+
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=REPO
+    ).stdout.strip()
+    out = _summary_path(config, "durations.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    record = {
+        "machine": f"{os.cpu_count()} cores, {platform.machine()}",
+        "date": datetime.now(timezone.utc).date().isoformat(),
+        "commit": commit,
+        "tests": {k: round(v, 2) for k, v in sorted(_took.items()) if v >= 0.05},
+    }
+    out.write_text(json.dumps(record, indent=0) + "\n")
 
 
 # counts that tests append here (one JSON object a line, under .test-artifacts/), printed as
@@ -135,6 +186,15 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
     import json
+
+    # a record of the whole suite only: not of a tier, a -k selection or named files
+    whole = (
+        config.args_source != pytest.Config.ArgsSource.ARGS
+        and not (config.option.markexpr or config.option.keyword)
+        and not any(_deselected)
+    )
+    if _took and whole and not hasattr(config, "workerinput"):
+        _write_durations(config)
 
     for name, title in SUMMARIES.items():
         path = _summary_path(config, name)

@@ -26,7 +26,7 @@ from onnx import TensorProto, helper
 from tests.conftest import REPO
 from tests.tiers import require
 
-pytestmark = [pytest.mark.slow, pytest.mark.venv, pytest.mark.early(3), pytest.mark.timeout(1800)]
+pytestmark = [pytest.mark.slow, pytest.mark.venv, pytest.mark.timeout(1800)]
 
 HEAVY = ("apache-airflow", "mlflow", "mlflow-skinny", "torch", "matplotlib", "onnxruntime")
 

@@ -32,7 +32,6 @@ from tests.faults.runner import (
 
 # a guard against a hang only: the servers, the reference run and each case on a busy machine
 pytestmark = [
-    pytest.mark.early(5),
     pytest.mark.faults,
     pytest.mark.server,
     pytest.mark.slow,

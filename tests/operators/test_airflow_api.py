@@ -21,7 +21,7 @@ from tests.conftest import REPO
 from tests.servers import free_port, http_session, register_onnx, stop_process_group
 
 # the deadlines below only guard against a hang; the test limit is above their sum
-pytestmark = [pytest.mark.early(3), pytest.mark.slow, pytest.mark.timeout(3600)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600)]
 
 
 @pytest.fixture(scope="module")

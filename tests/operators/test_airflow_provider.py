@@ -17,8 +17,6 @@ from graphtrim.examples.digits import DigitsTask
 from tests.conftest import BUCKET, REPO
 from tests.servers import register_onnx
 
-pytestmark = pytest.mark.early(2.5)
-
 
 def test_provider_entry_point_and_info_match_airflow_schema() -> None:
     import jsonschema

@@ -11,8 +11,6 @@ import pytest
 
 from tests.conftest import REPO
 
-pytestmark = pytest.mark.early(2.5)
-
 # Each demo run takes minutes, and many more on a busy machine: the limits below only guard
 # against a hang (two runs of at most RUN_LIMIT_S each, inside the test's own limit)
 RUN_LIMIT_S = 1800

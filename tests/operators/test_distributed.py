@@ -17,7 +17,6 @@ from tests.servers import fake_aws_credentials, http_session, moto_server, regis
 
 # the deadlines below only guard against a hang; the test limit is above their sum
 pytestmark = [
-    pytest.mark.early(6),
     pytest.mark.slow,
     pytest.mark.timeout(3600),
 ]

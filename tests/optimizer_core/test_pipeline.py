@@ -30,7 +30,7 @@ from graphtrim.stages.export import variant_identity
 from tests.conftest import BUCKET
 from tests.servers import free_port, register_onnx
 
-pytestmark = [pytest.mark.early(3), pytest.mark.slow]
+pytestmark = [pytest.mark.slow]
 
 mlflow = pytest.importorskip("mlflow")
 boto3 = pytest.importorskip("boto3")

@@ -27,7 +27,7 @@ from tests.servers import register_onnx
 
 # the time limit only guards against a hang: several pipeline runs (and the digits model's
 # training, when a test is the session's first) on a busy 2-core machine
-pytestmark = [pytest.mark.early(2.5), pytest.mark.slow, pytest.mark.timeout(2400)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
 
 mlflow = pytest.importorskip("mlflow")
 

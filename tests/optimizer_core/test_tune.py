@@ -25,8 +25,6 @@ from graphtrim.tune.space import (
     start_points,
 )
 
-pytestmark = pytest.mark.early(4)
-
 
 def _data(task: DigitsTask) -> tuple[Any, Any]:
     specs = input_specs(task.model)
