@@ -6,7 +6,8 @@ onnxruntime; a command whose extra is missing says which to install; with the ex
 
 The wheel is built from a copy of the checkout's files (as a clean clone has them), and it puts
 one package, ``graphtrim``, at the top level. Packages come from the registry pip is configured
-with (pinned by ``constraints.txt``), into a pip cache inside the test's temporary folder."""
+with (pinned by ``constraints.txt``), through one pip cache of the module's own inside the run's
+temporary folder; the wheel is built once."""
 
 from __future__ import annotations
 
@@ -60,10 +61,11 @@ def _model(path: Path) -> Path:
     return path
 
 
-def _env(tmp_path: Path) -> dict[str, str]:
+def _env(tmp_path: Path, pip_cache: Path) -> dict[str, str]:
     """The environment of a user's shell: the machine's pip settings (where its registry and its
-    local torch wheel are, ``PIP_*`` and the user's pip.conf) kept, a home, a pip cache and an
-    Airflow home of the test's own."""
+    local torch wheel are, ``PIP_*`` and the user's pip.conf) kept, a home and an Airflow home
+    of the test's own, and this module's pip cache (each package is fetched once, not once per
+    venv)."""
     env = {
         k: v
         for k, v in os.environ.items()
@@ -73,7 +75,7 @@ def _env(tmp_path: Path) -> dict[str, str]:
     if user_config.is_file() and "PIP_CONFIG_FILE" not in env:
         env["PIP_CONFIG_FILE"] = str(user_config)
     env.update(
-        PIP_CACHE_DIR=str(tmp_path / "pip-cache"),
+        PIP_CACHE_DIR=str(pip_cache),
         PIP_DISABLE_PIP_VERSION_CHECK="1",
         HOME=str(tmp_path),
         MLFLOW_DISABLE_TELEMETRY="true",
@@ -81,6 +83,18 @@ def _env(tmp_path: Path) -> dict[str, str]:
         AIRFLOW__CORE__LOAD_EXAMPLES="False",
     )
     return env
+
+
+@pytest.fixture(scope="module")
+def pip_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("pip-cache")
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory: pytest.TempPathFactory, pip_cache: Path) -> Path:
+    """The wheel, built once for the module's venvs."""
+    tmp = tmp_path_factory.mktemp("wheel")
+    return _wheel(tmp, _env(tmp, pip_cache))
 
 
 def _wheel(tmp_path: Path, env: dict[str, str]) -> Path:
@@ -143,12 +157,11 @@ class Venv:
         return _run([str(self.graphtrim), *args], env, **kw)
 
 
-def test_the_wheel_installs_one_top_level_package(tmp_path: Path) -> None:
+def test_the_wheel_installs_one_top_level_package(wheel: Path) -> None:
     """Nothing but ``graphtrim`` at the top level of site-packages: no ``operators`` or
     ``optimizer_core`` to collide with another package in a shared Airflow image."""
     import zipfile
 
-    wheel = _wheel(tmp_path, _env(tmp_path))
     names = zipfile.ZipFile(wheel).namelist()
     tops = {n.split("/")[0] for n in names if not n.split("/")[0].endswith((".dist-info", ".data"))}
     assert tops == {"graphtrim"}, tops
@@ -156,9 +169,11 @@ def test_the_wheel_installs_one_top_level_package(tmp_path: Path) -> None:
     assert "graphtrim/graph/passes/cse.py" in names
 
 
-def test_the_wheel_installs_each_extra_into_a_clean_venv(tmp_path: Path) -> None:
-    env = _env(tmp_path)
-    venv = Venv(tmp_path, env, _wheel(tmp_path, env))
+def test_the_wheel_installs_each_extra_into_a_clean_venv(
+    tmp_path: Path, pip_cache: Path, wheel: Path
+) -> None:
+    env = _env(tmp_path, pip_cache)
+    venv = Venv(tmp_path, env, wheel)
     python, graphtrim, install = venv.python, venv.graphtrim, venv.install
 
     # the core: onnx, onnx-ir, numpy, PyYAML and nothing heavy
@@ -261,15 +276,17 @@ def _pipeline_model(path: Path) -> Path:
     return path
 
 
-def test_the_pipeline_and_kubeflow_extras_serve_their_commands(tmp_path: Path) -> None:
+def test_the_pipeline_and_kubeflow_extras_serve_their_commands(
+    tmp_path: Path, pip_cache: Path, wheel: Path
+) -> None:
     """``graphtrim[pipeline,cpu]`` runs the registry-to-registry pipeline; ``kubeflow`` adds the
     KFP compiler (and its Kubernetes extension); neither pulls Airflow."""
     import mlflow
 
     from tests.servers import register_onnx
 
-    env = _env(tmp_path)
-    venv = Venv(tmp_path, env, _wheel(tmp_path, env))
+    env = _env(tmp_path, pip_cache)
+    venv = Venv(tmp_path, env, wheel)
     venv.install("pipeline,cpu")
     have = venv.installed()
     assert {"mlflow", "torch", "boto3", "onnxruntime", "matplotlib", "onnxscript"} <= have
@@ -320,11 +337,13 @@ def test_the_pipeline_and_kubeflow_extras_serve_their_commands(tmp_path: Path) -
     )
 
 
-def test_the_airflow_extra_serves_the_provider_and_the_dags(tmp_path: Path) -> None:
+def test_the_airflow_extra_serves_the_provider_and_the_dags(
+    tmp_path: Path, pip_cache: Path, wheel: Path
+) -> None:
     """``graphtrim[airflow]``: Airflow lists graphtrim's provider (its hooks, extra links and
     plugin), and the DAG files the wheel ships parse with no import error."""
-    env = _env(tmp_path)
-    venv = Venv(tmp_path, env, _wheel(tmp_path, env))
+    env = _env(tmp_path, pip_cache)
+    venv = Venv(tmp_path, env, wheel)
     venv.install("airflow")
     have = venv.installed()
     assert {"apache-airflow", "mlflow", "boto3"} <= have

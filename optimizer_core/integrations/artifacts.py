@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import errno
 import functools
 import json
 import logging
@@ -28,11 +27,13 @@ from typing import Any
 from graphtrim.errors import transient
 from graphtrim.integrations.entries import (
     _SHA,
+    DISK_FULL,
     ArtifactStore,
     LocalStore,
     MissingEntryError,
     StoredModel,
     _EntryStore,
+    disk_full,
     local_path,
     safe_part,
 )
@@ -75,16 +76,6 @@ class S3Auth:
             aws_session_token=self.session_token,
             region_name=self.region_name,
         )
-
-
-# the local disk, not the store: out of space, over the file size limit, over quota
-_DISK_FULL = (errno.ENOSPC, errno.EFBIG, errno.EDQUOT)
-
-
-def _disk_full(what: str, exc: OSError) -> ArtifactStoreError:
-    """One line for an S3 transfer that the local disk stopped: the file and the reason."""
-    where = f" writing {exc.filename}" if exc.filename else ""
-    return transient(ArtifactStoreError(f"S3 {what}: local disk full{where} ({exc.strerror})"))
 
 
 class S3Store(_EntryStore):
@@ -171,8 +162,8 @@ class S3Store(_EntryStore):
                     ) from exc
                 last = exc
             except (BotoCoreError, OSError) as exc:
-                if isinstance(exc, OSError) and exc.errno in _DISK_FULL:
-                    raise _disk_full(what, exc) from exc  # not S3's: no retry helps here
+                if isinstance(exc, OSError) and exc.errno in DISK_FULL:
+                    raise disk_full(f"S3 {what}", exc) from exc  # not S3's: no retry helps here
                 last = exc
             if attempt + 1 < self.attempts:
                 self._sleep(self.backoff * (2**attempt))

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import json
 import os
 import re
@@ -17,6 +18,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
+from graphtrim.errors import transient
 from graphtrim.integrations.model_files import (
     MANIFEST,
     MODEL_FILE,
@@ -29,6 +31,17 @@ from graphtrim.integrations.model_files import (
 )
 
 _SAFE = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+# the local disk, not the store: out of space, over the file size limit, over quota
+DISK_FULL = (errno.ENOSPC, errno.EFBIG, errno.EDQUOT)
+
+
+def disk_full(what: str, exc: OSError) -> ArtifactStoreError:
+    """One line for work on the store that the local disk stopped: what, the file and why.
+    Worth a retry: space is freed, the next attempt goes through."""
+    where = f" writing {exc.filename}" if exc.filename else ""
+    return transient(ArtifactStoreError(f"{what}: local disk full{where} ({exc.strerror})"))
 
 
 class MissingEntryError(ArtifactStoreError):
@@ -105,7 +118,13 @@ class _EntryStore:
         """Store the model at ``path`` (with its external data) under its content hash; the
         same bytes stored again write nothing and return the entry already there."""
         with self._scratch() as tmp:
-            src = _normalized(Path(path), Path(tmp))
+            try:
+                src = _normalized(Path(path), Path(tmp))
+            except OSError as exc:  # the copy of a model whose data is not model.onnx.data
+                if exc.errno not in DISK_FULL:
+                    raise
+                where = f"staging {Path(path).name} for the store in {tmp}"
+                raise disk_full(where, exc) from exc
             files = model_files(src)
             sha = sha256_files(files)
             where = self._locate(model, str(version), stage, sha)

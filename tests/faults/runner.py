@@ -73,7 +73,8 @@ class Case:
         return self.point.split(".")[0]
 
 
-DISK = ("disk", "space", "too large", "File too large")
+# the line a full disk must give: the words, not only the errno text
+DISK = ("local disk full",)
 
 PIPELINE_CASES: list[Case] = [
     Case("pg-restart", "register.create_version.before"),

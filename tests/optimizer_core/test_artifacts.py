@@ -405,6 +405,37 @@ def test_local_external_data_is_normalized_to_model_onnx_data(tmp_path: Path) ->
     assert len(entry_dirs(entry.parent)) == 1
 
 
+def test_a_full_disk_while_staging_is_one_line_naming_the_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A model whose data is not model.onnx.data is copied into a staging folder first; a disk
+    that fills there says so, with the folder, as an error worth a retry, and stores nothing.
+    (The fault suite's disk-full cell does it with a real file size limit.)"""
+    import errno
+
+    root = tmp_path / "store"
+    store = LocalStore(root)
+    src = save_model(tmp_path / "m", seed=7, name="net.onnx", location="weights.bin")
+    real_save = onnx.save
+
+    def full(*args: Any, **kwargs: Any) -> None:
+        raise OSError(errno.EFBIG, "File too large")
+
+    monkeypatch.setattr(onnx, "save", full)
+    with pytest.raises(ArtifactStoreError) as caught:
+        store.put_model(src, model="net", version="1", stage="opt")
+    line = str(caught.value)
+    assert "\n" not in line
+    assert line.startswith("staging net.onnx for the store in ") and line.endswith(
+        ": local disk full (File too large)"
+    ), line
+    assert getattr(caught.value, "transient", False)
+    assert files_under(root) == []
+    monkeypatch.setattr(onnx, "save", real_save)
+    stored = store.put_model(src, model="net", version="1", stage="opt")
+    assert (local_entry(stored.uri) / MANIFEST).is_file()
+
+
 # ---------------------------------------------------------------------------------------------
 # 4. unsafe or missing external data
 
