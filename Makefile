@@ -66,7 +66,7 @@ docs-serve: $(STAMP)
 	MLFLOW_DISABLE_TELEMETRY=true NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs serve --dev-addr 127.0.0.1:8000
 
 test: $(STAMP) lint typecheck docs browser faketime
-	$(PY) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder --durations=25
+	$(PY) -m pytest -q -n 3 --dist loadfile --no-loadscope-reorder --durations=25
 
 # the edit loop: everything that needs no server, no venv of its own and no browser, and is not
 # slow (tests/tiers.py fails a test here that starts one of those without its marker)
