@@ -1,7 +1,9 @@
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
+import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,15 +16,24 @@ from tests.tiers import SERVER_FIXTURES, require
 
 REPO = Path(__file__).resolve().parents[1]
 
+
+def _own_temp_dir(prefix: str) -> str:
+    """A folder of this test process's, removed when the process ends."""
+    path = tempfile.mkdtemp(prefix=prefix)
+    atexit.register(shutil.rmtree, path, ignore_errors=True)
+    return path
+
+
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 # Airflow reads its home on import and would otherwise create ~/airflow: every test process
 # (each xdist worker) gets its own, with the repository's DAGs and no examples.
-os.environ["AIRFLOW_HOME"] = tempfile.mkdtemp(prefix="graphtrim-airflow-")
+os.environ["AIRFLOW_HOME"] = _own_temp_dir("graphtrim-airflow-")
 os.environ["AIRFLOW__CORE__DAGS_FOLDER"] = str(REPO / "dags")
 os.environ["AIRFLOW__CORE__LOAD_EXAMPLES"] = "False"
 os.environ.setdefault("AIRFLOW__CORE__DAGBAG_IMPORT_ERROR_TRACEBACKS", "True")
 # the settings search's per-worker input cache: one per test process, never the user's
-os.environ.setdefault("GRAPHTRIM_INPUT_CACHE", tempfile.mkdtemp(prefix="graphtrim-inputs-"))
+if "GRAPHTRIM_INPUT_CACHE" not in os.environ:
+    os.environ["GRAPHTRIM_INPUT_CACHE"] = _own_temp_dir("graphtrim-inputs-")
 
 # Airflow configures logging when it is first imported (a dictConfig that replaces the root
 # logger's handlers, pytest's log capture among them): imported once here, before any test

@@ -9,7 +9,6 @@ default optimization level, the flavor's own session options).
 from __future__ import annotations
 
 import os
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -109,8 +108,11 @@ def serving_probe(
     os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
     import mlflow.pyfunc
 
-    with tempfile.TemporaryDirectory(prefix="graphtrim-serving-") as tmp:
-        folder = Path(saved) if saved is not None else Path(tmp) / "model"
+    from graphtrim.scratch import scratch
+
+    # named for this process: a probe stopped at its child timeout leaves its folder to the next
+    with scratch("serving") as tmp:
+        folder = Path(saved) if saved is not None else tmp / "model"
         if saved is None:
             step("saving the model with MLflow's ONNX flavor")
             save_onnx_model(path, folder)

@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from graphtrim.scratch import scratch, sweep
 
 
@@ -34,3 +36,34 @@ def test_a_killed_stage_s_folder_goes_with_the_next_stage_and_nothing_else(tmp_p
         assert live.exists() and elsewhere.exists() and other.exists()
     assert not mine.exists()
     assert sweep(tmp_path) == []
+
+
+@pytest.mark.slow  # imports MLflow
+def test_a_serving_probe_killed_at_its_timeout_leaves_its_folder_to_the_next_probe(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The serving check runs in a child that is killed at --child-timeout: its copy of the
+    model in the temporary folder is removed by the next probe on the host."""
+    import tempfile
+
+    import onnx
+    from onnx import TensorProto, helper
+
+    from graphtrim.integrations.serving import serving_probe
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    left = tmp_path / f"graphtrim-serving-{_dead_pid()}@{socket.gethostname()}~abc123"
+    (left / "model").mkdir(parents=True)
+    (left / "model" / "model.onnx").write_bytes(b"x" * 1024)
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["y"])],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])],
+    )
+    model = tmp_path / "relu.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), model)
+    checked = serving_probe(model)
+    assert checked["outputs"] == {"y": [1, 4]}, checked
+    assert not left.exists()
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith("graphtrim-")] == []
