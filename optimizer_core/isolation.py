@@ -3,11 +3,13 @@
 A runtime can crash on a model it accepts (onnxruntime's CPU provider has segfaulted on fp16
 graphs at its default optimization level) or hang. In the caller's process that takes every
 other result down with it: a pipeline run that loses three good variants to the fourth, an
-Airflow task that never ends. Here such work runs in a fresh interpreter; a crash or a hang
+Airflow task that never ends. Here such work runs in a process of its own; a crash or a hang
 becomes a :class:`ChildFailed` error naming the signal (or the timeout) and the step the child
 had reached, and the caller goes on with the next item.
 
-The child is ``python -m graphtrim.isolation REQUEST``: it imports ``module:function``
+The child is forked from a server that has imported numpy, onnx, onnxruntime and onnx_ir
+once for the calling process (:mod:`graphtrim.forkserver`; ``GRAPHTRIM_ISOLATION=spawn`` starts
+a fresh ``python -m graphtrim.isolation REQUEST`` instead). It imports ``module:function``
 by name, calls it on each item in turn and writes each result as soon as it has it, so a crash
 on item *k* keeps the results of the items before it; :func:`map_isolated` then starts a new
 child for the items after it. Work inside the child reports what it is doing with
@@ -35,6 +37,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from graphtrim import forkserver
 from graphtrim.errors import GraphtrimError
 
 _STEP_ENV = "GRAPHTRIM_ISOLATION_STEP_FILE"
@@ -133,6 +136,36 @@ def _reason(text: str) -> str:
     return lines[-1][:300] if lines else ""
 
 
+class _Spawned:
+    """A child in a fresh interpreter (the fork server off or failed)."""
+
+    def __init__(self, request: Path, log: Path, env: Mapping[str, str]) -> None:
+        with open(log, "wb") as err:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "graphtrim.isolation", str(request)],
+                stdin=subprocess.DEVNULL,
+                stdout=err,
+                stderr=err,
+                env=env,
+                start_new_session=True,  # a timeout kills the child and what it started
+            )
+        self.pid = self.proc.pid
+
+    @property
+    def returncode(self) -> int | None:
+        return self.proc.returncode
+
+    def poll(self) -> int | None:
+        return self.proc.poll()
+
+    def kill(self) -> None:
+        with contextlib.suppress(OSError):  # already gone
+            os.killpg(self.proc.pid, signal.SIGKILL)
+
+    def wait(self) -> int:
+        return self.proc.wait()
+
+
 def map_isolated(
     target: str,
     items: Sequence[Any],
@@ -188,37 +221,30 @@ def map_isolated(
                 # (its default threshold rises to 32 MiB as large blocks are freed, and the
                 # blocks below it stay in the heap); an explicit setting wins
                 env.setdefault("MALLOC_MMAP_THRESHOLD_", str(1 << 20))
-            with open(stderr_path, "wb") as err:
-                proc = subprocess.Popen(
-                    [sys.executable, "-m", "graphtrim.isolation", str(request)],
-                    stdin=subprocess.DEVNULL,
-                    stdout=err,
-                    stderr=err,
-                    env=env,
-                    start_new_session=True,  # a timeout kills the child and what it started
-                )
-                current = start
-                began = time.monotonic()
-                timed_out = False
-                seen = ""
-                while proc.poll() is None:
-                    time.sleep(0.05)
-                    if on_step is not None:
-                        now = _read(step_path)
-                        if now and now != seen and now != "starting":
-                            on_step(now)
-                        seen = now
-                    # results appear one file per item: the item in flight is the first
-                    # without one
-                    while current < end and (run / f"{current}.pkl").exists():
-                        current += 1
-                        began = time.monotonic()
-                    if time.monotonic() - began > timeout:
-                        timed_out = True
-                        with contextlib.suppress(OSError):  # already gone
-                            os.killpg(proc.pid, signal.SIGKILL)
-                        proc.wait()
-                        break
+            proc = forkserver.fork(target, request, stderr_path, env) or _Spawned(
+                request, stderr_path, env
+            )
+            current = start
+            began = time.monotonic()
+            timed_out = False
+            seen = ""
+            while proc.poll() is None:
+                time.sleep(0.05)
+                if on_step is not None:
+                    now = _read(step_path)
+                    if now and now != seen and now != "starting":
+                        on_step(now)
+                    seen = now
+                # results appear one file per item: the item in flight is the first
+                # without one
+                while current < end and (run / f"{current}.pkl").exists():
+                    current += 1
+                    began = time.monotonic()
+                if time.monotonic() - began > timeout:
+                    timed_out = True
+                    proc.kill()
+                    proc.wait()
+                    break
             for i in range(start, end):
                 out = run / f"{i}.pkl"
                 if not out.exists():
@@ -329,6 +355,12 @@ def _child(request_path: str) -> int:
 
 if __name__ == "__main__":
     # the importable module, not ``__main__``: what it pickles must unpickle in the parent
+    from graphtrim import lazy_sympy
     from graphtrim.isolation import _child as child
 
+    lazy_sympy.install()  # onnx_ir without sympy, as in the command line
+    if sys.argv[1:] == ["--serve"]:
+        from graphtrim import forkserver
+
+        sys.exit(forkserver.serve(child))
     sys.exit(child(sys.argv[1]))

@@ -73,6 +73,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "graphtrim.errors",
             "graphtrim.redact",
             "graphtrim.isolation",
+            "graphtrim.forkserver",
+            "graphtrim.lazy_sympy",
             "graphtrim.hashing",
             "graphtrim.faults",
             "graphtrim.scratch",

@@ -96,9 +96,9 @@ EXTRAS = {
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from graphtrim.cli import _lazy_sympy
+    from graphtrim import lazy_sympy
 
-    _lazy_sympy.install()  # onnx_ir without sympy until a symbolic dim needs it
+    lazy_sympy.install()  # onnx_ir without sympy until a symbolic dim needs it
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = build_parser(argv)
     args = parser.parse_args(argv)

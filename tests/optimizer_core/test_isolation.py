@@ -33,6 +33,8 @@ def work(item: str, *, factor: int = 1) -> object:
     return {
         "item": item,
         "pid": os.getpid(),
+        "ppid": os.getppid(),
+        "mark": os.environ.get("GRAPHTRIM_TEST_MARK"),
         "double": len(item) * factor,
         "mmap_threshold": os.environ.get("MALLOC_MMAP_THRESHOLD_"),
     }
@@ -66,6 +68,24 @@ def test_fresh_gives_each_item_its_own_child(monkeypatch: pytest.MonkeyPatch) ->
     assert isinstance(out[2], ChildFailed) and out[2].signal_name == "SIGSEGV"
     assert {out[i]["mmap_threshold"] for i in (0, 1, 3)} == {str(1 << 20)}
     assert map_isolated(f"{HERE}:work", ["a"])[0]["mmap_threshold"] is None
+
+
+def test_children_are_forked_from_a_server_of_the_callers_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """By default the children come from one fork server (their parent is not the caller); a
+    changed environment gets a server started under it; ``spawn`` starts them itself."""
+    monkeypatch.delenv("GRAPHTRIM_ISOLATION", raising=False)
+    monkeypatch.setenv("GRAPHTRIM_TEST_MARK", "one")
+    a, b = map_isolated(f"{HERE}:work", ["a", "bb"], fresh=True)
+    assert a["pid"] != b["pid"] and a["ppid"] == b["ppid"] != os.getpid()
+    assert a["mark"] == "one"
+    monkeypatch.setenv("GRAPHTRIM_TEST_MARK", "two")
+    (c,) = map_isolated(f"{HERE}:work", ["c"])
+    assert c["mark"] == "two" and c["ppid"] not in (a["ppid"], os.getpid())
+    monkeypatch.setenv("GRAPHTRIM_ISOLATION", "spawn")
+    (d,) = map_isolated(f"{HERE}:work", ["d"])
+    assert d["ppid"] == os.getpid() and d["mark"] == "two"
 
 
 def test_a_hang_is_stopped_at_the_timeout() -> None:
