@@ -132,6 +132,9 @@ def test_a_verdict_not_reached_is_measured_again_a_measured_failure_is_not(
     flag = tmp_path / "hang"
     flag.write_text("")
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(HOOKS), *sys.path]))
+    # the hook patches the probe when a child's interpreter starts: children of their own
+    # interpreter (a forked child starts none)
+    monkeypatch.setenv("GRAPHTRIM_ISOLATION", "spawn")
     monkeypatch.setenv("GRAPHTRIM_TEST_HANG_SERVING", "graph")
     monkeypatch.setenv("GRAPHTRIM_TEST_HANG_FLAG", str(flag))
     # any int8 error fails: a measured failure, a verdict on the model

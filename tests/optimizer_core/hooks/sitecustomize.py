@@ -1,7 +1,9 @@
 """A fault for tests, loaded by every Python process started with this folder on PYTHONPATH:
 where ``GRAPHTRIM_TEST_HANG_SERVING`` names a variant and the file
 ``GRAPHTRIM_TEST_HANG_FLAG`` exists, the serving probe of that variant (a child process of
-the validate stage) sleeps until it is killed, as on an overloaded worker."""
+the validate stage) sleeps until it is killed, as on an overloaded worker. The children must
+start interpreters of their own (``GRAPHTRIM_ISOLATION=spawn``): a forked child runs no
+``sitecustomize``."""
 
 from __future__ import annotations
 
