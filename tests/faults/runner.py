@@ -196,7 +196,9 @@ class PipelineRun:
         self.home = tmp / "home"
         self.broken_key = broken_key
         policy = tmp / "policy.json"
-        relaxed = {"min_speedup": 0.5, "runs": 20, "warmup": 5}
+        # measured and recorded, never deciding: a timing bar fails on a busy machine, and these
+        # tests are about the state a fault leaves
+        relaxed = {"min_speedup": None, "runs": 20, "warmup": 5}
         policy.write_text(
             json.dumps(
                 {

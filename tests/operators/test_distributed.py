@@ -24,10 +24,10 @@ pytestmark = [
 BUCKET = "graphtrim-dist"
 # these tests prove placement, retries and registration, not speed: on a 2-core machine shared by
 # the scheduler, API server, two workers and MLflow, the digits CNN's int8-static variant measured
-# 0.45x inside the deployment (0.80x alone), so the bar only refuses a pathological variant
+# 0.45x inside the deployment (0.80x alone), so latency is measured and recorded but decides nothing
 POLICY = {
     "variants": {
-        v: {"latency": {"min_speedup": 0.25, "runs": 60, "warmup": 10}}
+        v: {"latency": {"min_speedup": None, "runs": 60, "warmup": 10}}
         for v in ("graph", "int8-static")
     },
     "promotion": {"metric": "bytes"},
@@ -292,7 +292,7 @@ def test_a_settings_search_spreads_its_trials_over_the_workers_of_its_pool(
         "variants": variants,
         "policy": {
             "variants": {
-                v: {"latency": {"min_speedup": 0.05, "runs": 60, "warmup": 10}} for v in variants
+                v: {"latency": {"min_speedup": None, "runs": 60, "warmup": 10}} for v in variants
             },
         },
         "tune": "90s",

@@ -54,10 +54,11 @@ def _ctx(servers: dict[str, str], tmp_path: Path, **kw: Any) -> StageContext:
 # These tests are about the registry and the store, not about timing: under a parallel test
 # run a variant that computes the same thing can time anywhere near 1x, so the latency gates
 # are measured (the numbers reach the lineage) but their bar is set far from the noise (one
-# block of a graph variant measured below 0.5x on a machine loaded by the whole suite).
+# block of a graph variant measured below 0.5x on a machine loaded by the whole suite). The bar
+# is there at all so the version's description shows the speedup beside its limit.
 RELAXED = {
     "variants": {
-        v: {"latency": {"min_speedup": 0.25, "runs": 60, "warmup": 10}}
+        v: {"latency": {"min_speedup": 0.05, "runs": 60, "warmup": 10}}
         for v in ("graph", "int8-static", "fp16")
     }
 }

@@ -49,7 +49,7 @@ def _ctx(servers: dict[str, str], tmp_path: Path, **kw: Any) -> StageContext:
 
 RELAXED = {
     "variants": {
-        v: {"latency": {"min_speedup": 0.3, "runs": 40, "warmup": 5}}
+        v: {"latency": {"min_speedup": None, "runs": 40, "warmup": 5}}
         for v in ("graph", "int8-static", "int8-dynamic", "fp16")
     }
 }

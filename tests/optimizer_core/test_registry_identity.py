@@ -32,8 +32,9 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
 mlflow = pytest.importorskip("mlflow")
 
 HOOKS = Path(__file__).parent / "hooks"
-# latency bars far from the noise of a busy machine: these tests are about the registry
-RELAXED = {"latency": {"min_speedup": 0.3, "runs": 40, "warmup": 5}}
+# latency measured and recorded, never deciding (a timing bar fails on a busy machine): these
+# tests are about the registry
+RELAXED = {"latency": {"min_speedup": None, "runs": 40, "warmup": 5}}
 
 
 def _policy(**variants: Any) -> dict[str, Any]:
@@ -88,7 +89,7 @@ def test_one_version_per_identity_with_each_policys_verdict(
         _config(digits_task, ("graph", "int8-dynamic"), policy=first_policy),
         uri,
     )
-    other = _policy(graph={"latency": {"min_speedup": 0.2, "runs": 30, "warmup": 5}})
+    other = _policy(graph={"size": {"max_ratio": 2.0}})
     third = pipeline.run_pipeline(
         _ctx(servers, tmp_path), _config(digits_task, ("graph",), policy=other), uri
     )
