@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from graphtrim.examples.digits import DigitsTask, make_digits_task
-from tests.tiers import SERVER_FIXTURES, require
+from tests.tiers import MODEL_FIXTURES, SERVER_FIXTURES, require
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -129,7 +129,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """Markers from what a test uses and how long it took; the files longest first.
 
     A test asking for a server fixture is marked ``server`` (:mod:`tests.tiers`); one that took
-    over :data:`SLOW_S` in the recorded run (:data:`DURATIONS`) is marked ``slow``. ``make test``
+    over :data:`SLOW_S` in the recorded run (:data:`DURATIONS`), or asks for a fixture that
+    exports a language model, is marked ``slow``. ``make test``
     hands each worker whole files (``--dist loadfile``) in this order, so a module's fixtures
     are built once and the long files start side by side; within a file, and among files with
     no record, the order is the collection's.
@@ -137,10 +138,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     known = _known_durations()
     per_file: dict[str, float] = {}
     for item in items:
-        if SERVER_FIXTURES & set(getattr(item, "fixturenames", ())):
+        fixtures = set(getattr(item, "fixturenames", ()))
+        if SERVER_FIXTURES & fixtures:
             item.add_marker(pytest.mark.server)
         took = known.get(item.nodeid, 0.0)
-        if took > SLOW_S:
+        if took > SLOW_S or MODEL_FIXTURES & fixtures:
             item.add_marker(pytest.mark.slow)
         path = item.nodeid.split("::", 1)[0]
         per_file[path] = per_file.get(path, 0.0) + took

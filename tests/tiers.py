@@ -21,6 +21,11 @@ TIERS = {
 # session fixtures that start servers: a test asking for one is marked ``server`` (conftest)
 # (``s3_url``: test_artifacts' moto server)
 SERVER_FIXTURES = frozenset({"servers", "airflow_db", "s3_url"})
+# module fixtures that export a language model with its cache (10-20 s each on the 2-core
+# machine, paid by whichever test asks first): a test asking for one is marked ``slow``, so the
+# fast tier does not pay that for a handful of checks
+# (``lm``: test_language_gates, ``causal``: test_export_transformers)
+MODEL_FIXTURES = frozenset({"lm", "causal"})
 
 
 def require(marker: str) -> None:
