@@ -12,7 +12,10 @@ the signal that killed it) is reaped by the server and written beside the reques
 
 The server runs while the process that started it does: a calling process that forks (an
 Airflow worker) or whose environment changes gets a server of its own, so every child sees
-the packages imported under the environment it is given. ``GRAPHTRIM_ISOLATION=spawn`` turns
+the packages imported under the environment it is given. A server that is replaced or closed
+still reaps the children it forked (their ends are written) before it exits; one that does not
+answer a request within :data:`REPLY_TIMEOUT` is killed, with any child it forked for that
+request, and the caller spawns from then on. ``GRAPHTRIM_ISOLATION=spawn`` turns
 the server off (a fresh interpreter per child, as without it), and any failure of the server
 falls back to that.
 """
@@ -41,9 +44,14 @@ EXIT_FILE = "exit"  # written beside the request when the child has ended
 PRELOAD = ("numpy", "onnx", "onnxruntime", "onnx_ir")
 # set per child, never part of the environment the server is started with
 PER_CHILD = ("GRAPHTRIM_ISOLATION_STEP_FILE", "MALLOC_MMAP_THRESHOLD_")
+# seconds a caller waits for the server to answer with a child's pid: the server imports the
+# child's graphtrim module before forking (the packages were imported when it started), which
+# takes a second or two; far beyond that it is stuck, and the caller spawns instead
+REPLY_TIMEOUT = 300.0
 
 _lock = threading.Lock()
 _server: _Server | None = None
+_retired: list[_Server] = []  # replaced servers still reaping children a caller waits on
 _broken = False  # a server failed in this process: children are spawned from now on
 
 
@@ -65,16 +73,20 @@ class Child:
         return self.returncode
 
     def kill(self) -> None:
-        with contextlib.suppress(OSError):  # its session leader, or already gone
-            os.killpg(self.pid, signal.SIGKILL)
-        with contextlib.suppress(OSError):  # killed before it started its session
-            os.kill(self.pid, signal.SIGKILL)
+        _kill(self.pid)
 
     def wait(self) -> int:
         while self.poll() is None:
             time.sleep(0.02)
         assert self.returncode is not None
         return self.returncode
+
+
+def _kill(pid: int) -> None:
+    with contextlib.suppress(OSError):  # its session leader, or already gone
+        os.killpg(pid, signal.SIGKILL)
+    with contextlib.suppress(OSError):  # killed before it started its session
+        os.kill(pid, signal.SIGKILL)
 
 
 def _alive(pid: int) -> bool:
@@ -115,26 +127,45 @@ class _Server:
         line["env"] = dict(env)  # type: ignore[assignment]
         self.to.write(json.dumps(line).encode() + b"\n")
         self.to.flush()
+        ready, _, _ = select.select([self.back], [], [], REPLY_TIMEOUT)
+        if not ready:
+            raise OSError(f"the isolation fork server did not answer in {REPLY_TIMEOUT:g} s")
         answer = self.back.readline().decode().strip()
         if not answer.isdigit():
             raise OSError(f"the isolation fork server answered {answer!r}")
         return Child(self, int(answer), request.parent)
 
-    def close(self) -> None:
+    def retire(self) -> None:
+        """No more requests: the server exits once the children it forked have ended."""
         with contextlib.suppress(OSError):
             self.to.close()
+
+    def close(self, timeout: float = 10.0) -> None:
+        self.retire()
         try:
-            self.proc.wait(timeout=10)
+            self.proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
+
+    def abandon(self) -> None:
+        """Kill the server, and the child of an answer it wrote but nobody read."""
+        with contextlib.suppress(OSError):
+            self.proc.kill()
+        self.proc.wait()
+        with contextlib.suppress(OSError, ValueError):
+            for word in self.back.read().split():
+                if word.isdigit():
+                    _kill(int(word))
 
 
 def _close() -> None:
     global _server
     with _lock:
-        if _server is not None and _server.owner == os.getpid():
-            _server.close()
+        mine = [s for s in (*_retired, _server) if s is not None and s.owner == os.getpid()]
+        for server in mine:
+            server.close()
+        _retired.clear()
         _server = None
 
 
@@ -152,11 +183,15 @@ def fork(target: str, request: Path, log: Path, env: Mapping[str, str]) -> Child
     with _lock:
         try:
             server = _server
+            _retired[:] = [s for s in _retired if s.proc.poll() is None]
             if server is not None and (
                 server.owner != os.getpid() or server.env != base or server.proc.poll() is not None
             ):
                 if server.owner == os.getpid():
-                    server.close()
+                    # not waited for: it exits once the children another thread of this
+                    # process may be waiting on have ended, their ends written
+                    server.retire()
+                    _retired.append(server)
                 server = _server = None  # (a forked caller leaves its parent's server alone)
             if server is None:
                 server = _server = _Server(base)
@@ -165,7 +200,7 @@ def fork(target: str, request: Path, log: Path, env: Mapping[str, str]) -> Child
             _broken = True
             if _server is not None and _server.owner == os.getpid():
                 with contextlib.suppress(Exception):
-                    _server.proc.kill()
+                    _server.abandon()
             _server = None
             return None
 
@@ -176,7 +211,7 @@ def fork(target: str, request: Path, log: Path, env: Mapping[str, str]) -> Child
 def serve(run_child: Any) -> int:
     """The server's loop: read a request per line, fork a child that runs ``run_child`` on it,
     answer with the child's pid; write each child's end beside its request when it is reaped.
-    Ends when the caller closes its side."""
+    When the caller closes its side, the server ends once its children have."""
     from graphtrim import lazy_sympy
 
     lazy_sympy.install()  # onnx_ir without sympy, as in the command line
@@ -192,6 +227,9 @@ def serve(run_child: Any) -> int:
             continue
         line = stdin.readline()
         if not line:
+            while children:  # their callers wait for the ends this writes
+                time.sleep(0.05)
+                _reap(children)
             return 0
         order = json.loads(line)
         module = order["target"].partition(":")[0]
@@ -210,7 +248,8 @@ def _reap(children: dict[int, Path]) -> None:
     while children:
         try:
             pid, status = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
+        except ChildProcessError:  # none left to reap: their ends cannot be known
+            children.clear()
             return
         if pid == 0:
             return

@@ -498,8 +498,10 @@ def run_upload_case(
     elif case.point == "upload.part.burst":
         s3.rules.append(Rule(lambda m, p: m == "PUT" and "partNumber=" in p, "503", times=2))
     elif case.point == "upload.complete.outage":
-        complete = lambda m, p: m == "POST" and "uploadId=" in p  # noqa: E731
-        s3.rules.append(Rule(complete, "503", times=10_000))
+        # the parts went through; from then on S3 answers the upload's completion, and its
+        # abort, with 503: the attempt leaves its multipart upload open
+        after_parts = lambda m, p: m in ("POST", "DELETE") and "uploadId=" in p  # noqa: E731
+        s3.rules.append(Rule(after_parts, "503", times=10_000))
     fsize = 16 << 20 if case.fault == "disk-full" else None
     prefix = f"case-{case.slug}" + ("-broken-key" if broken_key else "")
     for attempt in range(1 + RETRIES):

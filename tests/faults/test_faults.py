@@ -132,11 +132,17 @@ def test_the_suite_sees_a_broken_idempotency_key(
     assert snap["duplicates"], snap
 
 
-def test_the_upload_kill_cell_sees_a_broken_entry_key(fault_env: FaultEnv, tmp_path: Path) -> None:
-    """The upload killed mid-way with an entry key that differs on every attempt: the upload the
-    killed attempt left open is under a key the retry never looks at, so nothing aborts it, and
-    the cell reports it."""
-    case = next(c for c in UPLOAD_CASES if c.point == "upload.part.2.kill")
+# the S3 outage in the full form only: its attempts wait out the store's backoff
+@pytest.mark.parametrize(
+    "point", ["upload.part.2.kill", *(["upload.complete.outage"] if FULL else [])]
+)
+def test_an_upload_cell_sees_a_broken_entry_key(
+    point: str, fault_env: FaultEnv, tmp_path: Path
+) -> None:
+    """The upload killed mid-way, or cut off by an S3 outage before it could complete or abort,
+    with an entry key that differs on every attempt: the upload the failed attempt left open is
+    under a key the retry never looks at, so nothing aborts it, and the cell reports it."""
+    case = next(c for c in UPLOAD_CASES if c.point == point)
     result, diffs = run_upload_case(fault_env, case, tmp_path, broken_key=True)
     assert result.reached
     assert any(d.startswith("unfinished multipart upload") for d in diffs), diffs

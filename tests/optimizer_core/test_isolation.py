@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
+from pathlib import Path
 
 import pytest
 
+from graphtrim import forkserver
 from graphtrim.errors import GraphtrimError
 from graphtrim.isolation import ChildFailed, call_isolated, map_isolated, step
 from graphtrim.quantize.build import QuantizeError
@@ -26,6 +29,13 @@ def work(item: str, *, factor: int = 1) -> object:
         time.sleep(3600)
     if item == "exit":
         os._exit(3)
+    if item.startswith("segfault-on-go:"):  # started, then a crash when told
+        folder = Path(item.partition(":")[2])
+        (folder / "started").write_text("")
+        deadline = time.monotonic() + 600  # only against a hang
+        while not (folder / "go").exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        os.kill(os.getpid(), signal.SIGSEGV)
     if item == "quantize-error":
         raise QuantizeError("no calibration data")
     if item == "value-error":
@@ -86,6 +96,44 @@ def test_children_are_forked_from_a_server_of_the_callers_environment(
     monkeypatch.setenv("GRAPHTRIM_ISOLATION", "spawn")
     (d,) = map_isolated(f"{HERE}:work", ["d"])
     assert d["ppid"] == os.getpid() and d["mark"] == "two"
+
+
+def test_a_replaced_server_still_reports_how_its_children_ended(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A child of a server replaced while it runs (another thread's call under a changed
+    environment) is still reported by the signal that ended it."""
+    monkeypatch.delenv("GRAPHTRIM_ISOLATION", raising=False)
+    monkeypatch.setenv("GRAPHTRIM_TEST_MARK", "first")
+    got: list[object] = []
+    first = threading.Thread(
+        target=lambda: got.extend(map_isolated(f"{HERE}:work", [f"segfault-on-go:{tmp_path}"]))
+    )
+    first.start()
+    deadline = time.monotonic() + 600  # only against a hang
+    while not (tmp_path / "started").exists():
+        assert first.is_alive() and time.monotonic() < deadline, got
+        time.sleep(0.02)
+    monkeypatch.setenv("GRAPHTRIM_TEST_MARK", "second")
+    (other,) = map_isolated(f"{HERE}:work", ["b"])  # a server of its own; the first retired
+    assert other["mark"] == "second"
+    (tmp_path / "go").write_text("")
+    first.join()
+    (crashed,) = got
+    assert isinstance(crashed, ChildFailed) and crashed.signal_name == "SIGSEGV", crashed
+
+
+def test_a_server_that_does_not_answer_leaves_the_child_to_a_fresh_interpreter(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("GRAPHTRIM_ISOLATION", raising=False)
+    monkeypatch.setenv("GRAPHTRIM_TEST_MARK", "unanswered")  # a server started for this call
+    monkeypatch.setattr(forkserver, "REPLY_TIMEOUT", 0.0)  # still importing when asked
+    monkeypatch.setattr(forkserver, "_broken", False)
+    out = map_isolated(f"{HERE}:work", ["a", "bb"])
+    assert [r["item"] for r in out] == ["a", "bb"]
+    assert out[0]["ppid"] == os.getpid()  # spawned by the caller
+    assert forkserver._broken and forkserver._server is None
 
 
 def test_a_hang_is_stopped_at_the_timeout() -> None:
