@@ -7,6 +7,7 @@ import copy
 import os
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -112,3 +113,18 @@ def tiny_onnx(path: Path) -> Path:
     model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 18)])
     onnx.save(model, str(path))
     return path
+
+
+def untimed_policy(doc: dict[str, Any] | None = None) -> Any:
+    """The policy ``doc`` with every kind's latency measured and ranked but under no bar: on a
+    machine busy with the whole suite, a variant that computes what the reference does times
+    anywhere near 1x, and a search whose every candidate missed a latency bar by noise ends
+    without a champion. These tests are about the search, not about timing."""
+    from graphtrim.gates import GatePolicy
+    from graphtrim.quantize.kinds import KINDS
+
+    doc = dict(doc or {})
+    variants = {k.name: {"latency": {"min_speedup": None}} for k in KINDS}
+    for name, entry in doc.get("variants", {}).items():
+        variants[name] = {**variants.get(name, {}), **entry}
+    return GatePolicy({**doc, "variants": variants})

@@ -24,6 +24,7 @@ from graphtrim.tune.space import (
     neighbours,
     start_points,
 )
+from tests.helpers import untimed_policy
 
 
 def _data(task: DigitsTask) -> tuple[Any, Any]:
@@ -32,8 +33,10 @@ def _data(task: DigitsTask) -> tuple[Any, Any]:
 
 
 def _tune(task: DigitsTask, out: Path, **kw: Any) -> Any:
-    """A search of the digits CNN (or ``model=``) on its evaluation and calibration data."""
+    """A search of the digits CNN (or ``model=``) on its evaluation and calibration data, under
+    ``policy`` (default: :func:`tests.helpers.untimed_policy`)."""
     data, calib = _data(task)
+    kw.setdefault("policy", untimed_policy())
     return tune(kw.pop("model", task.model), out, data=data, calibration=calib, **kw)
 
 
@@ -309,7 +312,6 @@ def test_a_kind_whose_recipe_misses_a_gate_is_searched_from_its_nearest_miss(
     """Per-channel scales make the static recipe of the digits CNN a little larger than
     per-tensor ones: with a size gate between the two, the recipe misses it and the search
     goes on from it to a neighbour that passes."""
-    from graphtrim.gates import GatePolicy
 
     result = _tune(
         digits_task,
@@ -319,7 +321,7 @@ def test_a_kind_whose_recipe_misses_a_gate_is_searched_from_its_nearest_miss(
     )
     recipe = result.trials[0]
     assert recipe.candidate.recipe and recipe.size_ratio is not None
-    policy = GatePolicy(
+    policy = untimed_policy(
         {"variants": {"int8-static": {"size": {"max_ratio": recipe.size_ratio - 1e-4}}}}
     )
     result = _tune(
@@ -371,7 +373,7 @@ def test_the_policy_chooses_what_the_champion_is_best_at(
     from graphtrim.gates import GatePolicy
     from graphtrim.gates.policy import PolicyError
 
-    policy = GatePolicy({"tune": {"objective": "size"}})
+    policy = untimed_policy({"tune": {"objective": "size"}})
     result = _tune(
         digits_task,
         tmp_path / "out",

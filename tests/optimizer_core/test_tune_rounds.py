@@ -18,6 +18,7 @@ from graphtrim.tune import rounds
 from graphtrim.tune.memory import graph_signature, op_histogram
 from graphtrim.tune.search import TuneError, TuneSettings
 from graphtrim.tune.search_state import SearchState
+from tests.helpers import untimed_policy
 
 SETTINGS = TuneSettings(budget_s=600, objective="latency", size_weight=0.25)
 
@@ -66,7 +67,7 @@ def _search(
                 task.model,
                 tmp / f"t{spec['number']}",
                 device="cpu",
-                policy=GatePolicy(),
+                policy=untimed_policy(),
                 data=data,
                 calibration=calib,
                 config=None,
@@ -116,7 +117,7 @@ def test_the_rounds_search_and_judge_like_the_one_process_search(
         tmp_path / "out",
         {t["number"]: paths[t["number"]] for t in wanted},
         device="cpu",
-        policy=GatePolicy(),
+        policy=untimed_policy(),
         data=load_npz(digits_task.eval, specs),
     )
     assert result.champion is not None and result.output and Path(result.output).exists()
