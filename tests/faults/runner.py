@@ -97,7 +97,13 @@ PIPELINE_CASES: list[Case] = [
     Case("clock", "validate.ahead"),
     Case("clock", "register.ahead"),
     Case("clock", "promote.ahead", short=True),
+    # killed after the create on a worker with the servers' clock, retried on one 10 min ahead
+    Case("clock", "register.retry.ahead"),
 ]
+
+# a clock cell whose first attempt is killed at a point (on a worker with the servers' clock)
+# and whose retries run on a worker 10 minutes ahead: point -> where the first attempt dies
+RETRY_AHEAD = {"register.retry.ahead": "register.create_version.after"}
 
 UPLOAD_CASES: list[Case] = [
     Case("s3-drop", "upload.part.2.once", short=True),
@@ -186,6 +192,7 @@ class PipelineRun:
         *,
         base: PipelineRun | None = None,
         broken_key: bool = False,
+        recent_only: bool = False,
     ) -> None:
         self.env = env
         self.slug = slug
@@ -199,6 +206,7 @@ class PipelineRun:
         self.workdir = tmp / "work"
         self.home = tmp / "home"
         self.broken_key = broken_key
+        self.recent_only = recent_only
         policy = tmp / "policy.json"
         # measured and recorded, never deciding: a timing bar fails on a busy machine, and these
         # tests are about the state a fault leaves
@@ -235,17 +243,27 @@ class PipelineRun:
     # ------------------------------------------------------------------ one attempt
 
     def attempt(
-        self, stage: str, *, case: Case | None = None, fsize: int | None = None
+        self,
+        stage: str,
+        *,
+        case: Case | None = None,
+        fsize: int | None = None,
+        ahead: bool = False,
     ) -> tuple[int, str, bool]:
         """Run ``stage`` once in a process of its own; with ``case``, its fault is injected
-        at its point. Returns (exit code, stderr and stdout, whether the point was reached)."""
+        at its point; ``ahead``: on a clock 10 minutes ahead. Returns (exit code, stderr and
+        stdout, whether the point was reached)."""
         env = _env(self.home)
         pause = self.tmp / f"pause-{time.monotonic_ns()}"
         if case is not None and case.fault in ("pg-restart", "mlflow-kill"):
             env.update(GRAPHTRIM_FAULT_POINT=case.point, GRAPHTRIM_FAULT_ACTION=f"pause:{pause}")
         elif case is not None and case.fault == "worker-kill":
             env.update(GRAPHTRIM_FAULT_POINT=case.point, GRAPHTRIM_FAULT_ACTION="kill")
+        elif case is not None and case.point in RETRY_AHEAD:
+            env.update(GRAPHTRIM_FAULT_POINT=RETRY_AHEAD[case.point], GRAPHTRIM_FAULT_ACTION="kill")
         elif case is not None and case.fault == "clock":
+            env.update(clock_ahead())
+        if ahead:
             env.update(clock_ahead())
         if self.broken_key:
             # the variant's identity changes on every attempt, and nothing else finds the version
@@ -254,6 +272,20 @@ class PipelineRun:
                 "import sys, uuid, graphtrim.stages.register as r, graphtrim.integrations.lineage as l;"
                 "k = lambda *a, **kw: uuid.uuid4().hex; r.lineage_key = k; l.identity_key = k;"
                 "l.find_existing = lambda *a, **kw: None;"
+                "from graphtrim.cli.main import main; sys.exit(main(sys.argv[1:]))"
+            )
+            cmd = [sys.executable, "-c", code]
+        elif self.recent_only:
+            # the version an earlier attempt registered is found only if it was created in the
+            # last 5 minutes by this worker's clock (MLflow stamps it with the server's)
+            code = (
+                "import sys, time, graphtrim.integrations.registry.versions as v,"
+                " graphtrim.integrations.lineage as l;"
+                "recent = lambda mv: mv if mv is not None and"
+                " mv.creation_timestamp > (time.time() - 300) * 1000 else None;"
+                "f = v.Registry.find_by_key;"
+                "v.Registry.find_by_key = lambda self, n, k: recent(f(self, n, k));"
+                "e = l.find_existing; l.find_existing = lambda *a, **kw: recent(e(*a, **kw));"
                 "from graphtrim.cli.main import main; sys.exit(main(sys.argv[1:]))"
             )
             cmd = [sys.executable, "-c", code]
@@ -283,7 +315,7 @@ class PipelineRun:
                 raise AssertionError(f"{stage} still running after {STAGE_LIMIT} s")
             if env.get("GRAPHTRIM_FAULT_ACTION") == "kill" and proc.returncode == -9:
                 reached = True  # killed at its point
-            if case is not None and case.fault == "clock":
+            if case is not None and case.fault == "clock" and case.point not in RETRY_AHEAD:
                 reached = True  # the whole stage ran on the clock ahead
         finally:
             if proc.poll() is None:
@@ -335,7 +367,12 @@ class PipelineRun:
             armed = attempt == 0 or case.fatal
             if armed:
                 self._proxy_rules(case)
-            rc, log, reached = self.attempt(stage, case=case if armed else None, fsize=fsize)
+            rc, log, reached = self.attempt(
+                stage,
+                case=case if armed else None,
+                fsize=fsize,
+                ahead=not armed and case.point in RETRY_AHEAD,
+            )
             proxied = self.env.mlflow_proxy.log + self.env.s3_proxy.log
             if armed and (
                 reached
@@ -371,7 +408,7 @@ class PipelineRun:
                     assert case.fatal, result.log
                     # the next run, the resource back: the same stage, no fault
                     assert self.stage(name, Case("none", "none"), Result()), result.log
-            elif name in ("register", "promote") or self.broken_key:
+            elif name in ("register", "promote") or self.broken_key or self.recent_only:
                 assert self.stage(name, Case("none", "none"), result), result.log
             else:
                 self.in_process(name)
@@ -419,11 +456,23 @@ def _big_model(folder: Path, data_name: str) -> Path:
 
 
 _PUT = """
-import json, os, sys, uuid
+import contextlib, json, os, shutil, sys, tempfile, uuid
+from pathlib import Path
+import graphtrim.integrations.entries as entries
 from graphtrim.integrations.artifacts import S3Store
-if os.environ.get("GRAPHTRIM_TEST_BROKEN_KEY"):  # an entry key that differs on every attempt
+broken = os.environ.get("GRAPHTRIM_TEST_BROKEN", "")
+if broken == "key":  # an entry key that differs on every attempt
     _locate = S3Store._locate
     S3Store._locate = lambda self, *a: _locate(self, *a) + "-" + uuid.uuid4().hex[:8]
+elif broken == "scratch":  # a staging folder removed when the upload succeeds, not when it fails
+    @contextlib.contextmanager
+    def _scratch(self):
+        folder = tempfile.mkdtemp(prefix="staging-")
+        yield Path(folder)
+        shutil.rmtree(folder)
+    S3Store._scratch = _scratch
+elif broken == "message":  # the file system's error passed on as it came
+    entries.disk_full = lambda what, exc: exc
 store = S3Store(sys.argv[1], sys.argv[2], endpoint_url=sys.argv[3], multipart_threshold=8 << 20,
                 backoff=0.2)
 try:
@@ -444,12 +493,14 @@ def _stored(s3: str, prefix: str) -> dict[str, int]:
 
 
 def run_upload_case(
-    env: FaultEnv, case: Case, tmp: Path, *, broken_key: bool = False
+    env: FaultEnv, case: Case, tmp: Path, *, broken: str = ""
 ) -> tuple[Result, list[str]]:
     """``S3Store.put_model`` of a 40 MB model (three parts) through the S3 proxy with the
     case's fault, retried as a stage would be; compared with the same upload without it.
-    ``broken_key``: the entry's key differs on every attempt (what a key built from a run id or
-    a clock would do)."""
+    ``broken``, what the uploads of the case get wrong on purpose: ``key``, the entry's key
+    differs on every attempt (what a key built from a run id or a clock would do);
+    ``scratch``, the staging folder is removed only when the upload succeeds; ``message``, a
+    full disk's error is passed on as the file system gave it."""
     import boto3
 
     data_name = "weights.bin" if case.fault == "disk-full" else "model.onnx.data"
@@ -464,7 +515,7 @@ def run_upload_case(
         through: str,
         fsize: int | None = None,
         kill: bool = False,
-        broken: bool = broken_key,
+        broken: str = broken,
     ) -> tuple[int, str]:
         """One upload process; ``kill``: SIGKILLed while the proxy holds one of its parts."""
         with subprocess.Popen(
@@ -472,7 +523,7 @@ def run_upload_case(
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
-            env={**_env(home), **({"GRAPHTRIM_TEST_BROKEN_KEY": "1"} if broken else {})},
+            env={**_env(home), "GRAPHTRIM_TEST_BROKEN": broken},
             preexec_fn=_limit_files(fsize) if fsize else None,
         ) as proc:
             if kill:
@@ -485,7 +536,7 @@ def run_upload_case(
             return proc.returncode, out
 
     s3 = env.s3_proxy
-    rc, out = put(f"ref-{case.slug}", through=env.s3, broken=False)
+    rc, out = put(f"ref-{case.slug}", through=env.s3, broken="")
     assert rc == 0, out
     reference = _stored(env.s3, f"ref-{case.slug}")
     part2 = lambda m, p: m == "PUT" and "partNumber=2" in p  # noqa: E731
@@ -503,7 +554,7 @@ def run_upload_case(
         after_parts = lambda m, p: m in ("POST", "DELETE") and "uploadId=" in p  # noqa: E731
         s3.rules.append(Rule(after_parts, "503", times=10_000))
     fsize = 16 << 20 if case.fault == "disk-full" else None
-    prefix = f"case-{case.slug}" + ("-broken-key" if broken_key else "")
+    prefix = f"case-{case.slug}" + (f"-broken-{broken}" if broken else "")
     for attempt in range(1 + RETRIES):
         armed = attempt == 0 or case.fatal
         kill = attempt == 0 and case.fault == "worker-kill"
@@ -530,6 +581,8 @@ def run_upload_case(
     client = boto3.client("s3", endpoint_url=env.s3)
     for up in client.list_multipart_uploads(Bucket=BUCKET).get("Uploads", []):
         diffs.append(f"unfinished multipart upload {up['Key']}")
+        if broken and up["Key"].startswith(prefix + "/"):  # nothing left to the cells after it
+            client.abort_multipart_upload(Bucket=BUCKET, Key=up["Key"], UploadId=up["UploadId"])
     left = sorted(str(p) for p in (home / "tmp").iterdir() if p.name[0] != ".")
     if left:
         diffs.append(f"staging left: {left}")

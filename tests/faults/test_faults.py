@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from tests.faults import state
 from tests.faults.conftest import FaultEnv
 from tests.faults.runner import (
     PIPELINE_CASES,
@@ -143,6 +144,56 @@ def test_an_upload_cell_sees_a_broken_entry_key(
     with an entry key that differs on every attempt: the upload the failed attempt left open is
     under a key the retry never looks at, so nothing aborts it, and the cell reports it."""
     case = next(c for c in UPLOAD_CASES if c.point == point)
-    result, diffs = run_upload_case(fault_env, case, tmp_path, broken_key=True)
+    result, diffs = run_upload_case(fault_env, case, tmp_path, broken="key")
     assert result.reached
     assert any(d.startswith("unfinished multipart upload") for d in diffs), diffs
+
+
+# the message in the full form only: the short form shows the cell sees the state
+@pytest.mark.parametrize("broken", ["scratch", *(["message"] if FULL else [])])
+def test_a_disk_full_cell_sees_a_staging_folder_left_or_an_unclear_line(
+    broken: str, fault_env: FaultEnv, tmp_path: Path
+) -> None:
+    """The upload's staging copy meeting a full disk, with what the store does on that path
+    broken on purpose: a staging folder removed only when the upload succeeds (the failed
+    attempts leave theirs), or the file system's error passed on as it came (the line names
+    no full disk). The cell reports the first as a difference of state and refuses the second's
+    line."""
+    case = next(c for c in UPLOAD_CASES if c.fault == "disk-full")
+    result, diffs = run_upload_case(fault_env, case, tmp_path, broken=broken)
+    assert result.reached
+    if broken == "scratch":
+        assert any(d.startswith("staging left") for d in diffs), diffs
+    else:
+        assert result.line and not any(word in result.line for word in case.names), result.line
+
+
+@pytest.mark.skipif(not FULL, reason="the full form only (make faults): two runs of register")
+def test_a_clock_cell_sees_a_lookup_that_trusts_the_workers_clock(
+    fault_env: FaultEnv,
+    digits_task: Any,
+    reference: tuple[PipelineRun, dict[str, Any]],
+    tmp_path: Path,
+) -> None:
+    """The register stage killed after its create and retried, with a lookup of the version an
+    earlier attempt registered that takes only versions created in the last 5 minutes by the
+    worker's clock (MLflow stamps them with the server's). Retried on a worker with the
+    servers' clock, the retry finds the version (the same state as the reference); retried on
+    a worker 10 minutes ahead, it registers the variant a second time, and the cell sees it."""
+    snaps = {}
+    for case in (
+        Case("worker-kill", "register.create_version.after"),
+        Case("clock", "register.retry.ahead"),
+    ):
+        run = PipelineRun(
+            fault_env,
+            digits_task,
+            f"recent-{case.slug}",
+            tmp_path / case.slug,
+            base=reference[0],
+            recent_only=True,
+        )
+        assert run.run(case).reached
+        snaps[case.fault] = run.snapshot()
+    assert not state.compare(reference[1], snaps["worker-kill"])
+    assert snaps["clock"]["duplicates"], snaps["clock"]
