@@ -15,6 +15,26 @@ SMALL = {
     "max_position_embeddings": 128,
 }
 
+# the encoder-decoders' sizes (the BART family's names)
+_ENCODER_DECODER: dict[str, Any] = {
+    "d_model": 64,
+    "encoder_layers": 2,
+    "decoder_layers": 2,
+    "encoder_attention_heads": 4,
+    "decoder_attention_heads": 4,
+    "encoder_ffn_dim": 128,
+    "decoder_ffn_dim": 128,
+}
+
+# the wav2vec2 family's feature encoder, made small
+_CONV_AUDIO: dict[str, Any] = {
+    "conv_dim": [32, 32],
+    "conv_stride": [5, 2],
+    "conv_kernel": [10, 3],
+    "num_conv_pos_embeddings": 16,
+    "num_conv_pos_embedding_groups": 4,
+}
+
 
 # model_type -> (model class, kind, config overrides beyond SMALL)
 MODELS: dict[str, tuple[str, str, dict[str, Any]]] = {
@@ -58,27 +78,13 @@ MODELS: dict[str, tuple[str, str, dict[str, Any]]] = {
     "bart": (
         "BartModel",
         "seq2seq",
-        {
-            "d_model": 64,
-            "encoder_layers": 2,
-            "decoder_layers": 2,
-            "encoder_attention_heads": 4,
-            "decoder_attention_heads": 4,
-            "encoder_ffn_dim": 128,
-            "decoder_ffn_dim": 128,
-        },
+        _ENCODER_DECODER,
     ),
     "marian": (
         "MarianModel",
         "seq2seq",
         {
-            "d_model": 64,
-            "encoder_layers": 2,
-            "decoder_layers": 2,
-            "encoder_attention_heads": 4,
-            "decoder_attention_heads": 4,
-            "encoder_ffn_dim": 128,
-            "decoder_ffn_dim": 128,
+            **_ENCODER_DECODER,
             "pad_token_id": 0,
             "decoder_start_token_id": 0,
         },
@@ -87,13 +93,7 @@ MODELS: dict[str, tuple[str, str, dict[str, Any]]] = {
         "WhisperModel",
         "speech2seq",
         {
-            "d_model": 64,
-            "encoder_layers": 2,
-            "decoder_layers": 2,
-            "encoder_attention_heads": 4,
-            "decoder_attention_heads": 4,
-            "encoder_ffn_dim": 128,
-            "decoder_ffn_dim": 128,
+            **_ENCODER_DECODER,
             "num_mel_bins": 80,
             "max_source_positions": 100,
             "max_target_positions": 64,
@@ -147,13 +147,9 @@ MODELS: dict[str, tuple[str, str, dict[str, Any]]] = {
         "DetrModel",
         "detr",
         {
-            "d_model": 64,
+            **_ENCODER_DECODER,
             "encoder_layers": 1,
             "decoder_layers": 1,
-            "encoder_attention_heads": 4,
-            "decoder_attention_heads": 4,
-            "encoder_ffn_dim": 128,
-            "decoder_ffn_dim": 128,
             "num_queries": 10,
             "use_timm_backbone": False,
             "use_pretrained_backbone": False,
@@ -163,24 +159,12 @@ MODELS: dict[str, tuple[str, str, dict[str, Any]]] = {
     "wav2vec2": (
         "Wav2Vec2Model",
         "audio",
-        {
-            "conv_dim": [32, 32],
-            "conv_stride": [5, 2],
-            "conv_kernel": [10, 3],
-            "num_conv_pos_embeddings": 16,
-            "num_conv_pos_embedding_groups": 4,
-        },
+        _CONV_AUDIO,
     ),
     "hubert": (
         "HubertModel",
         "audio",
-        {
-            "conv_dim": [32, 32],
-            "conv_stride": [5, 2],
-            "conv_kernel": [10, 3],
-            "num_conv_pos_embeddings": 16,
-            "num_conv_pos_embedding_groups": 4,
-        },
+        _CONV_AUDIO,
     ),
 }
 
