@@ -26,6 +26,9 @@ _ENCODER_DECODER: dict[str, Any] = {
     "decoder_ffn_dim": 128,
 }
 
+# the ViT family's image and patch (4 x 4 patches)
+_VIT: dict[str, Any] = {"image_size": 64, "patch_size": 16}
+
 # the wav2vec2 family's feature encoder, made small
 _CONV_AUDIO: dict[str, Any] = {
     "conv_dim": [32, 32],
@@ -99,10 +102,10 @@ MODELS: dict[str, tuple[str, str, dict[str, Any]]] = {
             "max_target_positions": 64,
         },
     ),
-    "vit": ("ViTModel", "image", {"image_size": 64, "patch_size": 16}),
-    "deit": ("DeiTModel", "image", {"image_size": 64, "patch_size": 16}),
-    "beit": ("BeitModel", "image", {"image_size": 64, "patch_size": 16}),
-    "dinov2": ("Dinov2Model", "image", {"image_size": 64, "patch_size": 16}),
+    "vit": ("ViTModel", "image", _VIT),
+    "deit": ("DeiTModel", "image", _VIT),
+    "beit": ("BeitModel", "image", _VIT),
+    "dinov2": ("Dinov2Model", "image", _VIT),
     "swin": (
         "SwinModel",
         "image",
