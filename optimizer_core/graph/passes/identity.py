@@ -150,11 +150,20 @@ def _transpose_noop(node: ir.Node, ctx: RuleContext) -> Match:
     return "perm is not the identity"
 
 
-def _unsqueeze_squeeze(node: ir.Node, ctx: RuleContext) -> Match:
+def _squeezed(node: ir.Node) -> tuple[ir.Value, list[int]] | str:
+    """A Squeeze's input and its axes ([] if absent), or why they are not known."""
     x = node.inputs[0]
     axes = _axes(node, 1)
     if axes is None or x is None:
         return "axes not constant"
+    return x, axes
+
+
+def _unsqueeze_squeeze(node: ir.Node, ctx: RuleContext) -> Match:
+    found = _squeezed(node)
+    if isinstance(found, str):
+        return found
+    x, axes = found
     producer = x.producer()
     if not axes or not u.is_op(producer, "Unsqueeze") or producer is None:
         return "not a Squeeze with axes of an Unsqueeze"
@@ -168,10 +177,10 @@ def _unsqueeze_squeeze(node: ir.Node, ctx: RuleContext) -> Match:
 
 
 def _squeeze_noop(node: ir.Node, ctx: RuleContext) -> Match:
-    x = node.inputs[0]
-    axes = _axes(node, 1)
-    if axes is None or x is None:
-        return "axes not constant"
+    found = _squeezed(node)
+    if isinstance(found, str):
+        return found
+    x, axes = found
     if axes:
         return "has axes"
     d = u.dims(x)

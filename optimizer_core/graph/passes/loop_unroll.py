@@ -22,8 +22,8 @@ from onnx_ir import _cloner
 
 from graphtrim.graph import _ir_utils as u
 from graphtrim.graph.passes._loops import (
+    apply_to_loops,
     body_of,
-    loops_innermost_first,
     nested_graphs,
     trip_count,
     typed_like,
@@ -188,10 +188,6 @@ class LoopUnrolling(RulePass):
     rules = RULES
 
     def apply(self, model: ir.Model) -> bool:
-        changed = False
-        self.run_namer = None
         # innermost graphs first: no graph is visited after the Loop owning it was unrolled
         # away, and an outer Loop is measured with its inner Loops already unrolled
-        for graph, node in loops_innermost_first(model, "Loop"):
-            changed |= self.try_rule(RULES[0], node, RuleContext(model, graph, self))
-        return changed
+        return apply_to_loops(self, model)
