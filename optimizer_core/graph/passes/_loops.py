@@ -21,15 +21,17 @@ def loops_innermost_first(model: ir.Model, *ops: str) -> Iterator[tuple[ir.Graph
                 yield graph, node
 
 
-def apply_to_loops(pass_: RulePass, model: ir.Model) -> bool:
-    """Try ``pass_``'s rule for each node of the op type it names first, innermost graphs first
-    (:func:`loops_innermost_first`); whether any rewrote."""
-    pass_.run_namer = None
-    by_op = {rule.ops[0]: rule for rule in pass_.rules}
-    changed = False
-    for graph, node in loops_innermost_first(model, *by_op):
-        changed |= pass_.try_rule(by_op[node.op_type], node, RuleContext(model, graph, pass_))
-    return changed
+class LoopRulePass(RulePass):
+    """A pass whose rules each rewrite one Loop or Scan node: each node of the op type a rule
+    names first is tried with it, innermost graphs first (:func:`loops_innermost_first`)."""
+
+    def apply(self, model: ir.Model) -> bool:
+        self.run_namer = None
+        by_op = {rule.ops[0]: rule for rule in self.rules}
+        changed = False
+        for graph, node in loops_innermost_first(model, *by_op):
+            changed |= self.try_rule(by_op[node.op_type], node, RuleContext(model, graph, self))
+        return changed
 
 
 def body_of(node: ir.Node) -> ir.Graph | None:

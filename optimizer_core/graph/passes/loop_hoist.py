@@ -20,8 +20,8 @@ from typing import Any, cast
 import onnx_ir as ir
 
 from graphtrim.graph import _ir_utils as u
-from graphtrim.graph.passes._loops import apply_to_loops, body_of, typed_like
-from graphtrim.graph.rules import Rule, RuleContext, RulePass
+from graphtrim.graph.passes._loops import LoopRulePass, body_of, typed_like
+from graphtrim.graph.rules import Rule, RuleContext
 
 
 def _movable_constant(value: ir.Value, body: ir.Graph) -> bool:
@@ -128,14 +128,11 @@ RULES: tuple[Rule, ...] = (
 )
 
 
-class LoopInvariantHoisting(RulePass):
+class LoopInvariantHoisting(LoopRulePass):
+    # innermost first: what leaves an inner body may then leave the enclosing one
     name = "loop-hoist"
     summary = "move loop-invariant nodes of Loop and Scan bodies in front of the loop"
     rules = RULES
-
-    def apply(self, model: ir.Model) -> bool:
-        # innermost first: what leaves an inner body may then leave the enclosing one
-        return apply_to_loops(self, model)
 
     def counted(self, rule: Rule, match: Any) -> int:
         """One count per node moved."""

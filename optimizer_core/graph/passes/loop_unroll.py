@@ -22,13 +22,13 @@ from onnx_ir import _cloner
 
 from graphtrim.graph import _ir_utils as u
 from graphtrim.graph.passes._loops import (
-    apply_to_loops,
+    LoopRulePass,
     body_of,
     nested_graphs,
     trip_count,
     typed_like,
 )
-from graphtrim.graph.rules import Rule, RuleContext, RulePass
+from graphtrim.graph.rules import Rule, RuleContext
 
 
 def _node_count(graph: ir.Graph) -> int:
@@ -182,12 +182,9 @@ RULES: tuple[Rule, ...] = (
 )
 
 
-class LoopUnrolling(RulePass):
+class LoopUnrolling(LoopRulePass):
+    # innermost graphs first: no graph is visited after the Loop owning it was unrolled away,
+    # and an outer Loop is measured with its inner Loops already unrolled
     name = "loop-unroll"
     summary = "unroll a Loop with a small constant trip count that never exits early"
     rules = RULES
-
-    def apply(self, model: ir.Model) -> bool:
-        # innermost graphs first: no graph is visited after the Loop owning it was unrolled
-        # away, and an outer Loop is measured with its inner Loops already unrolled
-        return apply_to_loops(self, model)
