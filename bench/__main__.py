@@ -11,7 +11,6 @@ with onnxruntime's graph optimizations disabled and enabled.
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import os
@@ -170,11 +169,7 @@ def latency(
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(
-        prog="python -m bench",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    ap = publish.parser(__doc__, "python -m bench")
     ap.add_argument("--models", nargs="*", help="suite model names (default: all)")
     ap.add_argument("--tools", nargs="*", default=list(TOOLS), choices=list(TOOLS))
     ap.add_argument(

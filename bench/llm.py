@@ -257,9 +257,7 @@ def add_decoder_arguments(ap: argparse.ArgumentParser, *, runs: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    ap = publish.parser(__doc__)
     add_decoder_arguments(ap, runs=40)
     ap.add_argument("--out", default=str(ROOT / "results-llm"))
     publish.add_publish_argument(ap)

@@ -25,7 +25,6 @@ that attend to nothing included) and on a prefill. Results go to
 
 from __future__ import annotations
 
-import argparse
 import logging
 import sys
 import time
@@ -134,9 +133,7 @@ def render(results: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    ap = publish.parser(__doc__)
     add_decoder_arguments(ap, runs=60)
     ap.add_argument("--no-genai", action="store_true", help="leave the model builder out")
     ap.add_argument("--no-anchors", action="store_true", help="leave onnxslim and onnxsim out")

@@ -20,7 +20,6 @@ single process: a stage's children build the variants and run the gates). Result
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import subprocess
@@ -125,9 +124,7 @@ def render(results: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    ap = publish.parser(__doc__)
     ap.add_argument("--hidden", type=int, default=2048)
     ap.add_argument("--layers", type=int, default=22)
     ap.add_argument("--heads", type=int, default=32)

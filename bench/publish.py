@@ -30,6 +30,13 @@ DATA = REPO / "docs" / "benchmarks" / "data"
 MEASURED = ("optimizer_core", "operators", "dags", "bench", "pyproject.toml", "constraints.txt")
 
 
+def parser(doc: str | None, prog: str | None = None) -> argparse.ArgumentParser:
+    """A benchmark's parser, whose help shows ``doc`` (its module's docstring) as written."""
+    return argparse.ArgumentParser(
+        prog=prog, description=doc, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+
+
 def add_publish_argument(parser: argparse.ArgumentParser) -> None:
     """The ``--publish`` switch every benchmark takes."""
     parser.add_argument(

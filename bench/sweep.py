@@ -154,11 +154,7 @@ def sweep_model(
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(
-        prog="python -m bench.sweep",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    ap = publish.parser(__doc__, "python -m bench.sweep")
     ap.add_argument(
         "--corpus", type=Path, default=DEFAULT_DIR, help="corpus directory (its manifest.json)"
     )

@@ -19,7 +19,6 @@ Timings are of this machine, measured as ratios in the same run; absolute times 
 
 from __future__ import annotations
 
-import argparse
 import logging
 import shutil
 import sys
@@ -293,11 +292,7 @@ def render_budget(checks: list[dict[str, Any]]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(
-        prog="python -m bench.tune",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    ap = publish.parser(__doc__, "python -m bench.tune")
     ap.add_argument("--models", nargs="*", default=list(MODELS), choices=list(MODELS))
     ap.add_argument("--budget", type=float, default=300.0, help="seconds per search")
     ap.add_argument(

@@ -12,7 +12,6 @@ verdicts come from graphtrim's built-in policy.
 
 from __future__ import annotations
 
-import argparse
 import logging
 import sys
 import time
@@ -183,11 +182,7 @@ def render(results: list[dict[str, Any]]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(
-        prog="python -m bench.variants",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    ap = publish.parser(__doc__, "python -m bench.variants")
     ap.add_argument("--models", nargs="*", default=list(MODELS), choices=list(MODELS))
     ap.add_argument(
         "--variants",

@@ -117,6 +117,11 @@ def _only(*surfaces: Surface) -> frozenset[Surface]:
     return frozenset(surfaces)
 
 
+def _switch(name: str, help: str) -> RunParam:
+    """A ``boolean`` context parameter, off unless a run turns it on."""
+    return RunParam(name, "boolean", help, default=False, into="context", example=True)
+
+
 RUN_PARAMS: tuple[RunParam, ...] = (
     # the source: the DAGs' trigger form names it by name and version or alias, the CLI and the
     # Kubeflow pipeline by one URI; each DAG is placed on its device when parsed, the Kubeflow
@@ -271,29 +276,10 @@ RUN_PARAMS: tuple[RunParam, ...] = (
         example="http://s3:9000",
     ),
     # how a run treats the registry and earlier results (none of it changes what is built)
-    RunParam(
-        "allow_variant_source",
-        "boolean",
-        "optimize a version graphtrim registered itself (a variant)",
-        default=False,
-        into="context",
-        example=True,
-    ),
-    RunParam(
-        "rejudge",
-        "boolean",
-        "build and measure again the variants judged before under this config",
-        default=False,
-        into="context",
-        example=True,
-    ),
-    RunParam(
-        "force_promotion",
-        "boolean",
-        "move the champion even where a person holds it (promote / rollback)",
-        default=False,
-        into="context",
-        example=True,
+    _switch("allow_variant_source", "optimize a version graphtrim registered itself (a variant)"),
+    _switch("rejudge", "build and measure again the variants judged before under this config"),
+    _switch(
+        "force_promotion", "move the champion even where a person holds it (promote / rollback)"
     ),
     RunParam(
         "unreached_retries",

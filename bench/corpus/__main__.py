@@ -9,7 +9,6 @@ interrupted build leaves no half-written model. Failures are listed in the manif
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import os
@@ -20,6 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench import publish
 from bench.corpus import DEFAULT_DIR, EXPORT_ENVS, ROOT, Manifest, Spec, all_specs, describe
 
 log = logging.getLogger("bench.corpus")
@@ -92,11 +92,7 @@ def export_one(python: Path, sp: Spec, exporter: str, out: Path, timeout: int) -
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(
-        prog="python -m bench.corpus",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    ap = publish.parser(__doc__, "python -m bench.corpus")
     ap.add_argument("--dir", type=Path, default=DEFAULT_DIR, help="corpus directory")
     ap.add_argument("--families", nargs="*", help="only these families")
     ap.add_argument("--match", help="only models whose name matches this regular expression")

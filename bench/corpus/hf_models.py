@@ -15,6 +15,29 @@ SMALL = {
     "max_position_embeddings": 128,
 }
 
+# the encoder-decoders' sizes (the BART family's names)
+_ENCODER_DECODER: dict[str, Any] = {
+    "d_model": 64,
+    "encoder_layers": 2,
+    "decoder_layers": 2,
+    "encoder_attention_heads": 4,
+    "decoder_attention_heads": 4,
+    "encoder_ffn_dim": 128,
+    "decoder_ffn_dim": 128,
+}
+
+# the ViT family's image and patch (4 x 4 patches)
+_VIT: dict[str, Any] = {"image_size": 64, "patch_size": 16}
+
+# the wav2vec2 family's feature encoder, made small
+_CONV_AUDIO: dict[str, Any] = {
+    "conv_dim": [32, 32],
+    "conv_stride": [5, 2],
+    "conv_kernel": [10, 3],
+    "num_conv_pos_embeddings": 16,
+    "num_conv_pos_embedding_groups": 4,
+}
+
 
 # model_type -> (model class, kind, config overrides beyond SMALL)
 MODELS: dict[str, tuple[str, str, dict[str, Any]]] = {
@@ -58,27 +81,13 @@ MODELS: dict[str, tuple[str, str, dict[str, Any]]] = {
     "bart": (
         "BartModel",
         "seq2seq",
-        {
-            "d_model": 64,
-            "encoder_layers": 2,
-            "decoder_layers": 2,
-            "encoder_attention_heads": 4,
-            "decoder_attention_heads": 4,
-            "encoder_ffn_dim": 128,
-            "decoder_ffn_dim": 128,
-        },
+        _ENCODER_DECODER,
     ),
     "marian": (
         "MarianModel",
         "seq2seq",
         {
-            "d_model": 64,
-            "encoder_layers": 2,
-            "decoder_layers": 2,
-            "encoder_attention_heads": 4,
-            "decoder_attention_heads": 4,
-            "encoder_ffn_dim": 128,
-            "decoder_ffn_dim": 128,
+            **_ENCODER_DECODER,
             "pad_token_id": 0,
             "decoder_start_token_id": 0,
         },
@@ -87,22 +96,16 @@ MODELS: dict[str, tuple[str, str, dict[str, Any]]] = {
         "WhisperModel",
         "speech2seq",
         {
-            "d_model": 64,
-            "encoder_layers": 2,
-            "decoder_layers": 2,
-            "encoder_attention_heads": 4,
-            "decoder_attention_heads": 4,
-            "encoder_ffn_dim": 128,
-            "decoder_ffn_dim": 128,
+            **_ENCODER_DECODER,
             "num_mel_bins": 80,
             "max_source_positions": 100,
             "max_target_positions": 64,
         },
     ),
-    "vit": ("ViTModel", "image", {"image_size": 64, "patch_size": 16}),
-    "deit": ("DeiTModel", "image", {"image_size": 64, "patch_size": 16}),
-    "beit": ("BeitModel", "image", {"image_size": 64, "patch_size": 16}),
-    "dinov2": ("Dinov2Model", "image", {"image_size": 64, "patch_size": 16}),
+    "vit": ("ViTModel", "image", _VIT),
+    "deit": ("DeiTModel", "image", _VIT),
+    "beit": ("BeitModel", "image", _VIT),
+    "dinov2": ("Dinov2Model", "image", _VIT),
     "swin": (
         "SwinModel",
         "image",
@@ -147,13 +150,9 @@ MODELS: dict[str, tuple[str, str, dict[str, Any]]] = {
         "DetrModel",
         "detr",
         {
-            "d_model": 64,
+            **_ENCODER_DECODER,
             "encoder_layers": 1,
             "decoder_layers": 1,
-            "encoder_attention_heads": 4,
-            "decoder_attention_heads": 4,
-            "encoder_ffn_dim": 128,
-            "decoder_ffn_dim": 128,
             "num_queries": 10,
             "use_timm_backbone": False,
             "use_pretrained_backbone": False,
@@ -163,24 +162,12 @@ MODELS: dict[str, tuple[str, str, dict[str, Any]]] = {
     "wav2vec2": (
         "Wav2Vec2Model",
         "audio",
-        {
-            "conv_dim": [32, 32],
-            "conv_stride": [5, 2],
-            "conv_kernel": [10, 3],
-            "num_conv_pos_embeddings": 16,
-            "num_conv_pos_embedding_groups": 4,
-        },
+        _CONV_AUDIO,
     ),
     "hubert": (
         "HubertModel",
         "audio",
-        {
-            "conv_dim": [32, 32],
-            "conv_stride": [5, 2],
-            "conv_kernel": [10, 3],
-            "num_conv_pos_embeddings": 16,
-            "num_conv_pos_embedding_groups": 4,
-        },
+        _CONV_AUDIO,
     ),
 }
 

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.corpus import Spec, spec
+from bench.corpus.tabular import sklearn_data
 
 PIPELINES = {
     "gaussian-process": "skl2onnx",
@@ -55,10 +56,8 @@ def _zen_lines() -> tuple[list[str], list[int]]:
 
 
 def _fit(name: str) -> tuple[Any, Any]:
-    import numpy as np
     from sklearn import (
         calibration,
-        datasets,
         decomposition,
         ensemble,
         feature_selection,
@@ -72,10 +71,8 @@ def _fit(name: str) -> tuple[Any, Any]:
         tree,
     )
 
-    digits = datasets.load_digits()
-    x, y = digits.data.astype(np.float32), digits.target
-    diabetes = datasets.load_diabetes()
-    xd, yd = diabetes.data.astype(np.float32), diabetes.target
+    x, y = sklearn_data("digits")
+    xd, yd = sklearn_data("diabetes")
     if name == "gaussian-process":
         kernel = gaussian_process.kernels.RBF() + gaussian_process.kernels.WhiteKernel()
         m = gaussian_process.GaussianProcessRegressor(kernel, random_state=0)

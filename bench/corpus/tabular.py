@@ -37,11 +37,19 @@ SPECS: list[Spec] = [
 ]
 
 
-def _fit(name: str) -> tuple[Any, Any]:
+def sklearn_data(name: str) -> tuple[Any, Any]:
+    """A data set scikit-learn ships (``digits``, ``diabetes``, ``iris``): its features as
+    float32 and its targets."""
     import numpy as np
+    from sklearn import datasets
+
+    data = getattr(datasets, f"load_{name}")()
+    return data.data.astype(np.float32), data.target
+
+
+def _fit(name: str) -> tuple[Any, Any]:
     from sklearn import (
         cluster,
-        datasets,
         decomposition,
         ensemble,
         linear_model,
@@ -53,8 +61,7 @@ def _fit(name: str) -> tuple[Any, Any]:
         tree,
     )
 
-    digits = datasets.load_digits()
-    x, y = digits.data.astype(np.float32), digits.target
+    x, y = sklearn_data("digits")
     if name == "scaler-logreg":
         m = pipeline.make_pipeline(
             preprocessing.StandardScaler(), linear_model.LogisticRegression(max_iter=300)
@@ -62,14 +69,12 @@ def _fit(name: str) -> tuple[Any, Any]:
     elif name == "random-forest":
         m = ensemble.RandomForestClassifier(n_estimators=20, max_depth=8, random_state=0)
     elif name == "gradient-boosting-regressor":
-        d = datasets.load_diabetes()
-        x, y = d.data.astype(np.float32), d.target
+        x, y = sklearn_data("diabetes")
         m = ensemble.GradientBoostingRegressor(n_estimators=30, random_state=0)
     elif name == "decision-tree":
         m = tree.DecisionTreeClassifier(max_depth=10, random_state=0)
     elif name == "svc":
-        iris = datasets.load_iris()
-        x, y = iris.data.astype(np.float32), iris.target
+        x, y = sklearn_data("iris")
         m = pipeline.make_pipeline(
             preprocessing.MinMaxScaler(), svm.SVC(probability=True, random_state=0)
         )

@@ -10,16 +10,18 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from graphtrim.cli.argtypes import add_command_group
 from graphtrim.errors import GraphtrimError
 
 
 def register(sub: Any) -> dict[str, Callable[[argparse.Namespace], int]]:
-    kfp = sub.add_parser(
+    ksub = add_command_group(
+        sub,
         "kfp",
+        "kfp_command",
         help="Kubeflow Pipelines: compile the optimize pipeline",
         description="Kubeflow Pipelines (KFP v2) support.",
     )
-    ksub = kfp.add_subparsers(dest="kfp_command", required=True, metavar="SUBCOMMAND")
     comp = ksub.add_parser(
         "compile",
         help="compile the optimize pipeline to a KFP v2 YAML file (offline)",

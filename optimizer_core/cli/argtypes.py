@@ -11,7 +11,7 @@ import json
 import math
 import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import overload
+from typing import Any, overload
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -37,6 +37,25 @@ class Parser(argparse.ArgumentParser):
     def __init__(self, *args: object, **kwargs: object) -> None:
         kwargs.setdefault("formatter_class", HelpFormatter)
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+
+
+def add_command_group(
+    sub: Any,
+    name: str,
+    dest: str,
+    *,
+    help: str,
+    description: str,
+    metavar: str = "SUBCOMMAND",
+    **defaults: Any,
+) -> Any:
+    """Add command ``name`` to ``sub``, one of whose sub-commands must be named (it lands in
+    ``args.<dest>``); ``defaults`` are the command's ``set_defaults``. Returns its sub-parsers
+    (``add_parser`` adds a sub-command)."""
+    group = sub.add_parser(name, help=help, description=description)
+    if defaults:
+        group.set_defaults(**defaults)
+    return group.add_subparsers(dest=dest, required=True, metavar=metavar)
 
 
 def _int_at_least(text: str, minimum: int) -> int:

@@ -10,9 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from graphtrim.cli.argtypes import (
-    lazy_choices,
-)
+from graphtrim.cli.argtypes import add_command_group, lazy_choices
 from graphtrim.cli.exits import add_allow_failed, variants_exit
 from graphtrim.cli.pipeline_args import _add_pipeline_args
 from graphtrim.cli.pipeline_context import _context_and_config, add_tracking_uri, tracking_uri
@@ -29,17 +27,18 @@ def _stage_names() -> tuple[str, ...]:
 
 
 def add_parsers(sub: Any) -> None:
-    pipe = sub.add_parser(
+    psub = add_command_group(
+        sub,
         "pipeline",
+        "pipeline_command",
         help="run the registry-to-registry pipeline (export .. promote)",
         description=(
             "Take a registered model version through export, optimize, quantize, validate, "
             "register and promote. Every stage is idempotent: re-running for the same source "
             "version and config registers nothing new."
         ),
+        handler=cmd_pipeline,
     )
-    pipe.set_defaults(handler=cmd_pipeline)
-    psub = pipe.add_subparsers(dest="pipeline_command", required=True, metavar="SUBCOMMAND")
     run = psub.add_parser(
         "run",
         help="all stages in this process",
@@ -133,10 +132,7 @@ def add_parsers(sub: Any) -> None:
         ),
     )
     pr.add_argument("model", help="models:/NAME/VERSION")
-    pr.add_argument(
-        "--alias", required=True, help="the alias to move (champion, staging, ...): no default"
-    )
-    pr.add_argument("--why", required=True, help="reason, kept in the audit tags")
+    _add_alias_move(pr, "the alias to move (champion, staging, ...): no default")
     pr.add_argument("--force", action="store_true", help="promote even if gates failed")
     add_tracking_uri(pr)
     pr.set_defaults(handler=cmd_promote)
@@ -150,12 +146,15 @@ def add_parsers(sub: Any) -> None:
         ),
     )
     rb.add_argument("name", help="registered model name")
-    rb.add_argument(
-        "--alias", required=True, help="the alias to move back (champion, ...): no default"
-    )
-    rb.add_argument("--why", required=True, help="reason, kept in the audit tags")
+    _add_alias_move(rb, "the alias to move back (champion, ...): no default")
     add_tracking_uri(rb)
     rb.set_defaults(handler=cmd_rollback)
+
+
+def _add_alias_move(p: argparse.ArgumentParser, alias_help: str) -> None:
+    """The alias a command moves and why (``promote``, ``rollback``), both required."""
+    p.add_argument("--alias", required=True, help=alias_help)
+    p.add_argument("--why", required=True, help="reason, kept in the audit tags")
 
 
 @masked_command

@@ -6,17 +6,20 @@ import argparse
 import json
 from typing import Any
 
+from graphtrim.cli.argtypes import add_command_group
 from graphtrim.cli.pipeline_context import add_tracking_uri, tracking_uri
 from graphtrim.redact import masked_command
 
 
 def add_parsers(sub: Any) -> None:
-    reg = sub.add_parser(
+    rsub = add_command_group(
+        sub,
         "registry",
+        "registry_command",
         help="upkeep of a registered model's variant versions (dedupe)",
         description="Upkeep of the versions graphtrim registered in an MLflow registry.",
+        metavar="COMMAND",
     )
-    rsub = reg.add_subparsers(dest="registry_command", required=True, metavar="COMMAND")
     dd = rsub.add_parser(
         "dedupe",
         help="list (or archive) versions that copy another version's variant",

@@ -176,6 +176,16 @@ def const_ints(value: ir.Value | None) -> list[int] | None:
     return [int(x) for x in arr.reshape(-1)]
 
 
+def ints_given(node: ir.Node, name: str, index: int) -> list[int] | None:
+    """The ints ``name`` of ``node``: its attribute (older opsets) or its constant input
+    ``index`` (newer ones); [] when it has neither, None when the input is not constant."""
+    if name in node.attributes:
+        return list(node.attributes[name].as_ints())
+    if len(node.inputs) > index and node.inputs[index] is not None:
+        return const_ints(node.inputs[index])
+    return []
+
+
 # ---------------------------------------------------------------- shapes and types
 
 

@@ -151,5 +151,9 @@ class RulePass(GraphtrimPass):
             logger.debug("%s: %s declined at %s: %s", self.name, rule.name, node.name, match)
             return False
         rule.rewrite(node, match, ctx)
-        self.hit(rule.name)
+        self.hit(rule.name, self.counted(rule, match))
         return True
+
+    def counted(self, rule: Rule, match: Any) -> int:
+        """How many rewrites a match of ``rule`` counts as (:meth:`hit`): one."""
+        return 1

@@ -61,6 +61,10 @@ class VariantKind:
         return getattr(importlib.import_module(module), name)
 
 
+# the gates of the variants whose weights take a byte or less: a quarter of float32's size, with
+# room for what stays in float
+_QUANTIZED_SIZE: Mapping[str, Any] = {"size": {"max_ratio": 0.35}}
+
 KINDS: tuple[VariantKind, ...] = (
     VariantKind(
         "graph",
@@ -83,7 +87,7 @@ KINDS: tuple[VariantKind, ...] = (
         "int8-dynamic",
         "int8 weights, activations quantized at run time",
         converter="graphtrim.quantize.int8:convert_int8_dynamic",
-        gates={"size": {"max_ratio": 0.35}},
+        gates=_QUANTIZED_SIZE,
         promotion=1,
         default=True,
     ),
@@ -92,7 +96,7 @@ KINDS: tuple[VariantKind, ...] = (
         "QDQ int8, needs --calibration",
         converter="graphtrim.quantize.int8:convert_int8_static",
         needs_calibration=True,
-        gates={"size": {"max_ratio": 0.35}},
+        gates=_QUANTIZED_SIZE,
         promotion=0,
         default=True,
     ),
@@ -101,7 +105,7 @@ KINDS: tuple[VariantKind, ...] = (
         "4-bit block-wise MatMul weights, float activations (language models)",
         converter="graphtrim.quantize.weight_converters:convert_int4_weight",
         converts=("MatMul", "Gather"),  # MatMul weights; token embeddings when asked
-        gates={"size": {"max_ratio": 0.35}},
+        gates=_QUANTIZED_SIZE,
         advice=(
             "less 4-bit error: blocks of 16 (--block-size), asymmetric weights "
             "(--weight-asymmetric) or --weight-algorithm hqq; or int8-weight"
@@ -122,7 +126,7 @@ KINDS: tuple[VariantKind, ...] = (
         "4-bit block-wise MatMul weights, float16 activations (language models on GPUs)",
         converter="graphtrim.quantize.fp16:convert_int4_fp16",
         float16=True,
-        gates={"size": {"max_ratio": 0.35}},
+        gates=_QUANTIZED_SIZE,
         promotion=6,
     ),
     VariantKind(

@@ -7,6 +7,7 @@ from collections.abc import Iterator
 import onnx_ir as ir
 
 from graphtrim.graph import _ir_utils as u
+from graphtrim.graph.rules import RuleContext, RulePass
 
 
 def loops_innermost_first(model: ir.Model, *ops: str) -> Iterator[tuple[ir.Graph, ir.Node]]:
@@ -18,6 +19,19 @@ def loops_innermost_first(model: ir.Model, *ops: str) -> Iterator[tuple[ir.Graph
         for node in u.nodes_in_order(graph):
             if node.graph is graph and u.is_op(node, *ops):
                 yield graph, node
+
+
+class LoopRulePass(RulePass):
+    """A pass whose rules each rewrite one Loop or Scan node: each node of the op type a rule
+    names first is tried with it, innermost graphs first (:func:`loops_innermost_first`)."""
+
+    def apply(self, model: ir.Model) -> bool:
+        self.run_namer = None
+        by_op = {rule.ops[0]: rule for rule in self.rules}
+        changed = False
+        for graph, node in loops_innermost_first(model, *by_op):
+            changed |= self.try_rule(by_op[node.op_type], node, RuleContext(model, graph, self))
+        return changed
 
 
 def body_of(node: ir.Node) -> ir.Graph | None:

@@ -26,12 +26,8 @@ def _last_axis_mean(node: ir.Node, x: ir.Value | None) -> bool:
     """``node`` is ReduceMean over the last axis of ``x`` with keepdims."""
     if node.attributes.get_int("keepdims", 1) != 1 or x is None:
         return False
-    if "axes" in node.attributes:
-        axes = list(node.attributes["axes"].as_ints())
-    elif len(node.inputs) > 1 and node.inputs[1] is not None:
-        axes = u.const_ints(node.inputs[1]) or []
-    else:
-        return False
+    # none given, or not constant: [] names no axis
+    axes = u.ints_given(node, "axes", 1) or []
     if axes == [-1]:
         return True  # the last axis whatever the rank
     r = u.rank(x)

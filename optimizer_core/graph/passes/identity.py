@@ -39,11 +39,7 @@ def _to(node: ir.Node, value: ir.Value | None) -> Match:
 
 def _axes(node: ir.Node, input_index: int) -> list[int] | None:
     """The axes of Squeeze/Unsqueeze/Slice/Pad whether given as attribute or input; [] if absent."""
-    if "axes" in node.attributes:
-        return list(node.attributes["axes"].as_ints())
-    if len(node.inputs) > input_index and node.inputs[input_index] is not None:
-        return u.const_ints(node.inputs[input_index])
-    return []
+    return u.ints_given(node, "axes", input_index)
 
 
 def _same_axes(axes: list[int], other: list[int], rank: int) -> bool:
@@ -150,11 +146,20 @@ def _transpose_noop(node: ir.Node, ctx: RuleContext) -> Match:
     return "perm is not the identity"
 
 
-def _unsqueeze_squeeze(node: ir.Node, ctx: RuleContext) -> Match:
+def _squeezed(node: ir.Node) -> tuple[ir.Value, list[int]] | str:
+    """A Squeeze's input and its axes ([] if absent), or why they are not known."""
     x = node.inputs[0]
     axes = _axes(node, 1)
     if axes is None or x is None:
         return "axes not constant"
+    return x, axes
+
+
+def _unsqueeze_squeeze(node: ir.Node, ctx: RuleContext) -> Match:
+    found = _squeezed(node)
+    if isinstance(found, str):
+        return found
+    x, axes = found
     producer = x.producer()
     if not axes or not u.is_op(producer, "Unsqueeze") or producer is None:
         return "not a Squeeze with axes of an Unsqueeze"
@@ -168,10 +173,10 @@ def _unsqueeze_squeeze(node: ir.Node, ctx: RuleContext) -> Match:
 
 
 def _squeeze_noop(node: ir.Node, ctx: RuleContext) -> Match:
-    x = node.inputs[0]
-    axes = _axes(node, 1)
-    if axes is None or x is None:
-        return "axes not constant"
+    found = _squeezed(node)
+    if isinstance(found, str):
+        return found
+    x, axes = found
     if axes:
         return "has axes"
     d = u.dims(x)
@@ -285,14 +290,9 @@ def _reduce_unit_axes(node: ir.Node, ctx: RuleContext) -> Match:
     if x_dims is None:
         return "the input's rank is unknown"
     # axes: an attribute before ReduceSum-13 / the others' opset 18, an input since
-    if "axes" in node.attributes:
-        axes: list[int] | None = list(node.attributes["axes"].as_ints())
-    elif len(node.inputs) > 1 and node.inputs[1] is not None:
-        axes = u.const_ints(node.inputs[1])
-        if axes is None:
-            return "the axes are not constant"
-    else:
-        axes = []
+    axes = _axes(node, 1)
+    if axes is None:
+        return "the axes are not constant"
     if not axes:
         if node.attributes.get_int("noop_with_empty_axes", 0):
             return "no axes with noop_with_empty_axes (the identity rule of that op)"

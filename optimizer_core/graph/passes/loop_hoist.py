@@ -15,13 +15,13 @@ value is the one form a body output of an outer value may take).
 
 from __future__ import annotations
 
-from typing import cast
+from typing import Any, cast
 
 import onnx_ir as ir
 
 from graphtrim.graph import _ir_utils as u
-from graphtrim.graph.passes._loops import body_of, loops_innermost_first, typed_like
-from graphtrim.graph.rules import Rule, RuleContext, RulePass, logger
+from graphtrim.graph.passes._loops import LoopRulePass, body_of, typed_like
+from graphtrim.graph.rules import Rule, RuleContext
 
 
 def _movable_constant(value: ir.Value, body: ir.Graph) -> bool:
@@ -126,29 +126,14 @@ RULES: tuple[Rule, ...] = (
     Rule("loop-hoist", _MATH.format(op="Loop"), ("Loop",), _check, _hoist),
     Rule("scan-hoist", _MATH.format(op="Scan"), ("Scan",), _check, _hoist),
 )
-_BY_OP = {rule.ops[0]: rule for rule in RULES}
 
 
-class LoopInvariantHoisting(RulePass):
+class LoopInvariantHoisting(LoopRulePass):
+    # innermost first: what leaves an inner body may then leave the enclosing one
     name = "loop-hoist"
     summary = "move loop-invariant nodes of Loop and Scan bodies in front of the loop"
     rules = RULES
 
-    def apply(self, model: ir.Model) -> bool:
-        changed = False
-        self.run_namer = None
-        # innermost first: what leaves an inner body may then leave the enclosing one
-        for graph, node in loops_innermost_first(model, "Loop", "Scan"):
-            rule = _BY_OP[node.op_type]
-            assert rule.check is not None and rule.rewrite is not None
-            ctx = RuleContext(model, graph, self)
-            hoisted = rule.check(node, ctx)
-            if isinstance(hoisted, str):
-                self.declines[(rule.name, hoisted)] += 1
-                logger.debug("%s: %s declined at %s: %s", self.name, rule.name, node.name, hoisted)
-                continue
-            rule.rewrite(node, hoisted, ctx)
-            # one count per node moved
-            self.hit(rule.name, len(hoisted))
-            changed = True
-        return changed
+    def counted(self, rule: Rule, match: Any) -> int:
+        """One count per node moved."""
+        return len(match)

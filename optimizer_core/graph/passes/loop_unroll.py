@@ -22,13 +22,13 @@ from onnx_ir import _cloner
 
 from graphtrim.graph import _ir_utils as u
 from graphtrim.graph.passes._loops import (
+    LoopRulePass,
     body_of,
-    loops_innermost_first,
     nested_graphs,
     trip_count,
     typed_like,
 )
-from graphtrim.graph.rules import Rule, RuleContext, RulePass
+from graphtrim.graph.rules import Rule, RuleContext
 
 
 def _node_count(graph: ir.Graph) -> int:
@@ -182,16 +182,9 @@ RULES: tuple[Rule, ...] = (
 )
 
 
-class LoopUnrolling(RulePass):
+class LoopUnrolling(LoopRulePass):
+    # innermost graphs first: no graph is visited after the Loop owning it was unrolled away,
+    # and an outer Loop is measured with its inner Loops already unrolled
     name = "loop-unroll"
     summary = "unroll a Loop with a small constant trip count that never exits early"
     rules = RULES
-
-    def apply(self, model: ir.Model) -> bool:
-        changed = False
-        self.run_namer = None
-        # innermost graphs first: no graph is visited after the Loop owning it was unrolled
-        # away, and an outer Loop is measured with its inner Loops already unrolled
-        for graph, node in loops_innermost_first(model, "Loop"):
-            changed |= self.try_rule(RULES[0], node, RuleContext(model, graph, self))
-        return changed

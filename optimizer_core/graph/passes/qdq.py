@@ -74,7 +74,8 @@ def new_name(ctx: RuleContext, hint: str | None, suffix: str) -> str:
 
 
 def _round_trip(outer: ir.Node, inner_op: str) -> tuple[ir.Value, QParams, QParams] | str:
-    """``x`` of ``outer(inner(x))``, a Q and DQ pair, with the Q's and the DQ's parameters."""
+    """``x`` of ``outer(inner(x))``, a Q and DQ pair with the same parameters that gives back
+    ``x``'s type, with the Q's and the DQ's parameters."""
     mid = outer.inputs[0]
     inner = mid.producer() if mid is not None else None
     x = inner.inputs[0] if inner is not None and u.is_op(inner, inner_op) else None
@@ -84,6 +85,14 @@ def _round_trip(outer: ir.Node, inner_op: str) -> tuple[ir.Value, QParams, QPara
     qp, dqp = params(q), params(dq)
     if qp is None or dqp is None:
         return "attributes or types not understood"
+    if inner_op == "QuantizeLinear":
+        back, types, inner_params, outer_params = dqp.ftype, "float", qp, dqp
+    else:
+        back, types, inner_params, outer_params = qp.qtype, "quantized", dqp, qp
+    if x.dtype is None or x.dtype != back:
+        return f"the {types} types differ"
+    if not same_params(inner_params, outer_params, u.rank(x)):
+        return "different scales, zero points, axes or blocks"
     return x, qp, dqp
 
 
@@ -94,11 +103,7 @@ def check_dq_q(q: ir.Node, ctx: RuleContext) -> ir.Value | str:
     found = _round_trip(q, "DequantizeLinear")
     if isinstance(found, str):
         return found
-    x, qp, dqp = found
-    if x.dtype is None or x.dtype != qp.qtype:
-        return "the quantized types differ"
-    if not same_params(dqp, qp, u.rank(x)):
-        return "different scales, zero points, axes or blocks"
+    x, _, dqp = found
     if not round_trip_exact(dqp):
         return "the round trip may round or clip"
     return reroute_refusal(q.outputs[0], x) or x
@@ -116,11 +121,7 @@ def check_q_dq_lossy(dq: ir.Node, ctx: RuleContext) -> ir.Value | str:
     found = _round_trip(dq, "QuantizeLinear")
     if isinstance(found, str):
         return found
-    x, qp, dqp = found
-    if x.dtype is None or x.dtype != dqp.ftype:
-        return "the float types differ"
-    if not same_params(qp, dqp, u.rank(x)):
-        return "different scales, zero points, axes or blocks"
+    x = found[0]
     return reroute_refusal(dq.outputs[0], x) or x
 
 

@@ -153,22 +153,14 @@ class _Region:
         return False
 
     def _axes(self, node: ir.Node) -> list[int] | None:
-        if "axes" in node.attributes:
-            return list(node.attributes["axes"].as_ints())
-        if len(node.inputs) > 1 and node.inputs[1] is not None:
-            return u.const_ints(node.inputs[1])
-        return []
+        return u.ints_given(node, "axes", 1)
 
     def _pads(self, node: ir.Node) -> list[int] | None:
         r = len(self.perm)
         if node.attributes.get_string("mode", "constant") not in ("constant", "reflect", "edge"):
             return None
-        if "pads" in node.attributes:
-            pads = list(node.attributes["pads"].as_ints())
-        elif len(node.inputs) > 1 and node.inputs[1] is not None:
-            pads = u.const_ints(node.inputs[1]) or []
-        else:
-            return None
+        # none given, or not constant: [] fits no rank
+        pads = u.ints_given(node, "pads", 1) or []
         if len(node.inputs) > 3 and node.inputs[3] is not None:
             return None  # an axes input: left alone
         return pads if len(pads) == 2 * r else None
