@@ -288,7 +288,8 @@ def deployment(
                 "gpu-worker-2": (["gpu"], {"GRAPHTRIM_TEST_GPU_ON_CPU": "1"}),
             }
 
-            def start_worker(name: str) -> None:
+            def start_worker(name: str, **env: str) -> None:
+                """Start worker ``name``; ``env``: more environment for it (a fault point)."""
                 queues, extra = workers[name]
                 procs.start(
                     name,
@@ -305,7 +306,7 @@ def deployment(
                         "--celery-hostname",
                         f"{name}@%h",
                     ],
-                    dict(airflow_env, GRAPHTRIM_WORKER_NAME=name, **extra),
+                    dict(airflow_env, GRAPHTRIM_WORKER_NAME=name, **extra, **env),
                 )
 
             if executor == "CeleryExecutor":
@@ -334,6 +335,38 @@ def deployment(
             subprocess.run(
                 ["redis-cli", "-u", f"{REDIS}/{redis_db}", "FLUSHDB"], capture_output=True
             )
+
+
+def run_dag(
+    d: dict[str, Any], dag: str, conf: dict[str, Any], timeout: float = 1800
+) -> dict[str, Any]:
+    """Trigger ``dag`` on deployment ``d`` and wait for its run to end; returns its run id,
+    state and task instances. ``timeout`` only guards against a hang."""
+    from tests.servers import http_session
+
+    # a call retried while the API server is too busy to answer (a POST only while it refuses
+    # the connection: a DAG run is never triggered twice)
+    http = http_session()
+    api = d["api"]
+    deadline = time.monotonic() + 600
+    while http.get(f"{api}/api/v2/dags/{dag}").status_code != 200:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{dag} not parsed:\n{d['procs'].log('dag-processor')}")
+        time.sleep(2)
+    http.patch(f"{api}/api/v2/dags/{dag}", json={"is_paused": False})
+    r = http.post(f"{api}/api/v2/dags/{dag}/dagRuns", json={"logical_date": None, "conf": conf})
+    if r.status_code != 200:
+        raise RuntimeError(f"triggering {dag}: {r.status_code} {r.text}")
+    run_id = r.json()["dag_run_id"]
+    deadline = time.monotonic() + timeout
+    while True:
+        d["procs"].check()
+        state = http.get(f"{api}/api/v2/dags/{dag}/dagRuns/{run_id}").json()["state"]
+        if state in ("success", "failed") or time.monotonic() > deadline:
+            break
+        time.sleep(3)
+    tis = http.get(f"{api}/api/v2/dags/{dag}/dagRuns/{run_id}/taskInstances").json()
+    return {"run_id": run_id, "state": state, "tis": tis["task_instances"]}
 
 
 def main() -> int:

@@ -429,6 +429,130 @@ class PipelineRun:
         return state.compare(reference, self.snapshot())
 
 
+# ---------------------------------------------------------------------------- as Celery tasks
+
+# the fault met by a stage's task on a Celery worker of a deployment (tests/deployment.py): the
+# whole worker, the task's process with it, SIGKILLed while the task stands at the point, and a
+# worker started again in its place; Airflow declares the task dead and retries it, as the
+# DAG's retries say
+CELERY_CASES: list[Case] = [
+    Case("celery-worker-kill", "register.create_version.after"),
+    Case("celery-worker-kill", "promote.alias.after"),
+]
+CELERY_DAG = "graphtrim_optimize_model"
+CELERY_WORKER = "cpu-worker"  # serves the default queue: every task of the CPU DAG
+
+
+def _killed_everywhere(marker: str) -> int:
+    """SIGKILL every process whose environment holds ``marker`` (what a lost node does to the
+    task processes a worker started); returns how many."""
+    n = 0
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        with contextlib.suppress(OSError):
+            if marker.encode() in (proc / "environ").read_bytes():
+                os.kill(int(proc.name), 9)
+                n += 1
+    return n
+
+
+class DagRun:
+    """One run of the CPU DAG on a Celery deployment into a registered model of its own
+    (``target_name``), with the case's fault met by the task of the case's stage."""
+
+    def __init__(self, d: dict[str, Any], digits: Any, slug: str, tmp: Path) -> None:
+        self.d = d
+        self.slug = slug
+        self.tmp = tmp
+        self.target = f"t-{slug}"
+        self.conf = {
+            "model_name": "digits",
+            "version": d["version"],
+            "variants": VARIANTS.split(","),
+            "calibration": str(digits.calibration),
+            "eval_data": str(digits.eval),
+            "target_name": self.target,
+            # measured and recorded, never deciding (see PipelineRun)
+            "policy": {
+                "variants": {
+                    v: {"latency": {"min_speedup": None, "runs": 20, "warmup": 5}}
+                    for v in VARIANTS.split(",")
+                },
+                "promotion": {"metric": "bytes", "margin": 0.5},
+            },
+        }
+
+    def run(self, case: Case) -> Result:
+        import threading
+
+        from tests.deployment import run_dag
+
+        result = Result()
+        start = time.monotonic()
+        pause = self.tmp / "pause"
+        procs, start_worker = self.d["procs"], self.d["start_worker"]
+        done = threading.Event()
+
+        def watch() -> None:
+            while not done.is_set():
+                if (pause / "hit").exists():
+                    procs.kill(CELERY_WORKER)
+                    _killed_everywhere(f"pause:{pause}")
+                    result.reached = True
+                    time.sleep(2)
+                    start_worker(CELERY_WORKER)  # the replacement, without the fault
+                    return
+                time.sleep(0.2)
+
+        watcher = None
+        if case.fault != "none":
+            procs.kill(CELERY_WORKER)
+            start_worker(
+                CELERY_WORKER,
+                GRAPHTRIM_FAULT_POINT=case.point,
+                GRAPHTRIM_FAULT_ACTION=f"pause:{pause}",
+            )
+            watcher = threading.Thread(target=watch, daemon=True)
+            watcher.start()
+        try:
+            run = run_dag(self.d, CELERY_DAG, self.conf)
+        finally:
+            done.set()
+            if watcher is not None:
+                watcher.join(timeout=60)
+        tries = {t["task_id"]: t["try_number"] for t in run["tis"]}
+        result.attempts = int(tries.get(case.stage, 1) or 1)
+        states = {t["task_id"]: t["state"] for t in run["tis"]}
+        result.log = f"DAG run {run['run_id']}: {run['state']}; tasks {states}, tries {tries}"
+        if result.attempts > 1:
+            result.notes.append(f"{case.stage}: {result.attempts} tries")
+        if run["state"] != "success":
+            logs = "\n".join(procs.log(n) for n in ("scheduler", CELERY_WORKER))
+            raise AssertionError(f"{result.log}\n{logs[-6000:]}")
+        result.seconds = time.monotonic() - start
+        return result
+
+    def snapshot(self) -> dict[str, Any]:
+        return state.snapshot(
+            self.d["mlflow"],
+            self.target,
+            "graphtrim",  # the DAG's runs log to the default experiment, all of them
+            s3=self.d["s3"],
+            workdirs=[],
+            tmp=self.tmp / "snapshot",
+        )
+
+
+def compare_dag_runs(reference: dict[str, Any], got: dict[str, Any]) -> list[str]:
+    """:func:`state.compare` for two runs of the DAG, whose MLflow runs share one experiment:
+    there, no run may be left RUNNING or have failed, whatever the count."""
+    diffs = [d for d in state.compare(reference, got) if not d.startswith("runs:")]
+    if set(got["runs"]) - {"FINISHED"}:
+        diffs.append(f"runs: {got['runs']}")
+    return diffs
+
+
 # ---------------------------------------------------------------------------- the upload
 
 

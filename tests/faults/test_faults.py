@@ -23,11 +23,14 @@ import pytest
 from tests.faults import state
 from tests.faults.conftest import FaultEnv
 from tests.faults.runner import (
+    CELERY_CASES,
     PIPELINE_CASES,
     UPLOAD_CASES,
     Case,
+    DagRun,
     Outcomes,
     PipelineRun,
+    compare_dag_runs,
     run_upload_case,
 )
 
@@ -197,3 +200,43 @@ def test_a_clock_cell_sees_a_lookup_that_trusts_the_workers_clock(
         snaps[case.fault] = run.snapshot()
     assert not state.compare(reference[1], snaps["worker-kill"])
     assert snaps["clock"]["duplicates"], snaps["clock"]
+
+
+# ---------------------------------------------------------------- the same faults as Celery tasks
+
+
+@pytest.fixture(scope="module")
+def celery(tmp_path_factory: Any, digits_task: Any) -> Any:
+    """A Celery deployment (tests/deployment.py) with the digits model registered, and a run of
+    the DAG without a fault (what it leaves): the full form only."""
+    import boto3
+
+    from tests.conftest import BUCKET
+    from tests.deployment import deployment
+    from tests.servers import fake_aws_credentials, moto_server, register_onnx
+
+    root = tmp_path_factory.mktemp("celery")
+    with fake_aws_credentials(), moto_server(root / "s3") as s3:
+        boto3.client("s3", endpoint_url=s3, region_name="us-east-1").create_bucket(Bucket=BUCKET)
+        with deployment(root, s3=s3, bucket=BUCKET) as d:
+            d["version"] = register_onnx(d["mlflow"], digits_task.model, "digits")
+            run = DagRun(d, digits_task, "reference", root / "reference")
+            run.run(Case("none", "none"))
+            yield d, run.snapshot()
+
+
+@pytest.mark.parametrize("case", [pytest.param(c, id=c.id) for c in CELERY_CASES] if FULL else [])
+def test_a_celery_worker_killed_mid_task_ends_in_the_state_of_a_run_without_it(
+    case: Case, celery: Any, digits_task: Any, outcomes: Outcomes, tmp_path: Path
+) -> None:
+    """The DAG on a Celery deployment, its worker SIGKILLed (the task's process with it) while
+    the task of the case's stage stands at the point, a new worker started: Airflow declares
+    the task dead and retries it, and the run leaves what a run without the fault leaves."""
+    d, expected = celery
+    run = DagRun(d, digits_task, case.slug, tmp_path)
+    result = run.run(case)
+    diffs = compare_dag_runs(expected, run.snapshot())
+    outcomes.add(case, result, diffs)
+    assert result.reached, f"the fault point {case.point} was never reached: {result.log}"
+    assert result.attempts >= 2, result.log  # the killed try was retried
+    assert not diffs, "\n".join(diffs)

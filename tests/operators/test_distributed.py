@@ -13,6 +13,7 @@ import pytest
 import requests
 
 from graphtrim.examples.digits import DigitsTask
+from tests.deployment import run_dag
 from tests.servers import fake_aws_credentials, http_session, moto_server, register_onnx
 
 # the deadlines below only guard against a hang; the test limit is above their sum
@@ -63,30 +64,6 @@ def deployed(
         with deployment(root, s3=s3, bucket=BUCKET) as d:
             d["version"] = register_onnx(d["mlflow"], digits_task.model, "digits-dist")
             yield d
-
-
-def run_dag(
-    d: dict[str, Any], dag: str, conf: dict[str, Any], timeout: float = 1800
-) -> dict[str, Any]:
-    """Trigger ``dag`` and wait for its run to end; ``timeout`` only guards against a hang."""
-    api = d["api"]
-    deadline = time.monotonic() + 600
-    while _get(f"{api}/api/v2/dags/{dag}").status_code != 200:
-        assert time.monotonic() < deadline, d["procs"].log("dag-processor")
-        time.sleep(2)
-    _api("PATCH", f"{api}/api/v2/dags/{dag}", json={"is_paused": False})
-    r = _api("POST", f"{api}/api/v2/dags/{dag}/dagRuns", json={"logical_date": None, "conf": conf})
-    assert r.status_code == 200, r.text
-    run_id = r.json()["dag_run_id"]
-    deadline = time.monotonic() + timeout
-    while True:
-        d["procs"].check()
-        state = _get(f"{api}/api/v2/dags/{dag}/dagRuns/{run_id}").json()["state"]
-        if state in ("success", "failed") or time.monotonic() > deadline:
-            break
-        time.sleep(3)
-    tis = _get(f"{api}/api/v2/dags/{dag}/dagRuns/{run_id}/taskInstances").json()["task_instances"]
-    return {"run_id": run_id, "state": state, "tis": tis}
 
 
 def test_stages_run_on_their_queues_and_a_worker_killed_mid_stage_doubles_nothing(
