@@ -225,7 +225,8 @@ def celery(tmp_path_factory: Any, digits_task: Any) -> Any:
             yield d, run.snapshot()
 
 
-@pytest.mark.parametrize("case", [pytest.param(c, id=c.id) for c in CELERY_CASES] if FULL else [])
+@pytest.mark.skipif(not FULL, reason="the full form only (make faults): a Celery deployment")
+@pytest.mark.parametrize("case", [pytest.param(c, id=c.id) for c in CELERY_CASES])
 def test_a_celery_worker_killed_mid_task_ends_in_the_state_of_a_run_without_it(
     case: Case, celery: Any, digits_task: Any, outcomes: Outcomes, tmp_path: Path
 ) -> None:
