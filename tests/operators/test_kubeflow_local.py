@@ -52,9 +52,14 @@ def local_kfp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     monkeypatch.setenv("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     monkeypatch.delenv("GRAPHTRIM_POLICY", raising=False)
+    # the steps' temporary folders (a lightweight component's `mktemp -d`) and kfp.local's
+    # workspace in this test's folder, not left in the system's
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))
     local.init(
         runner=local.SubprocessRunner(use_venv=False),
         pipeline_root=str(tmp_path / "kfp-local"),
+        workspace_root=str(tmp_path / "kfp-workspace"),
         raise_on_error=True,
     )
     # kfp.local swaps ``builtins.print`` for one that indents (and the root logger's handlers

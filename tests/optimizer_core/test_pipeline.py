@@ -250,19 +250,23 @@ def test_the_run_has_one_comparison_report_of_every_variant(
 
 
 def test_registered_variants_load_with_pyfunc_and_match_the_source(
-    servers: dict[str, str], digits: DigitsTask, digits_run: dict[str, Any]
+    servers: dict[str, str], digits: DigitsTask, digits_run: dict[str, Any], tmp_path: Path
 ) -> None:
     mlflow.set_tracking_uri(servers["mlflow"])
     data = np.load(digits.eval)
     x = data["image"][:64].astype(np.float32)
     labels = data["labels"][:64]
-    source = _predict(mlflow.pyfunc.load_model("models:/digits/1"), x)
+
+    def load(version: str) -> Any:  # downloaded here, not into a folder MLflow never removes
+        dest = tmp_path / version
+        dest.mkdir()
+        return mlflow.pyfunc.load_model(f"models:/digits/{version}", dst_path=str(dest))
+
+    source = _predict(load("1"), x)
     reg = digits_run["register"]["registered"]
-    graph = _predict(mlflow.pyfunc.load_model(f"models:/digits/{reg['graph']['version']}"), x)
+    graph = _predict(load(reg["graph"]["version"]), x)
     np.testing.assert_allclose(graph, source, rtol=1e-4, atol=1e-5)
-    static = _predict(
-        mlflow.pyfunc.load_model(f"models:/digits/{reg['int8-static']['version']}"), x
-    )
+    static = _predict(load(reg["int8-static"]["version"]), x)
     # the int8 gate's own criteria: top-1 agreement and accuracy within the policy's drop
     assert np.mean(static.argmax(1) == source.argmax(1)) >= 0.95
     assert np.mean(static.argmax(1) == labels) >= np.mean(source.argmax(1) == labels) - 0.05
@@ -558,7 +562,9 @@ def test_pytorch_flavor_exports_with_dynamic_batch_and_registers(
         assert any("pickled" in n for n in export["notes"])
     version = records["register"]["registered"]["graph"]["version"]
     # dynamic batch: the registered ONNX model takes any batch size and matches torch
-    loaded = mlflow.pyfunc.load_model(f"models:/{name}/{version}")
+    served = tmp_path / "served"
+    served.mkdir()
+    loaded = mlflow.pyfunc.load_model(f"models:/{name}/{version}", dst_path=str(served))
     x = np.random.default_rng(1).standard_normal((5, 8)).astype(np.float32)
     with torch.no_grad():
         expected = model(torch.from_numpy(x)).numpy()

@@ -149,14 +149,14 @@ def test_fp16_is_registered_in_a_form_that_loads_at_the_default_level(
     # served as a user would: mlflow.pyfunc at onnxruntime's default level, in a fresh process
     code = (
         "import sys, numpy as np, mlflow.pyfunc; "
-        f"m = mlflow.pyfunc.load_model('models:/{NAME}/{version}'); "
+        f"m = mlflow.pyfunc.load_model('models:/{NAME}/{version}', dst_path=sys.argv[2]); "
         "x = np.load(sys.argv[1])['input_0'][:8]; "
         "out = m.predict({'input_0': x}); "
         "print(next(iter(out.values())).shape if isinstance(out, dict) else out.shape)"
     )
     env = {**os.environ, "MLFLOW_TRACKING_URI": stack["mlflow"], "MLFLOW_DISABLE_TELEMETRY": "true"}
     proc = subprocess.run(
-        [sys.executable, "-c", code, str(stack["root"] / "calibration.npz")],
+        [sys.executable, "-c", code, str(stack["root"] / "calibration.npz"), str(tmp_path)],
         capture_output=True,
         text=True,
         env=env,
