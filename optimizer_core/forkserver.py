@@ -140,10 +140,10 @@ class _Server:
         with contextlib.suppress(OSError):
             self.to.close()
 
-    def close(self, timeout: float = 10.0) -> None:
+    def close(self) -> None:
         self.retire()
         try:
-            self.proc.wait(timeout=timeout)
+            self.proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()

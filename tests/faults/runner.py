@@ -191,8 +191,7 @@ class PipelineRun:
         tmp: Path,
         *,
         base: PipelineRun | None = None,
-        broken_key: bool = False,
-        recent_only: bool = False,
+        broken: str = "",
     ) -> None:
         self.env = env
         self.slug = slug
@@ -205,8 +204,10 @@ class PipelineRun:
         self.records.mkdir(parents=True, exist_ok=True)
         self.workdir = tmp / "work"
         self.home = tmp / "home"
-        self.broken_key = broken_key
-        self.recent_only = recent_only
+        # what the stage processes get wrong on purpose: ``key``, the variant's identity
+        # differs on every attempt; ``recent-only``, an earlier attempt's version is found only
+        # if the worker's clock says it was created in the last 5 minutes
+        self.broken = broken
         policy = tmp / "policy.json"
         # measured and recorded, never deciding: a timing bar fails on a busy machine, and these
         # tests are about the state a fault leaves
@@ -265,7 +266,7 @@ class PipelineRun:
             env.update(clock_ahead())
         if ahead:
             env.update(clock_ahead())
-        if self.broken_key:
+        if self.broken == "key":
             # the variant's identity changes on every attempt, and nothing else finds the version
             # an earlier attempt registered (no lookup by source, variant and sha256)
             code = (
@@ -275,7 +276,7 @@ class PipelineRun:
                 "from graphtrim.cli.main import main; sys.exit(main(sys.argv[1:]))"
             )
             cmd = [sys.executable, "-c", code]
-        elif self.recent_only:
+        elif self.broken == "recent-only":
             # the version an earlier attempt registered is found only if it was created in the
             # last 5 minutes by this worker's clock (MLflow stamps it with the server's)
             code = (
@@ -408,7 +409,7 @@ class PipelineRun:
                     assert case.fatal, result.log
                     # the next run, the resource back: the same stage, no fault
                     assert self.stage(name, Case("none", "none"), Result()), result.log
-            elif name in ("register", "promote") or self.broken_key or self.recent_only:
+            elif name in ("register", "promote") or self.broken:
                 assert self.stage(name, Case("none", "none"), result), result.log
             else:
                 self.in_process(name)

@@ -128,7 +128,7 @@ def test_the_suite_sees_a_broken_idempotency_key(
         f"broken-{case.slug}",
         tmp_path,
         base=reference[0],
-        broken_key=True,
+        broken="key",
     )
     result = run.run(case)
     assert result.reached
@@ -194,7 +194,7 @@ def test_a_clock_cell_sees_a_lookup_that_trusts_the_workers_clock(
             f"recent-{case.slug}",
             tmp_path / case.slug,
             base=reference[0],
-            recent_only=True,
+            broken="recent-only",
         )
         assert run.run(case).reached
         snaps[case.fault] = run.snapshot()
